@@ -1,0 +1,84 @@
+"""The Record: everything one run measured, in bytes and seconds, plus the environment it ran in.
+
+The key names are the public contract (../shared/CONTRACT.md): baseline files store Records.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, dataclass, field, fields
+from importlib import metadata
+from typing import Any
+
+import torch
+
+VERSIONED_PACKAGES = ("torch", "torchvision", "lightning", "transformers", "bitsandbytes", "torchmetrics")
+
+
+def library_versions() -> dict[str, str | None]:
+    """Installed versions, read from package metadata (nothing is imported, so this is cheap)."""
+    versions: dict[str, str | None] = {}
+    for package in VERSIONED_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    versions["python"] = platform.python_version()
+    versions["cuda"] = torch.version.cuda if torch.cuda.is_available() else None
+    return versions
+
+
+def device_name(device: str) -> str:
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu-{platform.machine()}"
+
+
+@dataclass
+class Record:
+    recipe: str
+    workload: str
+    scale: str
+    techniques: list[str]
+    device: str
+    device_name: str
+    probe: str
+    precision: str  # what Fabric really ran (on the CPU, 16-mixed runs as bf16-mixed)
+    batch_size: int
+    accumulation_steps: int
+    memory_steps: int
+    param_count: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+    load_peak_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int | None
+    accuracy: float | None
+    final_loss: float | None
+    nan_loss: bool
+    nan_step: int | None
+    step_time_s: float | None
+    weights: str
+    data: str
+    versions: dict[str, str | None]
+    # The article's figure: reserved memory never reset, loading included (CUDA only).
+    peak_reserved_total_bytes: int | None = None
+    # For init-module recipes: the load peak of building in fp32 then converting (07_01).
+    reference_load_peak_bytes: int | None = None
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    breakdown: dict[str, int] = field(default_factory=dict)  # by category, at the training peak
+    memory_losses: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "Record":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})

@@ -1,0 +1,299 @@
+"""One training run of a recipe: load, a few measured training steps, then an accuracy phase.
+
+The loop replays the article's scripts, including where they call ``zero_grad`` (after the
+forward pass, or after the step with gradient accumulation), because that decides the peak.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from memclaims import optimizers, probes as probe_module
+from memclaims.errors import UsageError
+from memclaims.recipe import Recipe
+from memclaims.record import Record, device_name, library_versions
+from memclaims.techniques import FP32
+from memclaims.workloads import SEED
+
+DEVICES = ("cpu", "cuda")
+TRUE_HALF = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    device: str = "cpu"
+    memory_steps: int | None = None  # None: the scale's default
+    evaluate: bool = True
+    accuracy_epochs: int | None = None  # None: the scale's default
+    data_dir: str | os.PathLike[str] | None = None
+
+
+def check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}; valid devices: {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda needs a CUDA GPU, and torch sees none on this machine")
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, dict):
+        return {k: v.to(device) for k, v in batch.items()}
+    return batch.to(device)
+
+
+class _Session:
+    """The state of one run; a class only so that the phases can share it without globals."""
+
+    def __init__(self, recipe: Recipe, options: RunOptions, probe: probe_module.Probe) -> None:
+        self.recipe, self.options, self.probe = recipe, options, probe
+        self.notes: list[str] = []
+        self.fabric: Any = None
+        self.device = torch.device(options.device)
+        self.nan_step: int | None = None
+        self.optimizer_steps = 0
+        self.step_times: list[float] = []
+        self.losses: list[float] = []
+        self.grad_bytes: int | None = None  # read while the gradients exist, before the first step
+        if not recipe.plain_pytorch:
+            from lightning.fabric import Fabric
+
+            self.fabric = Fabric(accelerator=options.device, devices=1, precision=recipe.precision)
+            self.device = self.fabric.device
+
+    @property
+    def precision_ran(self) -> str:
+        if self.fabric is None:
+            return FP32
+        return str(self.fabric.strategy.precision.precision)
+
+    # --- load ------------------------------------------------------------------------------
+
+    def build(self) -> tuple[nn.Module, str]:
+        recipe = self.recipe
+        if recipe.init_on_device:
+            with self.fabric.init_module():
+                return recipe.workload.build_model(recipe.scale)
+        model, weights = recipe.workload.build_model(recipe.scale)
+        if self.fabric is None:
+            return model.to(self.device), weights
+        return model, weights
+
+    def reference_load(self) -> int:
+        """07_01: build on the CPU in fp32, then ``.to(device).to(dtype)``; returns its peak."""
+        with self.probe.phase("load-reference"):
+            model, _ = self.recipe.workload.build_model(self.recipe.scale)
+            model.to(self.device).to(TRUE_HALF.get(self.recipe.precision, torch.float32))
+            del model
+        return self.probe.phases["load-reference"].allocated_bytes
+
+    def make_optimizer(self, model: nn.Module, steps_per_epoch: int) -> tuple[torch.optim.Optimizer, Any]:
+        epochs = self.accuracy_epochs if self.options.evaluate else 1
+        return optimizers.build(self.recipe.optimizer, model, self.recipe.learning_rate, epochs * steps_per_epoch)
+
+    @property
+    def accuracy_epochs(self) -> int:
+        return self.options.accuracy_epochs or self.recipe.scale.accuracy_epochs
+
+    # --- train -----------------------------------------------------------------------------
+
+    def micro_batches(self, loader: DataLoader) -> Iterator[tuple[Any, torch.Tensor]]:
+        for inputs, targets in loader:
+            if self.fabric is None:
+                inputs, targets = _to_device(inputs, self.device), targets.to(self.device)
+            yield inputs, targets
+
+    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
+              optimizer_steps: int, on_step: Any = None) -> None:
+        """The scripts' loop, for ``optimizer_steps`` optimizer steps (or until data runs out)."""
+        recipe = self.recipe
+        accumulation = recipe.accumulation_steps
+        done = 0
+        started = time.perf_counter()
+        for batch_index, (inputs, targets) in enumerate(batches):
+            if on_step is not None:
+                on_step()
+            model.train()
+            logits = recipe.workload.logits(model, inputs)
+            loss = F.cross_entropy(logits, targets)
+            if accumulation == 1:
+                optimizer.zero_grad()  # 01..04, 06: after the forward pass
+                self.backward(loss)
+                stepping = True
+            else:
+                loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
+                self.backward(loss)
+                stepping = batch_index % accumulation == 0
+            self.watch_loss(loss)
+            if stepping:
+                if self.grad_bytes is None:
+                    self.grad_bytes = probe_module.storage_bytes(
+                        p.grad for p in model.parameters() if p.grad is not None)
+                optimizer.step()
+                if accumulation > 1:
+                    optimizer.zero_grad()
+                if scheduler is not None:
+                    scheduler.step()
+                self.synchronize()
+                now = time.perf_counter()
+                self.step_times.append(now - started)
+                started = now
+                done += 1
+                if done == optimizer_steps:
+                    return
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.fabric is None:
+            loss.backward()
+        else:
+            self.fabric.backward(loss)
+
+    def watch_loss(self, loss: torch.Tensor) -> None:
+        value = float(loss.detach().float().item())
+        self.losses.append(value)
+        if self.nan_step is None and not math.isfinite(value):
+            self.nan_step = len(self.losses) - 1
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # --- evaluate --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def accuracy(self, model: nn.Module, loader: DataLoader) -> float:
+        import torchmetrics
+
+        metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
+        metric = metric.to(self.device)
+        model.eval()
+        for inputs, targets in self.micro_batches(loader):
+            predicted = torch.argmax(self.recipe.workload.logits(model, inputs), 1)
+            metric.update(predicted, targets)
+        return float(metric.compute())
+
+
+def _never_reset_reserved(phases: dict[str, probe_module.PhasePeak]) -> int | None:
+    """The article's figure: ``max_memory_reserved`` never reset, loading included.
+
+    Reserved memory only grows between ``empty_cache`` calls, so the largest peak of the
+    recipe's own phases is the run's peak (the reference load ran before a cache flush).
+    """
+    peaks = [p.reserved_bytes for name, p in phases.items()
+             if name in ("load", "train", "accuracy") and p.reserved_bytes is not None]
+    return max(peaks) if peaks else None
+
+
+def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = None) -> Record:
+    """Run ``recipe`` once and return what was measured."""
+    check_device(options.device)
+    memory_steps = options.memory_steps if options.memory_steps is not None else recipe.scale.memory_steps
+    if memory_steps < 1:
+        raise UsageError(f"--steps must be at least 1 (got {memory_steps})")
+    probe = probe or probe_module.make_probe(options.device)
+    matmul_precision = torch.get_float32_matmul_precision()
+    try:
+        return _run(recipe, options, probe, memory_steps)
+    finally:
+        torch.set_float32_matmul_precision(matmul_precision)
+
+
+def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_steps: int) -> Record:
+    from lightning.fabric.utilities.seed import seed_everything
+
+    session = _Session(recipe, options, probe)
+    if recipe.precision != FP32:
+        torch.set_float32_matmul_precision("high")  # as the scripts from 02 on
+    if session.precision_ran != recipe.precision:
+        session.notes.append(
+            f"Lightning ran {recipe.precision} as {session.precision_ran} on {options.device}"
+        )
+    seed_everything(SEED, verbose=False)
+    bundle = recipe.workload.load_data(recipe.scale, options.data_dir)
+    generator = torch.Generator().manual_seed(SEED)
+    train_loader = DataLoader(bundle.train, batch_size=recipe.micro_batch_size, shuffle=True,
+                              drop_last=True, generator=generator)
+    test_loader = DataLoader(bundle.test, batch_size=recipe.micro_batch_size)
+    if session.fabric is not None:
+        train_loader, test_loader = session.fabric.setup_dataloaders(train_loader, test_loader)
+    steps_per_epoch = len(train_loader) // recipe.accumulation_steps
+
+    probe.prepare()
+    reference_load = None
+    if recipe.init_on_device:
+        reference_load = session.reference_load()
+        probe.prepare()  # the reference's cached blocks must not pad the recipe's own numbers
+    with probe.phase("load"):
+        model, weights = session.build()
+        optimizer, scheduler = session.make_optimizer(model, steps_per_epoch)
+        if session.fabric is not None:
+            model, optimizer = session.fabric.setup(model, optimizer)
+    param_count = sum(p.numel() for p in model.parameters())
+
+    probe.track(model, optimizer)
+    with probe.phase("train"):
+        session.train(model, optimizer, scheduler, session.micro_batches(train_loader), memory_steps,
+                      on_step=probe.step_begin)
+    states = probe_module.model_state_bytes(model, optimizer)
+    states["grad_bytes"] = session.grad_bytes or 0
+    memory_losses = list(session.losses)
+    memory_step_times = list(session.step_times)
+
+    accuracy: float | None = None
+    if options.evaluate:
+        session.step_times.clear()
+        with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
+            for _ in range(session.accuracy_epochs):
+                session.train(model, optimizer, scheduler, session.micro_batches(train_loader), -1)
+            accuracy = session.accuracy(model, test_loader)
+        timed = session.step_times
+    else:
+        timed = memory_step_times[1:] or memory_step_times  # the first step warms up
+
+    load, train = probe.phases["load"], probe.phases["train"]
+    return Record(
+        recipe=recipe.id,
+        workload=recipe.workload.name,
+        scale=recipe.scale.name,
+        techniques=list(recipe.techniques),
+        device=options.device,
+        device_name=device_name(options.device),
+        probe=probe.name,
+        precision=session.precision_ran,
+        batch_size=recipe.batch_size,
+        accumulation_steps=recipe.accumulation_steps,
+        memory_steps=memory_steps,
+        param_count=param_count,
+        load_peak_bytes=load.allocated_bytes,
+        peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
+        peak_reserved_bytes=(
+            max(load.reserved_bytes, train.reserved_bytes)
+            if load.reserved_bytes is not None and train.reserved_bytes is not None else None
+        ),
+        peak_reserved_total_bytes=_never_reset_reserved(probe.phases),
+        reference_load_peak_bytes=reference_load,
+        accuracy=accuracy,
+        final_loss=session.losses[-1] if session.losses else None,
+        nan_loss=session.nan_step is not None,
+        nan_step=session.nan_step,
+        step_time_s=statistics.median(timed) if timed else None,
+        weights=weights,
+        data=bundle.name,
+        versions=library_versions(),
+        phases={name: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": p.reserved_bytes}
+                for name, p in probe.phases.items()},
+        breakdown=dict(train.breakdown),
+        memory_losses=memory_losses,
+        notes=session.notes,
+        **states,
+    )

@@ -1,0 +1,161 @@
+"""The technique registry: every memory-saving technique of the article, as data.
+
+A technique only says what it changes in a recipe; the runner reads those fields. Cases,
+combinations and the CLI are all generated from ``TECHNIQUES``, so adding a technique is adding
+one entry here (and, if it changes something new, one field the runner reads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Iterable, Iterator
+
+from memclaims.errors import UsageError
+
+# Precision names are Lightning Fabric's own ``precision=`` strings.
+FP32 = "32-true"
+
+
+@dataclass(frozen=True)
+class Technique:
+    name: str
+    summary: str
+    source: str  # the article script (row) it comes from
+    group: str | None = None  # at most one technique per group in a recipe
+    precision: str | None = None
+    batch_divisor: int = 1
+    accumulation_steps: int = 1
+    optimizer: str | None = None
+    init_on_device: bool = False
+    plain_pytorch: bool = False
+    alone: bool = False  # a whole recipe by itself; combines with nothing
+    requires: frozenset[str] = field(default_factory=frozenset)  # capabilities, e.g. "bitsandbytes"
+    needs: frozenset[str] = field(default_factory=frozenset)  # other techniques it builds on
+
+
+TECHNIQUES: tuple[Technique, ...] = (
+    Technique("pytorch", "plain PyTorch loop, fp32, Adam (no Fabric)", "01_pytorch-vit",
+              group="loop", plain_pytorch=True, alone=True),
+    Technique("fabric", "the same loop through Lightning Fabric, fp32: the reference recipe",
+              "01-2_pytorch-fabric", group="loop", alone=True),
+    Technique("16-mixed", "float16 automatic mixed precision", "02_mixed-precision",
+              group="precision", precision="16-mixed"),
+    Technique("bf16-mixed", "bfloat16 automatic mixed precision", "02_mixed-precision (bf16 variant)",
+              group="precision", precision="bf16-mixed"),
+    Technique("16-true", "parameters and activations in float16 (diverges to NaN in the article)",
+              "02_mixed-precision (text: 16-true)", group="precision", precision="16-true"),
+    Technique("bf16-true", "parameters and activations in bfloat16", "03_bfloat16",
+              group="precision", precision="bf16-true"),
+    Technique("small-batch", "batch size divided by 4 (64 -> 16 at article scale)",
+              "04_lower-batchsize", batch_divisor=4),
+    Technique("grad-accum", "micro-batch of a quarter, 4 accumulation steps, same effective batch",
+              "05_gradient-accum", accumulation_steps=4),
+    Technique("sgd", "SGD lr 0.01 without momentum + cosine schedule instead of Adam",
+              "06_sgd-with-scheduler", group="optimizer", optimizer="sgd"),
+    Technique("init-module", "model built on the target device in the target precision "
+              "inside Fabric's init_module", "07-03_init-module", init_on_device=True),
+)
+
+BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}
+REFERENCE = "fabric"
+
+# The article's cumulative single-GPU chain, 02 -> 06: each entry changes the previous by one thing.
+ARTICLE_CHAIN: tuple[tuple[str, ...], ...] = (
+    ("16-mixed",),
+    ("bf16-true",),
+    ("bf16-true", "small-batch"),
+    ("bf16-true", "small-batch", "grad-accum"),
+    ("bf16-true", "small-batch", "grad-accum", "sgd"),
+)
+
+
+def technique(name: str) -> Technique:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown technique {name!r}; valid techniques: {', '.join(BY_NAME)}"
+        ) from None
+
+
+def canonical(names: Iterable[str]) -> tuple[str, ...]:
+    """Validate a set of technique names and return them in registry order.
+
+    The empty set and ``("fabric",)`` both mean the reference recipe and canonicalise to
+    ``("fabric",)`` so that a recipe has exactly one id.
+    """
+    chosen = [technique(n) for n in dict.fromkeys(names)]
+    problem = violation(chosen)
+    if problem:
+        raise UsageError(f"invalid combination {'+'.join(t.name for t in chosen)}: {problem}")
+    if not chosen:
+        return (REFERENCE,)
+    return tuple(t.name for t in TECHNIQUES if t in chosen)
+
+
+def violation(chosen: list[Technique]) -> str | None:
+    """The validity rule a combination breaks, or None when it is valid."""
+    names = {t.name for t in chosen}
+    for t in chosen:
+        if t.alone and len(chosen) > 1:
+            return f"{t.name!r} is a whole recipe by itself and combines with no other technique"
+        missing = t.needs - names
+        if missing:
+            return f"{t.name!r} needs {', '.join(sorted(missing))}"
+    groups: dict[str, list[str]] = {}
+    for t in chosen:
+        if t.group:
+            groups.setdefault(t.group, []).append(t.name)
+    for group, members in groups.items():
+        if len(members) > 1:
+            return f"at most one {group} technique per recipe (got {', '.join(members)})"
+    return None
+
+
+def valid_combinations() -> Iterator[tuple[str, ...]]:
+    """Every valid non-empty combination, in a stable order (by size, then registry order)."""
+    for size in range(1, len(TECHNIQUES) + 1):
+        for combo in combinations(TECHNIQUES, size):
+            if violation(list(combo)) is None:
+                yield tuple(t.name for t in combo)
+
+
+def compatible_pairs() -> set[frozenset[str]]:
+    return {
+        frozenset(pair)
+        for pair in combinations((t.name for t in TECHNIQUES), 2)
+        if violation([BY_NAME[n] for n in pair]) is None
+    }
+
+
+def pairwise_cover() -> list[tuple[str, ...]]:
+    """A small set of valid combinations in which every compatible pair appears at least once.
+
+    Greedy set cover (largest number of still-uncovered pairs first, ties by the stable order of
+    ``valid_combinations``); deterministic, so case ids never move between runs.
+    """
+    uncovered = compatible_pairs()
+    candidates = [c for c in valid_combinations() if len(c) >= 2]
+    cover: list[tuple[str, ...]] = []
+    while uncovered:
+        best = max(candidates, key=lambda c: len(uncovered & {frozenset(p) for p in combinations(c, 2)}))
+        cover.append(best)
+        uncovered -= {frozenset(p) for p in combinations(best, 2)}
+    return cover
+
+
+def default_selection() -> list[tuple[str, ...]]:
+    """What the tiers run by default: every single technique, the article's chain, a pairwise cover."""
+    selected: dict[tuple[str, ...], None] = {}
+    for t in TECHNIQUES:
+        selected[(t.name,)] = None
+    for step in ARTICLE_CHAIN:
+        selected[canonical(step)] = None
+    for combo in pairwise_cover():
+        selected[combo] = None
+    return list(selected)
+
+
+def full_matrix() -> list[tuple[str, ...]]:
+    return [canonical(c) for c in valid_combinations()]
