@@ -24,19 +24,33 @@ class DataBundle:
 
 
 class ResizedImages(Dataset):
-    """Images resized on access, so article scale (224 px) never materialises the whole set."""
+    """Images as separate per-sample tensors, resized up front when small, else on access.
+
+    Per-sample storages matter for the CPU probe: indexing one big tensor makes views of its
+    storage inside the measured phase, and the probe would count the whole data set as live
+    memory, which a GPU run keeps on the host. At 224 px the set would not fit up front (1 GB).
+    """
+
+    EAGER_MAX_SIZE = 64
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, size: int) -> None:
-        self.images, self.labels, self.size = images, labels, size
+        self.size = size
+        self.labels = [int(label) for label in labels]
+        self.eager = size <= self.EAGER_MAX_SIZE
+        self.images = [self._resize(image) if self.eager else image.clone() for image in images]
+
+    def _resize(self, image: torch.Tensor) -> torch.Tensor:
+        if image.shape[-1] == self.size:
+            return image.clone()
+        resized = F.interpolate(image.unsqueeze(0), size=(self.size, self.size), mode="bilinear", align_corners=False)
+        return resized.squeeze(0)
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        image = self.images[index].unsqueeze(0)
-        if image.shape[-1] != self.size:
-            image = F.interpolate(image, size=(self.size, self.size), mode="bilinear", align_corners=False)
-        return image.squeeze(0), self.labels[index]
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
+        return (image if self.eager else self._resize(image)), self.labels[index]
 
 
 def digits(image_size: int) -> DataBundle:
@@ -48,7 +62,7 @@ def digits(image_size: int) -> DataBundle:
     labels = torch.tensor(bunch.target, dtype=torch.long)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SPLIT_SEED))
     test_size = len(labels) // 5
-    dataset = ResizedImages(images.contiguous(), labels, image_size)
+    dataset = ResizedImages(images, labels, image_size)
     return DataBundle(
         name="sklearn-digits",
         train=Subset(dataset, order[test_size:].tolist()),

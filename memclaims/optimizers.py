@@ -1,13 +1,73 @@
-"""Optimizers by technique name, built as the article's scripts build them."""
+"""Optimizers by technique name, built as the article's scripts and the course's lesson build them."""
 
 from __future__ import annotations
 
+import dataclasses
+from functools import lru_cache
 from typing import Any
 
 import torch
 from torch import nn
 
 from memclaims.errors import UsageError
+
+# The course sets a weight decay on the decayed group; TrainingArguments' default (0.0) would make
+# the two groups identical, so the value is AdamW's usual 0.01 (torch's and transformers' examples).
+WEIGHT_DECAY = 0.01
+EIGHT_BIT = {"adam8bit": "Adam8bit", "adamw8bit": "AdamW8bit"}
+NAMES = ("adam", "sgd", "adamw", "adam8bit", "adamw8bit", "adafactor")
+
+
+def training_arguments_defaults() -> dict[str, float]:
+    """betas and eps as ``TrainingArguments`` defines them, read from its fields (no instance needed)."""
+    from transformers import TrainingArguments
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    return {k: float(defaults[k]) for k in ("adam_beta1", "adam_beta2", "adam_epsilon")}
+
+
+def parameter_groups(model: nn.Module, weight_decay: float = WEIGHT_DECAY) -> list[dict[str, Any]]:
+    """The course's two groups: decay on everything except LayerNorm weights and all biases."""
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    decay = {n for n in get_parameter_names(model, [nn.LayerNorm]) if "bias" not in n}
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [
+        {"params": [p for n, p in named if n in decay], "weight_decay": weight_decay},
+        {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+    ]
+
+
+@lru_cache(maxsize=1)
+def bitsandbytes_unavailable() -> str | None:
+    """Why bitsandbytes' 8-bit optimizers cannot run on the CPU here, or None when they can.
+
+    Importing is not enough: a build without a CPU backend imports fine and fails at the first
+    step, so one tiny 8-bit step (a tensor at the 8-bit threshold) is the check.
+    """
+    try:
+        import bitsandbytes as bnb
+    except Exception as error:  # ImportError, or a broken native library raising at import
+        return f"bitsandbytes does not import: {type(error).__name__}: {error}"
+    try:
+        probe = nn.Parameter(torch.ones(4096))
+        optimizer = bnb.optim.Adam8bit([probe], lr=1e-3)
+        probe.grad = torch.ones_like(probe)
+        optimizer.step()
+    except Exception as error:
+        return (f"bitsandbytes {getattr(bnb, '__version__', '?')} has no working CPU backend for 8-bit "
+                f"optimizers: {type(error).__name__}: {error}")
+    return None
+
+
+def prepare(name: str) -> None:
+    """Work an optimizer does once per process, done before any measured phase.
+
+    bitsandbytes' availability check steps a tiny optimizer; inside a phase, only the first 8-bit
+    case of a session would count its tensors, and a case's bytes would depend on test order.
+    """
+    if name in EIGHT_BIT:
+        bitsandbytes_unavailable()
 
 
 def build(name: str, model: nn.Module, learning_rate: float, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
@@ -18,4 +78,22 @@ def build(name: str, model: nn.Module, learning_rate: float, total_steps: int) -
         # 06: plain SGD, no momentum, cosine decay over the whole training run.
         optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate)
         return optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total_steps))
-    raise UsageError(f"unknown optimizer {name!r}")
+    if name == "adamw" or name in EIGHT_BIT:
+        hf = training_arguments_defaults()
+        kwargs = dict(lr=learning_rate, betas=(hf["adam_beta1"], hf["adam_beta2"]), eps=hf["adam_epsilon"])
+        groups = parameter_groups(model)
+        if name == "adamw":
+            return torch.optim.AdamW(groups, **kwargs), None
+        reason = bitsandbytes_unavailable()
+        if reason:
+            raise UsageError(f"technique {name!r} needs bitsandbytes' 8-bit optimizers: {reason}")
+        import bitsandbytes as bnb
+
+        return getattr(bnb.optim, EIGHT_BIT[name])(groups, **kwargs), None
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # A fixed learning rate like the other optimizers (not Adafactor's relative step schedule).
+        return Adafactor(model.parameters(), lr=learning_rate, scale_parameter=False, relative_step=False,
+                         warmup_init=False), None
+    raise UsageError(f"unknown optimizer {name!r}; valid optimizers: {', '.join(NAMES)}")

@@ -140,8 +140,15 @@ class CudaProbe:
 
     name = "cuda-allocator"
 
-    def __init__(self, cuda: Any = None) -> None:
+    def __init__(self, cuda: Any = None, history_entries: int | None = None) -> None:
+        from memclaims import diagnosis
+
         self.cuda = cuda if cuda is not None else torch.cuda
+        # Allocator events to keep for a memory_viz snapshot on failure (0: off); None: the
+        # session's setting (--memclaims-memory-history), since the runner builds the probe.
+        # A fake ``cuda`` gets no history unless asked: fakes need not model torch.cuda.memory.
+        session_default = diagnosis.history_entries() if cuda is None else 0
+        self.history_entries = session_default if history_entries is None else history_entries
         self.phases: dict[str, PhasePeak] = {}
         self._model_states: tuple[nn.Module, torch.optim.Optimizer | None] | None = None
 
@@ -154,6 +161,10 @@ class CudaProbe:
             clear_workspaces()
         self.cuda.empty_cache()
         self.cuda.reset_peak_memory_stats()
+        if self.history_entries > 0:
+            from memclaims.diagnosis import start_history
+
+            start_history(self.cuda, self.history_entries)
 
     def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self._model_states = (model, optimizer)

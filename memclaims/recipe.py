@@ -21,6 +21,11 @@ class Recipe:
     optimizer: str
     init_on_device: bool
     plain_pytorch: bool
+    # Multi-device (memclaims.distributed); defaults keep single-device recipes unchanged.
+    sharded: bool = False
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    delayed_init: bool = False
 
     @property
     def id(self) -> str:
@@ -61,6 +66,10 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str])
         optimizer=next((t.optimizer for t in chosen if t.optimizer), "adam"),
         init_on_device=any(t.init_on_device for t in chosen),
         plain_pytorch=any(t.plain_pytorch for t in chosen),
+        sharded=any(t.sharded for t in chosen),
+        activation_checkpointing=any(t.activation_checkpointing for t in chosen),
+        cpu_offload=any(t.cpu_offload for t in chosen),
+        delayed_init=any(t.delayed_init for t in chosen),
     )
 
 

@@ -49,6 +49,7 @@ class Record:
     accumulation_steps: int
     memory_steps: int
     param_count: int
+    param_tensor_count: int
     param_bytes: int
     grad_bytes: int
     optimizer_state_bytes: int
@@ -67,16 +68,18 @@ class Record:
     peak_reserved_total_bytes: int | None = None
     # For init-module recipes: the load peak of building in fp32 then converting (07_01).
     reference_load_peak_bytes: int | None = None
+    # Peak resident set size of the process (host memory), e.g. per rank of a distributed run.
+    host_peak_bytes: int | None = None
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
     breakdown: dict[str, int] = field(default_factory=dict)  # by category, at the training peak
-    memory_losses: list[float] = field(default_factory=list)
+    memory_losses: list[float | None] = field(default_factory=list)  # null once diverged
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "Record":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 import time
 from contextlib import nullcontext
@@ -20,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from memclaims import optimizers, probes as probe_module
-from memclaims.errors import UsageError
+from memclaims.errors import OutOfMemory, UsageError
 from memclaims.recipe import Recipe
 from memclaims.record import Record, device_name, library_versions
 from memclaims.techniques import FP32
@@ -37,6 +38,9 @@ class RunOptions:
     evaluate: bool = True
     accuracy_epochs: int | None = None  # None: the scale's default
     data_dir: str | os.PathLike[str] | None = None
+    seed: int = SEED  # the article's; other seeds measure the spread that tolerances come from
+    # Processes (CPU) or GPUs of a sharded recipe's run; None: memclaims.distributed's default.
+    devices: int | None = None
 
 
 def check_device(device: str) -> None:
@@ -68,7 +72,13 @@ class _Session:
         if not recipe.plain_pytorch:
             from lightning.fabric import Fabric
 
-            self.fabric = Fabric(accelerator=options.device, devices=1, precision=recipe.precision)
+            if recipe.sharded:
+                # One rank of a multi-GPU run whose processes memclaims.distributed started.
+                from memclaims.distributed import sharded_fabric
+
+                self.fabric = sharded_fabric(recipe, options)
+            else:
+                self.fabric = Fabric(accelerator=options.device, devices=1, precision=recipe.precision)
             self.device = self.fabric.device
 
     @property
@@ -81,6 +91,9 @@ class _Session:
 
     def build(self) -> tuple[nn.Module, str]:
         recipe = self.recipe
+        if recipe.delayed_init:  # 11: built inside init_module under FSDP, empty_init=False as logged
+            with self.fabric.init_module(empty_init=False):
+                return recipe.workload.build_model(recipe.scale)
         if recipe.init_on_device:
             with self.fabric.init_module():
                 return recipe.workload.build_model(recipe.scale)
@@ -183,6 +196,27 @@ class _Session:
         return float(metric.compute())
 
 
+PHASES = ("load", "train", "accuracy")
+
+
+def json_number(value: float) -> float | None:
+    """NaN and inf are not JSON: a diverged loss is null, and ``nan_loss``/``nan_step`` say when."""
+    return value if math.isfinite(value) else None
+# "Tried to allocate 2.00 GiB" (CUDA caching allocator), "you tried to allocate 123 bytes" (CPU).
+_REQUEST = re.compile(r"[Tt]ried to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)")
+_UNIT = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def out_of_memory_request(error: BaseException) -> int | None:
+    """Bytes an allocator failed to provide, read from its message; None if it is no OOM message."""
+    match = _REQUEST.search(str(error))
+    if match:
+        return int(float(match.group(1)) * _UNIT[match.group(2)])
+    if "can't allocate memory" in str(error) or "out of memory" in str(error).lower():
+        return 0
+    return None
+
+
 def _never_reset_reserved(phases: dict[str, probe_module.PhasePeak]) -> int | None:
     """The article's figure: ``max_memory_reserved`` never reset, loading included.
 
@@ -197,15 +231,30 @@ def _never_reset_reserved(phases: dict[str, probe_module.PhasePeak]) -> int | No
 def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = None) -> Record:
     """Run ``recipe`` once and return what was measured."""
     check_device(options.device)
+    if recipe.sharded and options.device == "cpu":
+        # Lightning refuses FSDP on the CPU; memclaims.distributed shards with FSDP2 over gloo.
+        raise UsageError(f"{recipe.id} is sharded: run it with memclaims.distributed.run_distributed")
     memory_steps = options.memory_steps if options.memory_steps is not None else recipe.scale.memory_steps
     if memory_steps < 1:
         raise UsageError(f"--steps must be at least 1 (got {memory_steps})")
     probe = probe or probe_module.make_probe(options.device)
-    matmul_precision = torch.get_float32_matmul_precision()
+    matmul_precision, threads = torch.get_float32_matmul_precision(), torch.get_num_threads()
+    if recipe.scale.name == "smoke":
+        # Smoke-scale matmuls are too small to gain from intra-op threads, and idle threads
+        # spin-waiting on a shared 2-core machine made them 10x slower.
+        torch.set_num_threads(1)
     try:
         return _run(recipe, options, probe, memory_steps)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
+        requested = out_of_memory_request(error)
+        if requested is None and not isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+            raise
+        phase = next((p for p in PHASES if p not in probe.phases), "accuracy")
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise OutOfMemory(recipe.id, options.device, phase, requested if requested else None, first_line) from error
     finally:
         torch.set_float32_matmul_precision(matmul_precision)
+        torch.set_num_threads(threads)
 
 
 def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_steps: int) -> Record:
@@ -218,26 +267,30 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         session.notes.append(
             f"Lightning ran {recipe.precision} as {session.precision_ran} on {options.device}"
         )
-    seed_everything(SEED, verbose=False)
+    seed_everything(options.seed, verbose=False)
     bundle = recipe.workload.load_data(recipe.scale, options.data_dir)
-    generator = torch.Generator().manual_seed(SEED)
+    generator = torch.Generator().manual_seed(options.seed)
+    collate = getattr(bundle, "collate_fn", None)  # text bundles pad each batch to its longest row
     train_loader = DataLoader(bundle.train, batch_size=recipe.micro_batch_size, shuffle=True,
-                              drop_last=True, generator=generator)
-    test_loader = DataLoader(bundle.test, batch_size=recipe.micro_batch_size)
+                              drop_last=True, generator=generator, collate_fn=collate)
+    test_loader = DataLoader(bundle.test, batch_size=recipe.micro_batch_size, collate_fn=collate)
     if session.fabric is not None:
         train_loader, test_loader = session.fabric.setup_dataloaders(train_loader, test_loader)
     steps_per_epoch = len(train_loader) // recipe.accumulation_steps
 
     probe.prepare()
+    optimizers.prepare(recipe.optimizer)
     reference_load = None
     if recipe.init_on_device:
         reference_load = session.reference_load()
         probe.prepare()  # the reference's cached blocks must not pad the recipe's own numbers
+        seed_everything(options.seed, verbose=False)  # the recipe's model starts as without it
     with probe.phase("load"):
         model, weights = session.build()
         optimizer, scheduler = session.make_optimizer(model, steps_per_epoch)
         if session.fabric is not None:
-            model, optimizer = session.fabric.setup(model, optimizer)
+            # 09: with CPU offload the model stays on the host; FSDP moves what it needs.
+            model, optimizer = session.fabric.setup(model, optimizer, move_to_device=not recipe.cpu_offload)
     param_count = sum(p.numel() for p in model.parameters())
 
     probe.track(model, optimizer)
@@ -274,6 +327,7 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         accumulation_steps=recipe.accumulation_steps,
         memory_steps=memory_steps,
         param_count=param_count,
+        param_tensor_count=len(list(model.parameters())),
         load_peak_bytes=load.allocated_bytes,
         peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
         peak_reserved_bytes=(
@@ -283,7 +337,7 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         peak_reserved_total_bytes=_never_reset_reserved(probe.phases),
         reference_load_peak_bytes=reference_load,
         accuracy=accuracy,
-        final_loss=session.losses[-1] if session.losses else None,
+        final_loss=json_number(session.losses[-1]) if session.losses else None,
         nan_loss=session.nan_step is not None,
         nan_step=session.nan_step,
         step_time_s=statistics.median(timed) if timed else None,
@@ -293,7 +347,7 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         phases={name: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": p.reserved_bytes}
                 for name, p in probe.phases.items()},
         breakdown=dict(train.breakdown),
-        memory_losses=memory_losses,
+        memory_losses=[json_number(loss) for loss in memory_losses],
         notes=session.notes,
         **states,
     )

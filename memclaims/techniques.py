@@ -15,6 +15,7 @@ from memclaims.errors import UsageError
 
 # Precision names are Lightning Fabric's own ``precision=`` strings.
 FP32 = "32-true"
+TRUE_HALF_PRECISIONS = ("16-true", "bf16-true")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ class Technique:
     alone: bool = False  # a whole recipe by itself; combines with nothing
     requires: frozenset[str] = field(default_factory=frozenset)  # capabilities, e.g. "bitsandbytes"
     needs: frozenset[str] = field(default_factory=frozenset)  # other techniques it builds on
+    # Multi-device techniques (article 08-11); a sharded recipe runs through memclaims.distributed.
+    sharded: bool = False
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    delayed_init: bool = False
 
 
 TECHNIQUES: tuple[Technique, ...] = (
@@ -53,8 +59,31 @@ TECHNIQUES: tuple[Technique, ...] = (
               "05_gradient-accum", accumulation_steps=4),
     Technique("sgd", "SGD lr 0.01 without momentum + cosine schedule instead of Adam",
               "06_sgd-with-scheduler", group="optimizer", optimizer="sgd"),
+    # The course's lesson "Mixed precision training with 8-bit Adam" (distilbert-base-cased).
+    Technique("adamw", "AdamW, weight decay on all but LayerNorm weights and biases (the course's "
+              "recipe)", "course: 8-bit Adam (AdamW)", group="optimizer", optimizer="adamw"),
+    Technique("adam8bit", "bitsandbytes Adam8bit: both Adam states in 8 bits, block-wise quantized",
+              "course: 8-bit Adam lesson", group="optimizer", optimizer="adam8bit",
+              requires=frozenset({"bitsandbytes"})),
+    Technique("adamw8bit", "bitsandbytes AdamW8bit: AdamW with 8-bit block-wise quantized states",
+              "course: 8-bit Adam lesson", group="optimizer", optimizer="adamw8bit",
+              requires=frozenset({"bitsandbytes"})),
+    Technique("adafactor", "transformers Adafactor: factored second moment, no first moment",
+              "course: 8-bit Adam (Adafactor)", group="optimizer", optimizer="adafactor"),
     Technique("init-module", "model built on the target device in the target precision "
               "inside Fabric's init_module", "07-03_init-module", init_on_device=True),
+    # Multi-device, on top of the fp32 01-2 script; run by memclaims.distributed (FSDP2 over gloo
+    # on the CPU, Lightning's FSDPStrategy on CUDA).
+    Technique("fsdp", "fully sharded data parallel, auto-wrapped on the transformer block",
+              "08_fsdp-with-01-2", sharded=True),
+    Technique("activation-checkpointing", "recompute each transformer block's activations in backward",
+              "08_fsdp-with-01-2", activation_checkpointing=True, needs=frozenset({"fsdp"})),
+    # Offloading parameters to host memory only means something from a GPU.
+    Technique("cpu-offload", "FSDP parameters offloaded to CPU memory, setup(move_to_device=False)",
+              "09_fsdp-cpu-offload-with-01-2", cpu_offload=True, needs=frozenset({"fsdp"}),
+              requires=frozenset({"cuda"})),
+    Technique("delayed-init", "model built inside fabric.init_module(empty_init=False) under FSDP",
+              "11_delay-allocation (logs only)", delayed_init=True, needs=frozenset({"fsdp"})),
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}
@@ -113,30 +142,36 @@ def violation(chosen: list[Technique]) -> str | None:
     return None
 
 
-def valid_combinations() -> Iterator[tuple[str, ...]]:
-    """Every valid non-empty combination, in a stable order (by size, then registry order)."""
-    for size in range(1, len(TECHNIQUES) + 1):
-        for combo in combinations(TECHNIQUES, size):
+def single_process() -> tuple[Technique, ...]:
+    """Techniques that run in one process; the sharded ones have their own (dist) cases."""
+    sharded = {t.name for t in TECHNIQUES if getattr(t, "sharded", False)}
+    return tuple(t for t in TECHNIQUES if t.name not in sharded and not t.needs & sharded)
+
+
+def valid_combinations(pool: tuple[Technique, ...] = TECHNIQUES) -> Iterator[tuple[str, ...]]:
+    """Every valid non-empty combination of ``pool``, in a stable order (by size, then registry order)."""
+    for size in range(1, len(pool) + 1):
+        for combo in combinations(pool, size):
             if violation(list(combo)) is None:
                 yield tuple(t.name for t in combo)
 
 
-def compatible_pairs() -> set[frozenset[str]]:
+def compatible_pairs(pool: tuple[Technique, ...]) -> set[frozenset[str]]:
     return {
         frozenset(pair)
-        for pair in combinations((t.name for t in TECHNIQUES), 2)
+        for pair in combinations((t.name for t in pool), 2)
         if violation([BY_NAME[n] for n in pair]) is None
     }
 
 
-def pairwise_cover() -> list[tuple[str, ...]]:
-    """A small set of valid combinations in which every compatible pair appears at least once.
+def pairwise_cover(pool: tuple[Technique, ...]) -> list[tuple[str, ...]]:
+    """A small set of valid combinations of ``pool`` in which every compatible pair appears at least once.
 
     Greedy set cover (largest number of still-uncovered pairs first, ties by the stable order of
     ``valid_combinations``); deterministic, so case ids never move between runs.
     """
-    uncovered = compatible_pairs()
-    candidates = [c for c in valid_combinations() if len(c) >= 2]
+    uncovered = compatible_pairs(pool)
+    candidates = [c for c in valid_combinations(pool) if len(c) >= 2]
     cover: list[tuple[str, ...]] = []
     while uncovered:
         best = max(candidates, key=lambda c: len(uncovered & {frozenset(p) for p in combinations(c, 2)}))
@@ -145,17 +180,22 @@ def pairwise_cover() -> list[tuple[str, ...]]:
     return cover
 
 
-def default_selection() -> list[tuple[str, ...]]:
+def singles(pool: tuple[Technique, ...] = TECHNIQUES) -> list[tuple[str, ...]]:
+    """Each technique on its own, together with the techniques it needs (offload needs fsdp)."""
+    return list(dict.fromkeys(canonical((t.name, *sorted(t.needs))) for t in pool))
+
+
+def default_selection(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ...]]:
     """What the tiers run by default: every single technique, the article's chain, a pairwise cover."""
-    selected: dict[tuple[str, ...], None] = {}
-    for t in TECHNIQUES:
-        selected[(t.name,)] = None
+    pool = single_process() if pool is None else pool
+    selected: dict[tuple[str, ...], None] = dict.fromkeys(singles(pool))
     for step in ARTICLE_CHAIN:
         selected[canonical(step)] = None
-    for combo in pairwise_cover():
+    for combo in pairwise_cover(pool):
         selected[combo] = None
     return list(selected)
 
 
-def full_matrix() -> list[tuple[str, ...]]:
-    return [canonical(c) for c in valid_combinations()]
+def full_matrix(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ...]]:
+    pool = single_process() if pool is None else pool
+    return [canonical(c) for c in valid_combinations(pool)]

@@ -58,7 +58,7 @@ class Workload:
 
 # --- ViT -------------------------------------------------------------------------------------
 
-VIT_SMOKE = dict(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128)
+VIT_SMOKE = dict(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64)
 VIT_ARTICLE_IMAGE_SIZE = 224
 
 
@@ -98,8 +98,8 @@ VIT = Workload(
     source="01_pytorch-vit .. 06_sgd-with-scheduler",
     num_classes=10,
     scales={
-        "smoke": Scale("smoke", "ViT 2 layers x 64 wide, 32 px, batch 32", batch_size=32,
-                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=3, accuracy_epochs=2),
+        "smoke": Scale("smoke", "ViT 2 layers x 32 wide, 16 px patches of 4, batch 32", batch_size=32,
+                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=3, accuracy_epochs=1),
         "article": Scale("article", "ViT-L/16, 224 px, batch 64, Adam lr 5e-5", batch_size=64,
                          learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1),
     },
@@ -109,6 +109,10 @@ VIT = Workload(
 )
 
 WORKLOADS: dict[str, Workload] = {VIT.name: VIT}
+
+from memclaims.text import text_workloads  # noqa: E402 (text.py builds on Scale/Workload above)
+
+WORKLOADS.update(text_workloads())
 
 
 def workload(name: str) -> Workload:

@@ -1,0 +1,249 @@
+"""The ``memclaims`` console script: list, run, benchmark (and the commands of later modules)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, NoReturn, Sequence
+
+from memclaims import claims as claim_registry
+from memclaims import techniques as registry
+from memclaims.errors import MemclaimsError, OutOfMemory, UsageError
+from memclaims.workloads import WORKLOADS
+
+EXIT_FAILED_RUN = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the bad value (CONTRACT: no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def selection_counts() -> dict[str, int]:
+    return {
+        "singles": len(registry.singles(registry.single_process())),
+        "default": len(registry.default_selection()),
+        "full": len(registry.full_matrix()),
+    }
+
+
+def catalogue() -> dict[str, Any]:
+    return {
+        "techniques": [
+            {"name": t.name, "summary": t.summary, "article_row": t.source,
+             "requires": sorted(t.requires), "needs": sorted(t.needs)}
+            for t in registry.TECHNIQUES
+        ],
+        "workloads": [
+            {"name": w.name, "summary": w.summary, "source": w.source,
+             "scales": {s.name: s.summary for s in w.scales.values()}}
+            for w in WORKLOADS.values()
+        ],
+        "claims": [
+            {"name": c.name, "statement": c.statement, "source": c.source,
+             "tiers": [t for t in ("cpu", "sim", "gpu") if claim_registry.skip_reason(c, t) is None],
+             "published": c.published}
+            for c in claim_registry.CLAIMS
+        ],
+        "sim_profiles": _sim_profiles(),
+        "case_counts": selection_counts(),
+    }
+
+
+def _sim_profiles() -> dict[str, str]:
+    from memclaims.sim import PROFILES
+
+    return {p.name: p.summary for p in PROFILES.values()}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    data = catalogue()
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    print("Techniques (name, article row, what it changes):")
+    for t in data["techniques"]:
+        extra = f"  [requires {', '.join(t['requires'])}]" if t["requires"] else ""
+        print(f"  {t['name']:<26} {t['article_row']:<36} {t['summary']}{extra}")
+    print("\nWorkloads and scales:")
+    for w in data["workloads"]:
+        print(f"  {w['name']:<26} {w['summary']}")
+        for scale, summary in w["scales"].items():
+            print(f"    {scale:<24} {summary}")
+    print("\nClaims (name, tiers, source):")
+    for c in data["claims"]:
+        print(f"  {c['name']:<26} {','.join(c['tiers']):<13} {c['source']}: {c['statement']}")
+    print("\nSimulated GPUs (--device sim --profile NAME):")
+    for name, summary in data["sim_profiles"].items():
+        print(f"  {name:<26} {summary}")
+    counts = data["case_counts"]
+    print(f"\nCases per workload and tier: singles {counts['singles']}, default {counts['default']} "
+          f"(singles + the article's chain + a pairwise cover), full matrix {counts['full']}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from memclaims.recipe import resolve
+
+    recipe = resolve(args.workload, args.scale, args.technique or [])
+    if args.device == "sim":
+        from memclaims import sim
+
+        record = sim.simulate(recipe, profile=args.profile, memory_steps=args.steps)
+        text = record.to_json()
+    elif recipe.sharded or args.devices > 1:
+        from memclaims import distributed
+        from memclaims.runner import RunOptions
+
+        options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
+                             data_dir=args.data_dir)
+        devices = args.devices if args.devices > 1 else None
+        print(f"memclaims: running {recipe.id} on {args.device}, sharded", file=sys.stderr)
+        text = distributed.run_distributed(recipe, options, devices=devices).to_json()
+    else:
+        from memclaims.runner import RunOptions, run
+
+        print(f"memclaims: running {recipe.id} on {args.device}", file=sys.stderr)
+        record = run(recipe, RunOptions(device=args.device, memory_steps=args.steps,
+                                        evaluate=not args.no_eval, data_dir=args.data_dir))
+        text = record.to_json()
+    if args.json:
+        print(text)
+    else:
+        _print_summary(json.loads(text))
+    return 0
+
+
+def _print_summary(record: dict[str, Any]) -> None:
+    for key in sorted(record):
+        value = record[key]
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, sort_keys=True)
+        print(f"{key:<28} {value}")
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    """Wall time of each CPU case of a selection, and the total: the tier's time budget, measured."""
+    from memclaims.recipe import resolve
+    from memclaims.runner import RunOptions, run
+
+    selection = {"singles": registry.singles(registry.single_process()),
+                 "default": registry.default_selection(), "full": registry.full_matrix()}[args.selection]
+    total = 0.0
+    print(f"{'case':<60} {'seconds':>8}")
+    for techniques in selection:
+        recipe = resolve(args.workload, args.scale, techniques)
+        started = time.perf_counter()
+        run(recipe, RunOptions(device="cpu", evaluate=not args.no_eval))
+        elapsed = time.perf_counter() - started
+        total += elapsed
+        print(f"{recipe.id:<60} {elapsed:8.2f}", flush=True)
+    print(f"{'total (' + str(len(selection)) + ' cases)':<60} {total:8.2f}")
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from memclaims.baselines import BaselineStore
+    from memclaims.report import reproduce
+
+    out = Path(args.out)
+    rows = reproduce(args.device, out, store=BaselineStore(args.baselines_dir))
+    print((out / "reproduce.md").read_text())
+    print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.json'}, {out / 'reproduce.png'}", file=sys.stderr)
+    return EXIT_FAILED_RUN if any(r.verdict == "does not hold" for r in rows) else 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from memclaims.baselines import BaselineStore
+    from memclaims.report import calibrate
+
+    tolerances = calibrate(args.recipe, args.runs, BaselineStore(args.baselines_dir), device=args.device)
+    print(json.dumps(tolerances, indent=2, sort_keys=True))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="memclaims", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    listing = commands.add_parser("list", help="techniques, workloads, scales and claims")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(handler=cmd_list)
+
+    running = commands.add_parser("run", help="run one recipe and print its Record")
+    running.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
+    running.add_argument("-t", "--technique", action="append", metavar="TECHNIQUE",
+                         help="repeat to combine; none means the Fabric fp32 reference")
+    running.add_argument("--device", default="cpu", choices=("cpu", "cuda", "sim"))
+    running.add_argument("--scale", default="smoke", choices=("smoke", "article"))
+    running.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps measured")
+    running.add_argument("--no-eval", action="store_true", help="skip the accuracy phase")
+    running.add_argument("--devices", type=_positive_int, default=1,
+                         help="processes of a sharded recipe (default: 2 on the CPU, every GPU on CUDA)")
+    running.add_argument("--profile", default="article", help="GPU profile of --device sim")
+    running.add_argument("--data-dir", default=None, help="folder holding CIFAR-10 / IMDb (else offline data)")
+    running.add_argument("--json", action="store_true", help="print the Record as JSON")
+    running.set_defaults(handler=cmd_run)
+
+    bench = commands.add_parser("benchmark", help="time each CPU case of a selection")
+    bench.add_argument("--selection", default="default", choices=("singles", "default", "full"))
+    bench.add_argument("--workload", default="vit")
+    bench.add_argument("--scale", default="smoke", choices=("smoke", "article"))
+    bench.add_argument("--no-eval", action="store_true")
+    bench.set_defaults(handler=cmd_benchmark)
+
+    repro = commands.add_parser("reproduce", help="the article's chain on this machine beside the published numbers")
+    repro.add_argument("--device", default="cpu", choices=("cpu", "cuda", "sim"),
+                       help="cpu: smoke scale, exact bytes; sim: article scale, predicted; cuda: article scale")
+    repro.add_argument("--out", default="reproduce", help="folder for reproduce.md, .json and .png")
+    repro.add_argument("--baselines-dir", default="baselines", help="baseline folder for the baseline column")
+    repro.set_defaults(handler=cmd_reproduce)
+
+    base = commands.add_parser("baselines", help="measured baselines")
+    base_commands = base.add_subparsers(dest="baselines_command", required=True, parser_class=_Parser)
+    cal = base_commands.add_parser("calibrate", help="tolerances from the spread of repeated runs")
+    cal.add_argument("recipe", help="recipe id, e.g. vit-smoke/bf16-true")
+    cal.add_argument("--runs", type=_positive_int, default=3)
+    cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    cal.add_argument("--baselines-dir", default="baselines")
+    cal.set_defaults(handler=cmd_calibrate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.handler(args))
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except OutOfMemory as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED_RUN
+    except MemclaimsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Direction-aware comparison of a Record with its baseline.
+
+Memory fails only when it grows beyond tolerance, accuracy only when it drops; being better than
+the baseline beyond tolerance is "stale" (the baseline should be refreshed), which fails only in
+strict mode. Step time is reported, and fails only when the user sets a threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from memclaims.record import Record
+
+MEMORY_METRICS = ("peak_allocated_bytes", "peak_reserved_bytes", "load_peak_bytes",
+                  "optimizer_state_bytes", "param_bytes", "grad_bytes")
+ACCURACY = "accuracy"
+STEP_TIME = "step_time_s"
+METRICS = MEMORY_METRICS + (ACCURACY, STEP_TIME)
+
+OK, REGRESSION, STALE, INFO, MISSING = "ok", "regression", "stale", "info", "missing"
+
+# Memory: relative fraction of the baseline. Accuracy: absolute fraction (0.02 = 2 points).
+# The cpu and sim tiers are deterministic, so their tolerances only absorb rounding; the gpu
+# tier absorbs allocator and kernel-selection noise.
+_DEFAULTS: dict[str, dict[str, float | None]] = {
+    "cpu": {**{m: 0.005 for m in MEMORY_METRICS}, ACCURACY: 0.02, STEP_TIME: None},
+    "sim": {**{m: 0.005 for m in MEMORY_METRICS}, ACCURACY: 0.02, STEP_TIME: None},
+    "cuda": {**{m: 0.03 for m in MEMORY_METRICS}, ACCURACY: 0.02, STEP_TIME: None},
+}
+
+MIB = 1024 * 1024
+
+
+def default_tolerances(device: str) -> dict[str, float | None]:
+    return dict(_DEFAULTS.get(device, _DEFAULTS["cuda"]))
+
+
+@dataclass
+class MetricResult:
+    metric: str
+    baseline: float | None
+    now: float | None
+    change_pct: float | None  # relative change in percent (accuracy: points, see `change`)
+    tolerance: float | None
+    verdict: str
+
+    def fails(self, strict: bool) -> bool:
+        return self.verdict == REGRESSION or (strict and self.verdict == STALE)
+
+
+def fmt_value(metric: str, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if metric.endswith("_bytes"):
+        return f"{int(value):,} B ({_mib(value)} MiB)"
+    if metric == ACCURACY:
+        return f"{value * 100:.2f} %"
+    if metric.endswith("_s"):
+        return f"{value * 1000:.1f} ms"
+    return str(value)
+
+
+def fmt_change(result: MetricResult) -> str:
+    if result.baseline is None or result.now is None:
+        return "n/a"
+    if result.metric == ACCURACY:
+        return f"{(result.now - result.baseline) * 100:+.2f} points"
+    return "n/a" if result.change_pct is None else f"{result.change_pct:+.2f} %"
+
+
+def fmt_tolerance(result: MetricResult) -> str:
+    if result.tolerance is None:
+        return "none set"
+    if result.metric == ACCURACY:
+        return f"-{result.tolerance * 100:.2f} points"
+    if result.metric == STEP_TIME:
+        return f"+{result.tolerance:.2f} %"
+    return f"+{result.tolerance * 100:.2f} %"
+
+
+def environment_diff(before: Record, now: Record) -> str:
+    """What changed since the baseline, e.g. ``torch 2.13.0 -> 2.14.1, lightning unchanged``."""
+    parts: list[str] = []
+    if before.device_name != now.device_name:
+        parts.append(f"device {before.device_name} -> {now.device_name}")
+    unchanged: list[str] = []
+    for package in sorted(set(before.versions) | set(now.versions)):
+        old, new = before.versions.get(package), now.versions.get(package)
+        if old == new:
+            unchanged.append(package)
+        else:
+            parts.append(f"{package} {old or 'absent'} -> {new or 'absent'}")
+    if unchanged:
+        parts.append(", ".join(f"{p} unchanged" for p in unchanged))
+    return ", ".join(parts) if parts else "nothing recorded changed"
+
+
+@dataclass
+class Comparison:
+    case_id: str
+    recipe: str
+    results: list[MetricResult]
+    environment_change: str
+    strict: bool = False
+
+    @property
+    def failures(self) -> list[MetricResult]:
+        return [r for r in self.results if r.fails(self.strict)]
+
+    @property
+    def verdict(self) -> str:
+        verdicts = {r.verdict for r in self.results}
+        for worst in (REGRESSION, STALE, MISSING):
+            if worst in verdicts:
+                return worst
+        return OK
+
+    def message(self) -> str:
+        lines = []
+        for r in self.failures:
+            what = {REGRESSION: "got worse than its baseline", STALE: "is better than its baseline "
+                    "(stale baseline; refresh with --update-baselines)"}.get(r.verdict, r.verdict)
+            lines.append(f"{self.case_id}: {r.metric} {what}: baseline {fmt_value(r.metric, r.baseline)}, "
+                         f"now {fmt_value(r.metric, r.now)}, change {fmt_change(r)} "
+                         f"(tolerance {fmt_tolerance(r)})")
+        lines.append(f"environment since the baseline: {self.environment_change}")
+        return "\n".join(lines)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"case": self.case_id, **asdict(r), "change": fmt_change(r)} for r in self.results]
+
+
+def _relative_pct(before: float, now: float) -> float | None:
+    if before == 0:
+        return 0.0 if now == 0 else None
+    return (now - before) / before * 100.0
+
+
+def compare(record: Record, baseline: Record, tolerances: Mapping[str, float | None] | None = None, *,
+            case_id: str | None = None, time_threshold_pct: float | None = None,
+            strict: bool = False) -> Comparison:
+    """Compare ``record`` with ``baseline``; ``tolerances`` override the tier's defaults per metric."""
+    tol = default_tolerances(record.device)
+    tol.update({k: v for k, v in (tolerances or {}).items() if k in tol})
+    if time_threshold_pct is not None:
+        tol[STEP_TIME] = time_threshold_pct
+    results: list[MetricResult] = []
+    for metric in METRICS:
+        before, now = getattr(baseline, metric), getattr(record, metric)
+        if before is None and now is None:
+            continue  # not measured on this tier (peak_reserved_bytes on the CPU)
+        tolerance = tol.get(metric)
+        if before is None or now is None:
+            # Accuracy switched off, or a metric only one side measured: say so, never guess.
+            results.append(MetricResult(metric, before, now, None, tolerance, MISSING))
+            continue
+        change = _relative_pct(before, now)
+        verdict = OK
+        if metric in MEMORY_METRICS:
+            limit = (tolerance or 0.0) * 100.0
+            if change is None or change > limit:
+                verdict = REGRESSION
+            elif change < -limit:
+                verdict = STALE
+        elif metric == ACCURACY:
+            limit = tolerance or 0.0
+            if now < before - limit - 1e-12:
+                verdict = REGRESSION
+            elif now > before + limit + 1e-12:
+                verdict = STALE
+        else:  # step time: reported, judged only against the user's threshold
+            verdict = INFO if tolerance is None else (
+                REGRESSION if change is None or change > tolerance else OK)
+        results.append(MetricResult(metric, before, now, change, tolerance, verdict))
+    return Comparison(case_id=case_id or record.recipe, recipe=record.recipe, results=results,
+                      environment_change=environment_diff(baseline, record), strict=strict)
+
+
+@dataclass
+class Summary:
+    """Every comparison of a session, for the terminal table and the JSON file."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, comparison: Comparison) -> None:
+        self.rows.extend(comparison.rows())
+
+    def add_note(self, case_id: str, verdict: str) -> None:
+        self.rows.append({"case": case_id, "metric": "-", "baseline": None, "now": None,
+                          "change_pct": None, "change": "", "tolerance": None, "verdict": verdict})
+
+    def table(self) -> list[str]:
+        header = ("case", "metric", "baseline", "now", "change", "verdict")
+        body = [(r["case"], r["metric"], fmt_short(r["metric"], r["baseline"]), fmt_short(r["metric"], r["now"]),
+                 r["change"], r["verdict"]) for r in self.rows]
+        widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
+        return ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *body]]
+
+
+def fmt_short(metric: str, value: float | None) -> str:
+    if value is None:
+        return ""
+    if metric.endswith("_bytes"):
+        return f"{_mib(value)} MiB"
+    return fmt_value(metric, value)
+
+
+def _mib(value: float) -> str:
+    # Smoke-scale tensors are kilobytes: two decimals of MiB would print them all as 0.00.
+    return f"{value / MIB:.2f}" if abs(value) >= MIB else f"{value / MIB:.4f}"

@@ -1,0 +1,192 @@
+"""A model of PyTorch's CUDA caching allocator (``c10/cuda/CUDACachingAllocator.cpp``), in Python.
+
+No library models this: torch's own tools (MemTracker, the fake-tensor memory estimators) count
+live tensor bytes, never segments, and the published figure is ``max_memory_reserved``, which
+depends on segment sizes, block splitting and fragmentation. So this file re-implements the
+native allocator's default policy by hand, for one device and one stream:
+
+- every request is rounded up to a multiple of 512 B (zero-byte requests allocate nothing);
+- requests up to 1 MiB come from the small pool, which grows by 2 MiB segments;
+- requests of 1-10 MiB get a 20 MiB segment of the large pool; larger requests get a segment of
+  their own, rounded up to 2 MiB;
+- a free block is reused best-fit (smallest block that fits, then lowest address);
+- a reused block is split when the rest is worth keeping (>= 512 B in the small pool, > 1 MiB
+  in the large one), otherwise the whole block is handed out;
+- a freed block merges with free neighbours of its segment;
+- nothing is ever returned to the device (no ``empty_cache``), so reserved memory never shrinks.
+
+``allocated`` counts block sizes, as ``torch.cuda.memory_allocated`` does; ``requested`` counts
+the bytes asked for (live tensor bytes), the figure a CPU-side tensor count gives.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """The native allocator's constants (torch 2.1 defaults; unchanged through 2.14 by default)."""
+
+    min_block_size: int = 512  # kMinBlockSize: rounding unit
+    small_size: int = 1 * MiB  # kSmallSize: largest request served by the small pool
+    small_buffer: int = 2 * MiB  # kSmallBuffer: small-pool segment size
+    large_buffer: int = 20 * MiB  # kLargeBuffer: segment for requests below min_large_alloc
+    min_large_alloc: int = 10 * MiB  # kMinLargeAlloc
+    round_large: int = 2 * MiB  # kRoundLarge: rounding of segments for large requests
+    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (not modelled)
+
+    def round_size(self, size: int) -> int:
+        if size < self.min_block_size:
+            return self.min_block_size
+        return -(-size // self.min_block_size) * self.min_block_size
+
+    def is_small(self, rounded: int) -> bool:
+        return rounded <= self.small_size
+
+    def segment_size(self, rounded: int) -> int:
+        if rounded <= self.small_size:
+            return self.small_buffer
+        if rounded < self.min_large_alloc:
+            return self.large_buffer
+        return -(-rounded // self.round_large) * self.round_large
+
+    def should_split(self, block_size: int, rounded: int) -> bool:
+        remaining = block_size - rounded
+        if self.is_small(rounded):
+            return remaining >= self.min_block_size
+        return remaining > self.small_size
+
+
+@dataclass(eq=False)
+class Block:
+    segment: int
+    offset: int
+    size: int
+    small: bool
+    free: bool = True
+    requested: int = 0
+    prev: Block | None = None
+    next: Block | None = None
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        # The native free sets order by (stream, size, address); segments stand in for addresses.
+        return (self.size, self.segment, self.offset)
+
+
+@dataclass
+class Stats:
+    allocated: int = 0
+    reserved: int = 0
+    requested: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    peak_requested: int = 0
+    segments: int = 0
+
+
+@dataclass
+class CachingAllocator:
+    config: AllocatorConfig = field(default_factory=AllocatorConfig)
+
+    def __post_init__(self) -> None:
+        if self.config.expandable_segments:
+            raise ValueError("expandable segments are not modelled")
+        self.stats = Stats()
+        # Free blocks per pool, kept sorted by Block.key (bisect on a parallel key list).
+        self._free_keys: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}
+        self._free_blocks: dict[bool, list[Block]] = {True: [], False: []}
+        self._live: dict[int, Block] = {}
+        self._next_handle = 1
+
+    # --- public -----------------------------------------------------------------------------
+
+    def malloc(self, nbytes: int) -> int:
+        """Allocate ``nbytes``; returns a handle for ``free`` (0 for a zero-byte request)."""
+        if nbytes <= 0:
+            return 0
+        cfg = self.config
+        rounded = cfg.round_size(nbytes)
+        small = cfg.is_small(rounded)
+        block = self._take_free(small, rounded)
+        if block is None:
+            block = Block(segment=self.stats.segments, offset=0, size=cfg.segment_size(rounded), small=small)
+            self.stats.segments += 1
+            self.stats.reserved += block.size
+        if cfg.should_split(block.size, rounded):
+            rest = Block(segment=block.segment, offset=block.offset + rounded, size=block.size - rounded,
+                         small=small, prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = rounded
+            self._insert_free(rest)
+        block.free = False
+        block.requested = nbytes
+        handle = self._next_handle
+        self._next_handle += 1
+        self._live[handle] = block
+        s = self.stats
+        s.allocated += block.size
+        s.requested += nbytes
+        s.peak_allocated = max(s.peak_allocated, s.allocated)
+        s.peak_reserved = max(s.peak_reserved, s.reserved)
+        s.peak_requested = max(s.peak_requested, s.requested)
+        return handle
+
+    def free(self, handle: int) -> None:
+        if handle == 0:
+            return
+        block = self._live.pop(handle)
+        self.stats.allocated -= block.size
+        self.stats.requested -= block.requested
+        block.free, block.requested = True, 0
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and neighbour.free:
+                self._remove_free(neighbour)
+                block = self._merge(block, neighbour)
+        self._insert_free(block)
+
+    def reset_peaks(self) -> None:
+        """``torch.cuda.reset_peak_memory_stats``: peaks restart from the current values."""
+        s = self.stats
+        s.peak_allocated, s.peak_reserved, s.peak_requested = s.allocated, s.reserved, s.requested
+
+    def free_blocks(self, small: bool) -> list[tuple[int, int, int]]:
+        """(size, segment, offset) of the free blocks of one pool, for tests and debugging."""
+        return list(self._free_keys[small])
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _take_free(self, small: bool, rounded: int) -> Block | None:
+        keys = self._free_keys[small]
+        index = bisect.bisect_left(keys, (rounded, -1, -1))
+        if index == len(keys):
+            return None
+        block = self._free_blocks[small][index]
+        del keys[index], self._free_blocks[small][index]
+        return block
+
+    def _insert_free(self, block: Block) -> None:
+        keys = self._free_keys[block.small]
+        index = bisect.bisect_left(keys, block.key)
+        keys.insert(index, block.key)
+        self._free_blocks[block.small].insert(index, block)
+
+    def _remove_free(self, block: Block) -> None:
+        keys = self._free_keys[block.small]
+        index = bisect.bisect_left(keys, block.key)
+        del keys[index], self._free_blocks[block.small][index]
+
+    @staticmethod
+    def _merge(block: Block, neighbour: Block) -> Block:
+        first, second = (neighbour, block) if neighbour is block.prev else (block, neighbour)
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        return first

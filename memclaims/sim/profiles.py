@@ -1,0 +1,97 @@
+"""Simulated GPUs as named data: which attention kernel runs per dtype, cuBLAS workspaces, allocator.
+
+The attention kernel decides the activation memory (the math kernel stores full score matrices:
++19 % to +37 % at article scale, SIMULATION.md point 2), and a CPU-only torch would pick neither
+of the GPU kernels by itself, so the choice is stated here, per era, instead of inferred.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memclaims.errors import UsageError
+from memclaims.sim.allocator import AllocatorConfig, MiB
+
+KIB = 1024
+
+# Attention kernels a profile can name. "flash" (flash-attention v2, torch >= 2.2), "flash-v1"
+# (torch 2.0/2.1) and "efficient" keep O(L) state per row (output + log-sum-exp); "math"
+# materialises the (L x L) score and probability matrices.
+KERNELS = ("flash", "flash-v1", "efficient", "math")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    summary: str
+    gpu: str
+    torch_era: str
+    # dtype name ("float32", "float16", "bfloat16") -> kernel of KERNELS
+    attention: dict[str, str]
+    # One cuBLAS workspace per handle; handles are per thread, and the forward (main thread) and
+    # backward (autograd's device thread) use one each. Workspaces come from the caching allocator.
+    cublas_workspace_bytes: tuple[int, ...]
+    # Scratch the flash-attention v2 backward allocates beside its outputs (dq_accum in fp32 over
+    # the sequence rounded to 128, softmax_d): a kernel detail meta kernels do not allocate.
+    flash_backward_scratch: bool = True
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+
+    def kernel(self, dtype_name: str) -> str:
+        return self.attention.get(dtype_name, "math")
+
+
+# torch 2.1 default CUBLAS_WORKSPACE_CONFIG ":4096:2:16:8" = 2 x 4 MiB + 8 x 16 KiB per handle.
+_TORCH21_CUBLAS_WORKSPACE = 2 * 4096 * KIB + 8 * 16 * KIB  # 8.125 MiB
+
+PROFILES: dict[str, Profile] = {
+    profile.name: profile
+    for profile in (
+        Profile(
+            name="article",
+            summary="A100 with torch 2.1 (the article's era): memory-efficient attention for fp32, "
+                    "flash attention v1 for fp16/bf16 (v2 shipped in torch 2.2), cuBLAS workspaces "
+                    "2 x 8.125 MiB",
+            gpu="NVIDIA A100 (sm80)",
+            torch_era="2.1.0 nightly 2023-06-23, cu118",
+            attention={"float32": "efficient", "float16": "flash-v1", "bfloat16": "flash-v1"},
+            cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
+        ),
+        Profile(
+            name="current",
+            summary="A100 with today's torch defaults: SDPA picks flash v2 for fp16/bf16 and "
+                    "memory-efficient for fp32 on sm80; cuBLAS and cuBLASLt share one 32 MiB "
+                    "workspace per handle (assumed default, ':4096:8')",
+            gpu="NVIDIA A100 (sm80)",
+            torch_era="2.14 defaults",
+            attention={"float32": "efficient", "float16": "flash", "bfloat16": "flash"},
+            cublas_workspace_bytes=(32 * MiB, 32 * MiB),
+        ),
+        Profile(
+            name="article-math",
+            summary="the article profile with the math attention kernel everywhere (what a CPU-only "
+                    "torch picks): the ablation of SIMULATION.md point 2",
+            gpu="NVIDIA A100 (sm80)",
+            torch_era="2.1.0 nightly 2023-06-23, cu118",
+            attention={"float32": "math", "float16": "math", "bfloat16": "math"},
+            cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
+        ),
+        Profile(
+            name="cpu-kernels",
+            summary="the kernels a CPU run of this torch uses (CPU flash attention, which lays its "
+                    "output out like flash v2), no cuBLAS workspaces: for checking the replay "
+                    "against the cpu tier's exact tensor accounting",
+            gpu="none (CPU kernels)",
+            torch_era="installed",
+            attention={"float32": "flash", "float16": "flash", "bfloat16": "flash"},
+            cublas_workspace_bytes=(),
+            flash_backward_scratch=False,
+        ),
+    )
+}
+
+
+def profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise UsageError(f"unknown sim profile {name!r}; valid profiles: {', '.join(PROFILES)}") from None

@@ -1,0 +1,529 @@
+"""The `sim` device: replay a recipe's load and training loop on fake tensors, through the allocator model.
+
+Everything runs under ``FakeTensorMode`` on fake *CPU* tensors (fake CUDA tensors crash in
+backward without a GPU, pytorch#92627); the storages created while ``DeviceMemory.counting`` is on
+are what a GPU run would hold on the device. What had to be emulated, and why:
+
+- autocast: ``torch.autocast("cuda")`` turns itself off without a GPU, so mixed precision runs under
+  ``torch.autocast("cpu")`` with the half dtype. For the ops a ViT uses (linear, conv, matmul and
+  SDPA in half; layer norm on an fp32 residual stream, so fp32 either way) the CPU policy casts what
+  the CUDA policy casts, and it keeps the same weight-cast cache; the casts run above autograd, so
+  the half copies saved for backward are counted.
+- attention: the profile names the GPU kernel. The CPU flash kernel's meta implementation stands in
+  for flash v2 (same O(L) state, output laid out like the query); ``tracker.DeviceMemory`` adds
+  what the others do differently: the (B, L, H, D) output layout of memory-efficient attention and
+  flash v1 (one more copy per layer in ``multi_head_attention_forward``), flash v1's reshape copies
+  of q, k, v (and the output gradient in backward), flash v2's backward scratch. "math" is forced
+  with ``sdpa_kernel``.
+- optimizers: built by ``memclaims.optimizers`` and switched to ``foreach=True``, the GPU default
+  that fake parameters do not trigger by themselves.
+- ``nn.init.trunc_normal_``: today's rejection sampler reads values (``.item()``); the torch 2.1
+  in-place algorithm it replaced is used while the model is built.
+- ``Module.to()``: moves and conversions are replayed parameter by parameter in ``Module._apply``'s
+  order, which is the order a real move allocates in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memclaims import optimizers
+from memclaims.errors import UsageError
+from memclaims.recipe import Recipe
+from memclaims.record import Record, library_versions
+from memclaims.sim.allocator import CachingAllocator
+from memclaims.sim.profiles import Profile, profile as find_profile
+from memclaims.sim.tracker import DeviceMemory
+
+PARAM_DTYPE = {"32-true": torch.float32, "16-mixed": torch.float32, "bf16-mixed": torch.float32,
+               "16-true": torch.float16, "bf16-true": torch.bfloat16}
+COMPUTE_DTYPE = {"32-true": torch.float32, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
+                 "16-true": torch.float16, "bf16-true": torch.bfloat16}
+GRAD_SCALE = 65536.0  # GradScaler's initial scale (16-mixed)
+LOAD_MODES = ("build-then-convert", "init-module")
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    allocated_bytes: int  # peak of block bytes, as torch.cuda.max_memory_allocated
+    reserved_bytes: int  # peak of segment bytes, as torch.cuda.max_memory_reserved
+    live_bytes: int  # peak of live tensor bytes (no rounding, no workspaces, no kernel scratch)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes,
+                "live_bytes": self.live_bytes}
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """A model-load-only replay (the 07 scripts)."""
+
+    mode: str
+    profile: str
+    param_count: int
+    param_bytes: int
+    peak: PhaseResult
+
+
+def _storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
+    """``probes.storage_bytes`` for fake tensors: they have no data pointer, so storages count by identity."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        seen[id(storage)] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    params = list(model.parameters())
+    state = (v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    return {"param_bytes": _storage_bytes(iter(params)),
+            "grad_bytes": _storage_bytes(p.grad for p in params if p.grad is not None),
+            "optimizer_state_bytes": _storage_bytes(state)}
+
+
+# --- models ------------------------------------------------------------------------------------
+
+
+def _trunc_normal_21(tensor: torch.Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0,
+                     b: float = 2.0, generator: Any = None) -> torch.Tensor:
+    """torch 2.1's ``nn.init.trunc_normal_``: in place, no temporaries, reads no value."""
+    def cdf(x: float) -> float:
+        return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
+
+    with torch.no_grad():
+        low, high = cdf((a - mean) / std), cdf((b - mean) / std)
+        tensor.uniform_(2 * low - 1, 2 * high - 1, generator=generator)
+        tensor.erfinv_().mul_(std * math.sqrt(2.0)).add_(mean).clamp_(min=a, max=b)
+    return tensor
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Fabric's ``_DtypeContextManager``: factories default to ``dtype``."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@contextmanager
+def _era_init() -> Iterator[None]:
+    original = nn.init.trunc_normal_
+    nn.init.trunc_normal_ = _trunc_normal_21  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        nn.init.trunc_normal_ = original  # type: ignore[assignment]
+
+
+_INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "xavier_uniform_",
+                   "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_")
+
+
+@contextmanager
+def _no_init() -> Iterator[None]:
+    """Skip ``nn.init`` while building on the host: values never matter on fake tensors, and time does."""
+    originals = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+    for name in _INIT_FUNCTIONS:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(nn.init, name, function)
+
+
+def _vit(recipe_scale: str, num_classes: int | None) -> nn.Module:
+    from torchvision.models import VisionTransformer, vit_l_16
+
+    from memclaims.workloads import VIT_SMOKE
+
+    if recipe_scale == "smoke":
+        return VisionTransformer(num_classes=num_classes or 10, **VIT_SMOKE)
+    model = vit_l_16(weights=None)  # no weights are loaded: values do not change memory
+    if num_classes is not None:
+        model.heads.head = nn.Linear(in_features=1024, out_features=num_classes)
+    return model
+
+
+def _vit_inputs(recipe_scale: str, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from memclaims.workloads import VIT_ARTICLE_IMAGE_SIZE, VIT_SMOKE
+
+    size = VIT_SMOKE["image_size"] if recipe_scale == "smoke" else VIT_ARTICLE_IMAGE_SIZE
+    return torch.empty(batch, 3, size, size), torch.zeros(batch, dtype=torch.long)
+
+
+# workload name -> (build(scale name, num_classes or None for the stock head), inputs(scale, batch))
+MODELS: dict[str, tuple[Callable[[str, int | None], nn.Module],
+                        Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]]] = {
+    "vit": (_vit, _vit_inputs),
+}
+
+
+def _model_fns(recipe: Recipe) -> tuple[Callable[[str, int | None], nn.Module],
+                                         Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]]:
+    try:
+        return MODELS[recipe.workload.name]
+    except KeyError:
+        raise UsageError(
+            f"the sim device cannot run workload {recipe.workload.name!r} yet (no fake-tensor model "
+            f"for it); simulated workloads: {', '.join(MODELS)}"
+        ) from None
+
+
+def _apply_order(module: nn.Module) -> Iterator[tuple[dict[str, Any], str]]:
+    """(owner dict, name) of every parameter and buffer, in ``Module._apply``'s order."""
+    for child in module.children():
+        yield from _apply_order(child)
+    for store in (module._parameters, module._buffers):
+        for name, value in store.items():
+            if value is not None:
+                yield store, name
+
+
+def _move(module: nn.Module, dtype: torch.dtype | None = None) -> None:
+    """``module.to(device)`` or ``.to(dtype)``: each tensor gets a new storage, the old one is dropped."""
+    for store, name in _apply_order(module):
+        value = store[name]
+        if dtype is not None and not value.is_floating_point():
+            continue
+        fresh = torch.empty_like(value, dtype=dtype or value.dtype)
+        value.data = fresh
+
+
+# --- the session -------------------------------------------------------------------------------
+
+
+class _Session:
+    """One simulated device: a fresh allocator, a fake-tensor mode and the tracker."""
+
+    def __init__(self, profile: Profile) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.profile = profile
+        self.allocator = CachingAllocator(profile.allocator)
+        self.memory = DeviceMemory(self.allocator, profile)
+        self.fake = FakeTensorMode()
+
+    @contextmanager
+    def active(self) -> Iterator["_Session"]:
+        was_enabled = gc.isenabled()
+        # Frees follow reference counts only: a cyclic collection at a random moment would
+        # make two runs differ (autograd graphs and fake tensors free by reference count).
+        gc.disable()
+        try:
+            with _era_init(), self.fake, self.memory:
+                yield self
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    @contextmanager
+    def phase(self, results: dict[str, PhaseResult], name: str) -> Iterator[None]:
+        self.memory.reset_peaks()
+        yield
+        stats = self.allocator.stats
+        results[name] = PhaseResult(stats.peak_allocated, stats.peak_reserved, self.memory.peak_tensor_bytes)
+
+    @contextmanager
+    def host(self) -> Iterator[None]:
+        """Work that a GPU run does on the CPU: not device memory, so initial values are skipped too."""
+        self.memory.counting = False
+        try:
+            with _no_init():
+                yield
+        finally:
+            self.memory.counting = True
+
+
+def _attention_context(profile: Profile, dtype: torch.dtype) -> Any:
+    if profile.kernel(str(dtype).removeprefix("torch.")) == "math":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.MATH])
+    return nullcontext()
+
+
+# --- load --------------------------------------------------------------------------------------
+
+
+def _load(session: _Session, recipe: Recipe, build: Callable[[str, int | None], nn.Module]) -> nn.Module:
+    """The recipe's load phase, as ``runner._Session.build`` + ``fabric.setup`` do it on a GPU."""
+    classes = recipe.workload.num_classes
+    true_dtype = PARAM_DTYPE[recipe.precision] if recipe.precision.endswith("-true") else None
+    if recipe.init_on_device:
+        # fabric.init_module(): built on the device, in the half dtype for true precisions.
+        with _default_dtype(true_dtype) if true_dtype else nullcontext():
+            return build(recipe.scale.name, classes)
+    with session.host():
+        # Fabric converts true precisions on the CPU (convert_module) before moving.
+        with _default_dtype(true_dtype) if true_dtype else nullcontext():
+            model = build(recipe.scale.name, classes)
+    _move(model)
+    return model
+
+
+def _load_only(session: _Session, mode: str, scale: str, num_classes: int | None,
+               dtype: torch.dtype, build: Callable[[str, int | None], nn.Module]) -> nn.Module:
+    if mode == "init-module":
+        with _default_dtype(dtype):
+            return build(scale, num_classes)
+    with session.host():
+        model = build(scale, num_classes)
+    _move(model)  # .to("cuda")
+    if dtype != torch.float32:
+        _move(model, dtype)  # .to(float16): one tensor at a time
+    return model
+
+
+def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit", scale: str = "article",
+                  num_classes: int | None = None, precision: str = "16-true") -> LoadResult:
+    """Replay a model-load-only script on the simulated GPU.
+
+    ``mode``: ``build-then-convert`` (07_01: built on the CPU in fp32, then
+    ``.to("cuda").to(dtype)``) or ``init-module`` (07_03: built inside ``fabric.init_module()``).
+    ``num_classes=None`` keeps the stock head (1000 classes for ``vit_l_16``, as the 07 scripts).
+    """
+    if mode not in LOAD_MODES:
+        raise UsageError(f"unknown load mode {mode!r}; valid modes: {', '.join(LOAD_MODES)}")
+    if precision not in PARAM_DTYPE:
+        raise UsageError(f"unknown precision {precision!r}; valid precisions: {', '.join(PARAM_DTYPE)}")
+    chosen = find_profile(profile)
+    try:
+        build, _ = MODELS[workload]
+    except KeyError:
+        raise UsageError(f"the sim device cannot load workload {workload!r}; simulated workloads: "
+                         f"{', '.join(MODELS)}") from None
+    dtype = PARAM_DTYPE[precision]
+    session = _Session(chosen)
+    results: dict[str, PhaseResult] = {}
+    with session.active():
+        with session.phase(results, "load"):
+            model = _load_only(session, mode, scale, num_classes, dtype, build)
+        params = list(model.parameters())
+        count = sum(p.numel() for p in params)
+        param_bytes = _storage_bytes(iter(params))
+        del model, params
+    return LoadResult(mode=mode, profile=chosen.name, param_count=count, param_bytes=param_bytes,
+                      peak=results["load"])
+
+
+# --- train -------------------------------------------------------------------------------------
+
+
+class _Precision:
+    """What Fabric's precision plugin does around the forward pass and backward, on fake tensors."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.name = "32-true" if recipe.plain_pytorch else recipe.precision
+        self.compute = COMPUTE_DTYPE[self.name]
+        self.mixed = self.name.endswith("-mixed")
+        self.true_half = self.name.endswith("-true") and self.compute != torch.float32
+        self.scale: torch.Tensor | None = None
+
+    def convert_input(self, inputs: torch.Tensor) -> torch.Tensor:
+        # MixedPrecision and HalfPrecision both cast floating inputs to the half dtype.
+        return inputs.to(self.compute) if (self.mixed or self.true_half) and inputs.is_floating_point() else inputs
+
+    def forward_context(self) -> Any:
+        if self.mixed:
+            return torch.autocast("cpu", dtype=self.compute)
+        if self.true_half:
+            return _default_dtype(self.compute)
+        return nullcontext()
+
+    def convert_output(self, output: torch.Tensor) -> torch.Tensor:
+        return output.to(torch.get_default_dtype()) if self.mixed or self.true_half else output
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.name == "16-mixed":  # GradScaler: the scale lives on the device
+            if self.scale is None:
+                self.scale = torch.full((), GRAD_SCALE)
+            loss = loss * self.scale
+        loss.backward()
+
+
+def _default_memory_steps(recipe: Recipe) -> int:
+    # The peak needs the second step: gradients and optimizer state alive during the forward.
+    # With accumulation the scripts step at batch 0, then every accum-th batch, so two steps cover
+    # a whole cycle (batches 1..accum: state alive, gradients accumulating, then the step); later
+    # cycles repeat it allocation for allocation.
+    return 2
+
+
+def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: int,
+           inputs_fn: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, int]:
+    """``runner._Session.train``'s loop, statement for statement, on fake tensors."""
+    memory = session.memory
+    precision = _Precision(recipe)
+    optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
+    for group in optimizer.param_groups:
+        group["foreach"] = True  # the GPU default; fake parameters would take the single-tensor path
+    for p in model.parameters():
+        memory.tag(p, "parameters")
+        p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, "gradients"))
+    accumulation = recipe.accumulation_steps
+    attention = _attention_context(session.profile, precision.compute)
+    grad_bytes: int | None = None
+    done = 0
+    inputs = targets = logits = loss = None
+    for batch_index in range(memory_steps * accumulation + 1):
+        # The loader's next batch is moved to the device while the previous one is still bound.
+        inputs, targets = inputs_fn(recipe.scale.name, recipe.micro_batch_size)
+        model.train()
+        with attention:
+            if recipe.plain_pytorch:
+                logits = model(inputs)
+            else:
+                x = precision.convert_input(inputs)
+                with precision.forward_context():
+                    out = model(x)
+                del x
+                logits = precision.convert_output(out)
+                del out
+        loss = F.cross_entropy(logits, targets)
+        if accumulation == 1:
+            optimizer.zero_grad()  # 01..04, 06: after the forward pass
+            precision.backward(loss)
+            stepping = True
+        else:
+            loss = loss / accumulation  # 05
+            precision.backward(loss)
+            stepping = batch_index % accumulation == 0
+        loss.detach().float()  # watch_loss reads the value (.item()): a temporary at most
+        if stepping:
+            if grad_bytes is None:
+                grad_bytes = _storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
+            memory.in_optimizer = True
+            optimizer.step()
+            memory.in_optimizer = False
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        memory.tag(value, "optimizer_state")
+            if accumulation > 1:
+                optimizer.zero_grad()
+            if scheduler is not None:
+                scheduler.step()
+            done += 1
+            if done == memory_steps:
+                break
+    states = _state_bytes(model, optimizer)
+    states["grad_bytes"] = grad_bytes or 0
+    del inputs, targets, logits, loss
+    return states
+
+
+def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | None = None) -> Record:
+    """Predict the CUDA caching allocator's peaks for ``recipe`` on the profile's GPU."""
+    chosen = find_profile(profile)
+    check(recipe)
+    build, inputs_fn = _model_fns(recipe)
+    steps = memory_steps if memory_steps is not None else _default_memory_steps(recipe)
+    if steps < 1:
+        raise UsageError(f"--steps must be at least 1 (got {steps})")
+    notes = [f"sim profile {chosen.name!r}: {chosen.summary}"]
+    if steps < 2:
+        notes.append("one optimizer step only: the peak of the second step (gradients and optimizer "
+                     "state alive during the forward) is not reached")
+
+    reference = None
+    if recipe.init_on_device:
+        reference = simulate_load("build-then-convert", profile=chosen.name, workload=recipe.workload.name,
+                                  scale=recipe.scale.name, num_classes=recipe.workload.num_classes,
+                                  precision=recipe.precision if recipe.precision.endswith("-true") else "32-true")
+
+    session = _Session(chosen)
+    phases: dict[str, PhaseResult] = {}
+    torch.manual_seed(0)
+    with session.active():
+        with session.phase(phases, "load"):
+            model = _load(session, recipe, build)
+        param_count = sum(p.numel() for p in model.parameters())
+        param_tensors = len(list(model.parameters()))
+        with session.phase(phases, "train"):
+            states = _train(session, recipe, model, steps, inputs_fn)
+        breakdown = dict(session.memory.breakdown_at_peak)
+        del model
+    load, train = phases["load"], phases["train"]
+    values: dict[str, Any] = dict(
+        recipe=recipe.id,
+        workload=recipe.workload.name,
+        scale=recipe.scale.name,
+        techniques=list(recipe.techniques),
+        device="sim",
+        device_name=f"simulated {chosen.gpu}",
+        probe=f"sim:{chosen.name}",
+        precision="32-true" if recipe.plain_pytorch else recipe.precision,
+        batch_size=recipe.batch_size,
+        accumulation_steps=recipe.accumulation_steps,
+        memory_steps=steps,
+        param_count=param_count,
+        param_tensor_count=param_tensors,
+        load_peak_bytes=load.allocated_bytes,
+        peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
+        peak_reserved_bytes=max(load.reserved_bytes, train.reserved_bytes),
+        peak_reserved_total_bytes=session.allocator.stats.reserved,  # never shrinks: the article's figure
+        reference_load_peak_bytes=reference.peak.allocated_bytes if reference else None,
+        accuracy=None,
+        final_loss=None,
+        nan_loss=False,
+        nan_step=None,
+        step_time_s=None,
+        weights="random",
+        data="none (fake tensors)",
+        versions=library_versions(),
+        phases={"load": load.as_dict(), "train": train.as_dict()},
+        breakdown=breakdown,
+        notes=notes,
+        **states,
+    )
+    return _record(values)
+
+
+def _record(values: dict[str, Any]) -> Record:
+    """A Record from what the sim knows; fields other engineers add later default to None."""
+    known = {f.name: f for f in dataclasses.fields(Record)}
+    kwargs = {k: v for k, v in values.items() if k in known}
+    for name, spec in known.items():
+        if name not in kwargs and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+            kwargs[name] = None
+    return Record(**kwargs)
+
+
+# Recipe fields the sim cannot replay, with the reason (read with getattr: older Recipes lack them).
+_UNSUPPORTED_FLAGS = {
+    "sharded": "sharded recipes need several GPUs and a process group; the sim models one GPU",
+    "cpu_offload": "CPU offload is an FSDP feature; the sim models one GPU without FSDP",
+    "delayed_init": "delayed initialisation is an FSDP feature; the sim models one GPU without FSDP",
+    "activation_checkpointing": "activation checkpointing comes with FSDP in this suite; the sim models "
+                                "one GPU without FSDP",
+}
+# Optimizers that run on fake tensors (bitsandbytes kernels read real data: SIMULATION.md point 8).
+_OPTIMIZERS = ("adam", "sgd", "adamw")
+
+
+def check(recipe: Recipe) -> None:
+    """Raise UsageError, with the reason, for a recipe the sim cannot replay."""
+    _model_fns(recipe)
+    for flag, reason in _UNSUPPORTED_FLAGS.items():
+        if getattr(recipe, flag, False):
+            raise UsageError(f"the sim device cannot run {recipe.id}: {reason}")
+    if recipe.optimizer not in _OPTIMIZERS:
+        raise UsageError(f"the sim device cannot run {recipe.id}: optimizer {recipe.optimizer!r} does not run "
+                         f"on fake tensors; simulated optimizers: {', '.join(_OPTIMIZERS)}")
+    if recipe.precision not in PARAM_DTYPE:
+        raise UsageError(f"the sim device cannot run precision {recipe.precision!r}; "
+                         f"simulated precisions: {', '.join(PARAM_DTYPE)}")

@@ -1,0 +1,200 @@
+"""Feeds every tensor storage created on the simulated device into the allocator model.
+
+A ``TorchDispatchMode`` sees each aten op below autograd, so it sees every new storage: outputs,
+saved activations, gradients, optimizer state, temporaries. A storage is allocated when an op
+first returns it and freed when its last reference dies (a weakref callback, as torch's
+MemTracker does), which is exactly when the CUDA allocator would get the block back.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+from memclaims.sim.allocator import CachingAllocator
+from memclaims.sim.profiles import Profile
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations_and_temporaries")
+OTHER = "activations_and_temporaries"
+
+aten = torch.ops.aten
+# Ops that run cuBLAS GEMMs on a GPU: the first one on each thread creates that handle's workspace.
+_GEMMS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+_FLASH_FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class DeviceMemory(TorchDispatchMode):
+    """Counts the storages created while ``counting`` is on as simulated device memory."""
+
+    def __init__(self, allocator: CachingAllocator, profile: Profile) -> None:
+        super().__init__()
+        self.allocator, self.profile = allocator, profile
+        self.counting = True
+        self.in_optimizer = False
+        self._handles: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> handle
+        self._refs: dict[int, weakref.ref] = {}
+        self._bytes: dict[int, int] = {}
+        self._category: dict[int, str] = {}
+        self._workspaces: list[int] = []
+        self.live = dict.fromkeys(CATEGORIES, 0)  # tensor bytes by category
+        self.tensor_bytes = 0
+        self.peak_tensor_bytes = 0
+        self.breakdown_at_peak: dict[str, int] = dict(self.live)
+
+    # --- phases -----------------------------------------------------------------------------
+
+    def reset_peaks(self) -> None:
+        self.allocator.reset_peaks()
+        self.peak_tensor_bytes = self.tensor_bytes
+        self.breakdown_at_peak = dict(self.live)
+
+    # --- dispatch ---------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not self.counting:
+            return func(*args, **(kwargs or {}))
+        if func in _GEMMS:
+            self._ensure_workspace()
+        kernel = None
+        scratch: list[int] = []
+        if func is _FLASH_FORWARD or func is _FLASH_BACKWARD:
+            # The CPU flash kernel stands in for the profile's GPU kernel; its memory differences
+            # (output layout, copies, scratch) are added here.
+            kernel = self.profile.kernel(_dtype_name(args[0].dtype))
+            scratch = self._attention_copies(func, kernel, args)
+        out = func(*args, **(kwargs or {}))
+        if kernel in _BLHD_KERNELS:
+            out = _blhd_outputs(func, out)
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.track(leaf)
+        if func is _FLASH_BACKWARD and kernel == "flash":
+            self._flash2_backward_scratch(args[0])
+        for handle in scratch:
+            self.allocator.free(handle)
+        return out
+
+    def track(self, tensor: torch.Tensor, category: str = OTHER) -> None:
+        storage = tensor.untyped_storage()
+        if storage in self._handles:
+            return
+        # Non-capturable optimizers keep their step counters (and a 1.0 constant) on the host:
+        # one-element tensors created inside ``step`` never reach the GPU.
+        if self.in_optimizer and tensor.numel() <= 1:
+            return
+        nbytes = storage.nbytes()
+        handle = self.allocator.malloc(nbytes)
+        if handle == 0:
+            return
+        self._handles[storage] = handle
+        self._refs[handle] = weakref.ref(storage, self._finalizer(handle))
+        self._bytes[handle] = nbytes
+        self._category[handle] = category
+        self.live[category] += nbytes
+        self.tensor_bytes += nbytes
+        if self.tensor_bytes > self.peak_tensor_bytes:
+            self.peak_tensor_bytes = self.tensor_bytes
+        if self.allocator.stats.allocated >= self.allocator.stats.peak_allocated:
+            self.breakdown_at_peak = dict(self.live)
+
+    def tag(self, tensor: torch.Tensor, category: str) -> None:
+        """Re-label a tracked storage (a parameter, a gradient, optimizer state)."""
+        handle = self._handles.get(tensor.untyped_storage())
+        if handle is None or self._category[handle] == category:
+            return
+        nbytes = self._bytes[handle]
+        self.live[self._category[handle]] -= nbytes
+        self.live[category] += nbytes
+        self._category[handle] = category
+
+    def forget(self, tensor: torch.Tensor) -> None:
+        """Stop counting a storage that a GPU run keeps on the host."""
+        handle = self._handles.pop(tensor.untyped_storage(), None)
+        if handle is not None:
+            self._refs.pop(handle, None)
+            self._release(handle)
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _finalizer(self, handle: int) -> Callable[[weakref.ref], None]:
+        def freed(_: weakref.ref) -> None:
+            if self._refs.pop(handle, None) is not None:
+                self._release(handle)
+
+        return freed
+
+    def _release(self, handle: int) -> None:
+        nbytes = self._bytes.pop(handle)
+        self.live[self._category.pop(handle)] -= nbytes
+        self.tensor_bytes -= nbytes
+        self.allocator.free(handle)
+
+    def _ensure_workspace(self) -> None:
+        # Forward runs on the main thread, backward on autograd's device thread: one handle each.
+        index = 1 if torch._C._current_graph_task_id() != -1 else 0
+        while len(self._workspaces) <= index and len(self._workspaces) < len(self.profile.cublas_workspace_bytes):
+            size = self.profile.cublas_workspace_bytes[len(self._workspaces)]
+            self._workspaces.append(self.allocator.malloc(size))
+
+    def _attention_copies(self, func: Any, kernel: str, args: Any) -> list[int]:
+        """flash-attention v1 (torch 2.0/2.1) reshapes q, k, v (and, in backward, the output
+        gradient) to (B*L, H, D) before the kernel: copies that live for the call only."""
+        if kernel != "flash-v1":
+            return []
+        if func is _FLASH_FORWARD:
+            tensors = args[:3]
+        else:
+            tensors = (args[0],) + tuple(args[1:4])  # grad_out, query, key, value
+        return [self.allocator.malloc(t.numel() * t.element_size()) for t in tensors]
+
+    def _flash2_backward_scratch(self, grad_out: torch.Tensor) -> None:
+        """flash-attention v2 backward: fp32 dq_accum and softmax_d beside the gradients, freed at once."""
+        if not self.profile.flash_backward_scratch:
+            return
+        batch, heads, length, head_dim = grad_out.shape
+        rounded = _round_up(length, 128)
+        scratch = [
+            self.allocator.malloc(batch * heads * rounded * 4),  # softmax_d
+            self.allocator.malloc(batch * heads * rounded * _round_up(head_dim, 32) * 4),  # dq_accum
+        ]
+        if self.allocator.stats.allocated >= self.allocator.stats.peak_allocated:
+            self.breakdown_at_peak = dict(self.live)
+        for handle in scratch:
+            self.allocator.free(handle)
+
+
+# Kernels whose outputs (and gradients) are contiguous (B, L, H, D) buffers seen as (B, H, L, D).
+_BLHD_KERNELS = ("efficient", "flash-v1")
+
+
+def _blhd(tensor: torch.Tensor) -> torch.Tensor:
+    batch, heads, length, head_dim = tensor.shape
+    return tensor.new_empty((batch, length, heads, head_dim)).transpose(1, 2)
+
+
+def _blhd_outputs(func: Any, out: Any) -> Any:
+    """The memory-efficient and flash-v1 kernels' layouts.
+
+    The CPU flash kernel (like CUDA's flash-attention v2) lays its output out like the query, which
+    in ``F.multi_head_attention_forward`` is (L, B, H, D); the memory-efficient kernel and
+    flash-attention v1 allocate (B, L, H, D), so the ``permute(2, 0, 1, 3)`` that follows must copy
+    (one (B, L, E) tensor per layer, saved for the out-projection's backward). Their gradients
+    come back in the same layout, which decides the copies of the backward of the views above.
+    """
+    if func is _FLASH_FORWARD:
+        return (_blhd(out[0]),) + tuple(out[1:])
+    return tuple(_blhd(t) for t in out)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,312 @@
+"""The baseline store and the comparison, end to end with pytester, on fake Records (no training)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memclaims.baselines import BaselineError, BaselineStore, environment_id
+from memclaims.compare import REGRESSION, STALE, compare
+from memclaims.record import Record
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest_plugins = ["pytester"]
+
+ENV = "cpu-x86_64"
+NOW_VERSIONS = {"torch": "2.14.1", "torchvision": "0.29.1", "lightning": "2.6.6", "transformers": None,
+                "bitsandbytes": None, "torchmetrics": "1.8.0", "python": "3.12.3", "cuda": None}
+PEAK = 10_485_760  # 10 MiB, so that the MiB figures in the messages are easy to read
+
+
+def fake_record(recipe: str = "vit-smoke/fake-a", **changes: Any) -> Record:
+    values: dict[str, Any] = dict(
+        recipe=recipe, workload="vit", scale="smoke", techniques=["bf16-true"], device="cpu",
+        device_name="cpu-x86_64", probe="cpu", precision="bf16-true", batch_size=32, accumulation_steps=1,
+        memory_steps=2, param_count=1000, param_tensor_count=4, param_bytes=2000, grad_bytes=2000,
+        optimizer_state_bytes=4000, load_peak_bytes=3000, peak_allocated_bytes=PEAK, peak_reserved_bytes=None,
+        accuracy=0.5, final_loss=1.0, nan_loss=False, nan_step=None, step_time_s=0.1, weights="random",
+        data="sklearn-digits", versions=dict(NOW_VERSIONS))
+    values.update(changes)
+    return Record(**values)
+
+
+def scaled(record: Record, factor: float, **changes: Any) -> Record:
+    """The same Record with every memory figure scaled, as an older baseline would hold it."""
+    raw = record.to_dict()
+    for key in ("param_bytes", "grad_bytes", "optimizer_state_bytes", "load_peak_bytes", "peak_allocated_bytes"):
+        raw[key] = int(round(raw[key] * factor))
+    raw.update(changes)
+    return Record.from_dict(raw)
+
+
+# --- the throwaway project --------------------------------------------------------------------
+
+INNER_TEST = """
+import json, pathlib, pytest
+from memclaims.record import Record
+
+HERE = pathlib.Path(__file__).parent
+NAMES = sorted(p.stem for p in HERE.glob("rec_*.json"))
+
+@pytest.mark.parametrize("name", NAMES)
+def test_case(name, baseline_check, record_property):
+    raw = json.loads((HERE / (name + ".json")).read_text())
+    baseline_check.check("cpu:" + raw["recipe"], Record.from_dict(raw), record_property)
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
+    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]')
+    pytester.syspathinsert(ROOT)
+    pytester.makepyfile(test_fake=INNER_TEST)
+    return pytester
+
+
+def add_case(project: pytest.Pytester, name: str, record: Record) -> None:
+    (project.path / f"rec_{name}.json").write_text(record.to_json())
+
+
+def store(project: pytest.Pytester) -> BaselineStore:
+    return BaselineStore(project.path / "baselines")  # the default: baselines/ in the rootdir
+
+
+def output(result: pytest.RunResult) -> str:
+    return "\n".join(result.outlines + result.errlines)
+
+
+# --- comparisons through pytest ---------------------------------------------------------------
+
+def test_upgrade_that_grows_memory_fails_with_a_complete_message(project: pytest.Pytester) -> None:
+    now = fake_record()
+    add_case(project, "a", now)
+    old_versions = dict(NOW_VERSIONS, torch="2.13.0")
+    store(project).store_record(scaled(now, 0.9, versions=old_versions))  # baseline: 10 % less memory
+    result = project.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    text = output(result)
+    baseline_peak = int(round(PEAK * 0.9))
+    expected = (f"cpu:vit-smoke/fake-a: peak_allocated_bytes got worse than its baseline: "
+                f"baseline {baseline_peak:,} B (9.00 MiB), now {PEAK:,} B (10.00 MiB), "
+                f"change +11.11 % (tolerance +0.50 %)")
+    assert expected in text
+    assert "torch 2.13.0 -> 2.14.1" in text
+    assert "lightning unchanged" in text
+    for metric in ("load_peak_bytes", "optimizer_state_bytes", "param_bytes", "grad_bytes"):
+        assert f"fake-a: {metric} got worse" in text
+    assert "accuracy got worse" not in text
+    # The end-of-run table names the case, the metric and the verdict.
+    result.stdout.re_match_lines([r".*memclaims baselines.*", r"cpu:vit-smoke/fake-a\s+peak_allocated_bytes\s+"
+                                  r"9\.00 MiB\s+10\.00 MiB\s+\+11\.11 %\s+regression"])
+
+
+def test_less_memory_is_stale_and_fails_only_when_strict(project: pytest.Pytester) -> None:
+    now = fake_record()
+    add_case(project, "a", now)
+    store(project).store_record(scaled(now, 1.1))  # baseline: 10 % more memory
+    relaxed = project.runpytest("-p", "no:cacheprovider")
+    relaxed.assert_outcomes(passed=1)
+    relaxed.stdout.re_match_lines([r"cpu:vit-smoke/fake-a\s+peak_allocated_bytes\s+11\.00 MiB\s+10\.00 MiB\s+"
+                                   r"-9\.09 %\s+stale"])
+    strict = project.runpytest("-p", "no:cacheprovider", "--memclaims-strict")
+    strict.assert_outcomes(failed=1)
+    assert "peak_allocated_bytes is better than its baseline (stale baseline" in output(strict)
+
+
+def test_accuracy_fails_only_when_it_drops(project: pytest.Pytester) -> None:
+    add_case(project, "a", fake_record(accuracy=0.50))
+    store(project).store_record(fake_record(accuracy=0.60))
+    result = project.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    assert ("accuracy got worse than its baseline: baseline 60.00 %, now 50.00 %, change -10.00 points "
+            "(tolerance -2.00 points)") in output(result)
+
+
+def test_step_time_fails_only_above_the_users_threshold(project: pytest.Pytester) -> None:
+    add_case(project, "a", fake_record(step_time_s=0.15))
+    store(project).store_record(fake_record(step_time_s=0.10))
+    project.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    result = project.runpytest("-p", "no:cacheprovider", "--memclaims-time-threshold", "20")
+    result.assert_outcomes(failed=1)
+    assert "step_time_s got worse than its baseline: baseline 100.0 ms, now 150.0 ms, change +50.00 %" in output(result)
+
+
+def test_missing_baseline_fails_and_says_how_to_create_it(project: pytest.Pytester) -> None:
+    add_case(project, "a", fake_record())
+    result = project.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    assert "no baseline for 'vit-smoke/fake-a'" in output(result)
+    assert "pytest -m cpu --update-baselines" in output(result)
+    assert not store(project).path(ENV).exists()
+
+
+def test_update_rewrites_only_the_cases_that_ran(project: pytest.Pytester) -> None:
+    a, b = fake_record("vit-smoke/fake-a"), fake_record("vit-smoke/fake-b")
+    add_case(project, "a", a)
+    add_case(project, "b", b)
+    s = store(project)
+    s.store_record(scaled(a, 0.5))
+    s.store_record(scaled(b, 0.5))
+    before = json.loads(s.path(ENV).read_text())
+    result = project.runpytest("-p", "no:cacheprovider", "--update-baselines", "-k", "rec_a")
+    result.assert_outcomes(passed=1, deselected=1)
+    after = json.loads(s.path(ENV).read_text())
+    assert after["records"]["vit-smoke/fake-a"]["record"]["peak_allocated_bytes"] == PEAK
+    assert after["records"]["vit-smoke/fake-b"] == before["records"]["vit-smoke/fake-b"]
+    # Now fake-a compares clean and fake-b still regresses.
+    again = project.runpytest("-p", "no:cacheprovider")
+    again.assert_outcomes(passed=1, failed=1)
+
+
+def test_summary_json_and_junit_properties(project: pytest.Pytester) -> None:
+    now = fake_record()
+    add_case(project, "a", now)
+    store(project).store_record(now)
+    summary, junit = project.path / "summary.json", project.path / "junit.xml"
+    result = project.runpytest("-p", "no:cacheprovider", f"--memclaims-summary-json={summary}",
+                               f"--junitxml={junit}")
+    result.assert_outcomes(passed=1)
+    rows = json.loads(summary.read_text())["rows"]
+    peak = next(r for r in rows if r["metric"] == "peak_allocated_bytes")
+    assert peak == {**peak, "case": "cpu:vit-smoke/fake-a", "baseline": PEAK, "now": PEAK, "verdict": "ok"}
+    props = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
+    assert props["peak_allocated_bytes"] == str(PEAK) and props["baseline_verdict"] == "ok"
+
+
+# --- files that cannot be trusted -------------------------------------------------------------
+
+def _good_file(tmp_path: Path) -> tuple[BaselineStore, Path]:
+    s = BaselineStore(tmp_path)
+    s.store_record(fake_record())
+    return s, s.path(ENV)
+
+
+def _corruptions(text: str) -> dict[str, tuple[str, str]]:
+    data = json.loads(text)
+    newer = dict(data, schema=2)
+    wrong_bytes = json.loads(text)
+    wrong_bytes["records"]["vit-smoke/fake-a"]["record"]["peak_allocated_bytes"] = "10 MiB"
+    wrong_records = dict(data, records=[])
+    wrong_tol = json.loads(text)
+    wrong_tol["records"]["vit-smoke/fake-a"]["tolerances"] = {"accuracy": "two points"}
+    return {
+        "truncated": (text[: len(text) // 2], "not valid JSON"),
+        "not-json": ("<<<<<<< HEAD\n", "not valid JSON"),
+        "newer-schema": (json.dumps(newer), "schema 2 is newer than this memclaims reads (schema 1)"),
+        "wrong-bytes": (json.dumps(wrong_bytes),
+                        "records['vit-smoke/fake-a'].record.peak_allocated_bytes must be int, found str"),
+        "wrong-records": (json.dumps(wrong_records), "'records' must be an object, found list"),
+        "wrong-tolerance": (json.dumps(wrong_tol), "tolerances must map metric names to numbers"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["truncated", "not-json", "newer-schema", "wrong-bytes", "wrong-records",
+                                  "wrong-tolerance"])
+def test_untrustworthy_file_raises_and_stays_byte_identical(tmp_path: Path, kind: str) -> None:
+    _, path = _good_file(tmp_path)
+    text, expected = _corruptions(path.read_text())[kind]
+    path.write_text(text)
+    original = path.read_bytes()
+    fresh = BaselineStore(tmp_path)
+    with pytest.raises(BaselineError) as raised:
+        fresh.load(ENV)
+    assert str(path) in str(raised.value) and expected in str(raised.value)
+    with pytest.raises(BaselineError):  # a write must not "repair" it by overwriting
+        fresh.store_record(fake_record("vit-smoke/fake-b"))
+    assert path.read_bytes() == original
+
+
+def test_truncated_file_fails_the_case_with_the_clear_error(project: pytest.Pytester) -> None:
+    add_case(project, "a", fake_record())
+    s = store(project)
+    s.store_record(fake_record())
+    path = s.path(ENV)
+    path.write_bytes(path.read_bytes()[:100])
+    original = path.read_bytes()
+    for extra in ((), ("--update-baselines",)):
+        result = project.runpytest("-p", "no:cacheprovider", *extra)
+        result.assert_outcomes(failed=1)
+        assert f"baseline file {path}: not valid JSON" in output(result)
+        assert path.read_bytes() == original
+
+
+# --- the file format and concurrent writers ---------------------------------------------------
+
+def test_file_is_sorted_indented_json_with_integer_bytes(tmp_path: Path) -> None:
+    _, path = _good_file(tmp_path)
+    text = path.read_text()
+    data = json.loads(text)
+    assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
+    assert data["schema"] == 1 and data["environment"] == ENV == path.stem
+    entry = data["records"]["vit-smoke/fake-a"]
+    assert isinstance(entry["record"]["peak_allocated_bytes"], int)
+    assert entry["record"]["versions"]["torch"] == "2.14.1"
+    assert entry["tolerances"]["peak_allocated_bytes"] == 0.005
+
+
+def test_environment_ids() -> None:
+    assert environment_id(fake_record()) == "cpu-x86_64"
+    assert environment_id(fake_record(device="cuda", device_name="NVIDIA H200")) == "nvidia-h200"
+    assert environment_id(fake_record(device="sim", device_name="sim"), profile="article") == "sim-article"
+
+
+def _writer(root: str, prefix: str, count: int) -> None:
+    s = BaselineStore(root)
+    for i in range(count):
+        s.store_record(fake_record(f"vit-smoke/{prefix}-{i}", peak_allocated_bytes=PEAK + i))
+
+
+def test_two_processes_writing_at_once_both_survive(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_writer, args=(str(tmp_path), name, 25)) for name in ("left", "right")]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    stored = BaselineStore(tmp_path).load(ENV)
+    assert sorted(stored) == sorted(f"vit-smoke/{p}-{i}" for p in ("left", "right") for i in range(25))
+    assert stored["vit-smoke/right-24"].record.peak_allocated_bytes == PEAK + 24
+    assert not list(tmp_path.glob("measured/*.tmp"))  # no temp file left behind
+
+
+# --- comparison rules, directly ---------------------------------------------------------------
+
+def test_memory_tolerance_boundary_and_directions() -> None:
+    base = fake_record()
+    within = compare(fake_record(peak_allocated_bytes=int(PEAK * 1.004)), base)
+    assert not within.failures
+    beyond = compare(fake_record(peak_allocated_bytes=int(PEAK * 1.006)), base)
+    assert [r.metric for r in beyond.failures] == ["peak_allocated_bytes"] and beyond.verdict == REGRESSION
+    better = compare(fake_record(peak_allocated_bytes=int(PEAK * 0.9)), base)
+    assert better.verdict == STALE and not better.failures
+    override = compare(fake_record(peak_allocated_bytes=int(PEAK * 1.05)), base, {"peak_allocated_bytes": 0.1})
+    assert not override.failures
+    env = compare(fake_record(), fake_record(versions=dict(NOW_VERSIONS, lightning="2.5.0")))
+    assert "lightning 2.5.0 -> 2.6.6" in env.environment_change and "torch unchanged" in env.environment_change
+
+
+def test_published_numbers_are_stored_as_data() -> None:
+    from memclaims.baselines import load_published
+
+    data = load_published(ROOT / "baselines")
+    chain = {row["script"]: row for row in data["vit_chain"]}
+    assert (chain["06_sgd-with-scheduler"]["peak_reserved_gb"], chain["01-2_pytorch-fabric"]["time_min"]) == (2.02, 17.88)
+    assert all(row["source"] for row in data["vit_chain"] + data["multi_gpu"] + data["llm_bonus"])
+    assert data["adam8bit"]["adam8bit_state_measured_bytes"] == 134_082_160
+
+
+def test_diverged_run_is_stored_as_valid_json(tmp_path: Path) -> None:
+    """16-true goes NaN: the Record's NaN loss is stored as null, the nan flags keep the fact."""
+    nan = float("nan")
+    s = BaselineStore(tmp_path)
+    s.store_record(fake_record(final_loss=nan, nan_loss=True, nan_step=3, memory_losses=[2.4, nan]))
+    stored = BaselineStore(tmp_path).load(ENV)["vit-smoke/fake-a"].record
+    assert stored.final_loss is None and stored.nan_loss and stored.nan_step == 3
+    assert stored.memory_losses == [2.4, None]

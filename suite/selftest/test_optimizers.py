@@ -1,0 +1,191 @@
+"""Optimizer construction and exact optimizer-state sizes at article scale (distilbert-cased).
+
+Optimizer state does not depend on the batch, so these build the article-scale model once, and
+take one optimizer step per optimizer on a tiny batch (2 x 16 tokens): a full article batch
+(12 x 512) costs minutes on two CPU cores and would not change a byte of the state.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memclaims import optim_state, optimizers, techniques
+from memclaims.errors import UsageError
+from memclaims.probes import optimizer_state_tensors, storage_bytes
+from memclaims.workloads import workload
+
+PARAMS, TENSORS = 65_783_042, 104  # the course's distilbert-base-cased with a 2-label head
+ADAMW_ELEMENTS, ADAMW_BYTES = 131_566_188, 526_264_752
+ADAM8BIT_MEASURED = 134_082_160  # bitsandbytes 0.50.2, CPU, every tensor in optimizer.state
+MIB = 2**20
+
+
+def require_bitsandbytes() -> None:
+    """One skip, with the reason, where bitsandbytes' 8-bit optimizers cannot run on this CPU."""
+    reason = optimizers.bitsandbytes_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    # Other test processes share the two cores; one intra-op thread avoids OpenMP spin contention.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def article_model() -> nn.Module:
+    work = workload("distilbert-cased")
+    torch.manual_seed(123)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' notes on random init
+        model, _ = work.build_model(work.scale("article"))
+    return model
+
+
+_STATES: dict[str, tuple[int, int]] = {}  # optimizer -> (every tensor, distinct storages), per module
+
+
+def state_after_one_step(model: nn.Module, name: str) -> tuple[int, int]:
+    if name not in _STATES:
+        optimizer, _ = optimizers.build(name, model, 5e-5, 1)
+        ids = torch.randint(1000, 2000, (2, 16), generator=torch.Generator().manual_seed(0))
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        optimizer.zero_grad()
+        F.cross_entropy(logits, torch.tensor([0, 1])).backward()
+        optimizer.step()
+        _STATES[name] = (optim_state.count_every_tensor(optimizer),
+                         storage_bytes(optimizer_state_tensors(optimizer)))
+        model.zero_grad(set_to_none=True)
+        del optimizer
+    return _STATES[name]
+
+
+@pytest.mark.cpu
+def test_registry_order_and_requirements() -> None:
+    names = [t.name for t in techniques.TECHNIQUES]
+    i = names.index("sgd")
+    assert names[i + 1:i + 5] == ["adamw", "adam8bit", "adamw8bit", "adafactor"]
+    for name in ("adamw", "adam8bit", "adamw8bit", "adafactor"):
+        t = techniques.BY_NAME[name]
+        assert t.group == "optimizer" and t.optimizer == name
+        assert t.requires == (frozenset({"bitsandbytes"}) if "8bit" in name else frozenset())
+    with pytest.raises(UsageError, match="at most one optimizer"):
+        techniques.canonical(["adamw", "adam8bit"])
+    assert techniques.canonical(["grad-accum", "adam8bit", "bf16-true", "init-module"]) == (
+        "bf16-true", "grad-accum", "adam8bit", "init-module")
+
+
+@pytest.mark.cpu
+def test_course_parameter_groups(article_model: nn.Module) -> None:
+    decay, no_decay = optimizers.parameter_groups(article_model)
+    assert decay["weight_decay"] == optimizers.WEIGHT_DECAY and no_decay["weight_decay"] == 0.0
+    layer_norms = [m for m in article_model.modules() if isinstance(m, nn.LayerNorm)]
+    no_decay_ids = {id(p) for p in no_decay["params"]}
+    assert all(id(p) in no_decay_ids for m in layer_norms for p in m.parameters())
+    assert all(id(p) in no_decay_ids for n, p in article_model.named_parameters() if n.endswith("bias"))
+    assert all(p.dim() >= 2 for p in decay["params"])  # weights of Linear and Embedding only
+    assert len(decay["params"]) + len(no_decay["params"]) == TENSORS
+    assert optimizers.training_arguments_defaults() == {"adam_beta1": 0.9, "adam_beta2": 0.999,
+                                                        "adam_epsilon": 1e-8}
+
+
+@pytest.mark.cpu
+def test_adamw_state_exact(article_model: nn.Module) -> None:
+    params = list(article_model.parameters())
+    assert (sum(p.numel() for p in params), len(params)) == (PARAMS, TENSORS)
+    every, distinct = state_after_one_step(article_model, "adamw")
+    assert optim_state.adamw_elements(params) == ADAMW_ELEMENTS
+    assert every == distinct == optim_state.adamw_bytes(params) == ADAMW_BYTES
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", ["adam8bit", "adamw8bit"])
+def test_eight_bit_state_exact(article_model: nn.Module, name: str) -> None:
+    require_bitsandbytes()
+    params = list(article_model.parameters())
+    every, distinct = state_after_one_step(article_model, name)
+    assert every == optim_state.adam8bit_bytes(params)
+    assert distinct == optim_state.adam8bit_bytes(params, every_tensor=False)
+    import bitsandbytes
+
+    if bitsandbytes.__version__ == "0.50.2":
+        assert every == ADAM8BIT_MEASURED
+    estimate = optim_state.course_estimate_bytes(PARAMS)  # 2 B/param = 125.5 MiB
+    assert abs(every - estimate) / estimate <= 0.03
+    adamw_every, _ = state_after_one_step(article_model, "adamw")
+    assert every <= 0.26 * adamw_every  # the slides' "1/4"; measured 0.255
+
+
+@pytest.mark.cpu
+def test_layout_read_from_library() -> None:
+    require_bitsandbytes()
+    import inspect
+
+    import bitsandbytes as bnb
+
+    layout = optim_state.eight_bit_layout()
+    default = inspect.signature(bnb.optim.Adam8bit.__init__).parameters["min_8bit_size"].default
+    assert layout.min_8bit_size == default
+    assert layout.blocksize == 256 and layout.qmap_bytes == (1024, 1024) and layout.state_itemsize == 1
+    # Below the threshold: two float32 states; at it: 2 x uint8 + absmax per block + the two maps.
+    assert layout.parameter_bytes(default - 1) == 8 * (default - 1)
+    assert layout.parameter_bytes(default) == 2 * default + 2 * 4 * (default // 256) + 2048
+
+
+@pytest.mark.cpu
+def test_adafactor_state(article_model: nn.Module) -> None:
+    params = list(article_model.parameters())
+    every, _ = state_after_one_step(article_model, "adafactor")
+    assert every == optim_state.adafactor_bytes(params)
+    assert every < 0.01 * ADAMW_BYTES  # factored second moment only: ~0.7 MB vs 526 MB
+
+
+@pytest.mark.cpu
+def test_skip_when_bitsandbytes_does_not_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    optimizers.bitsandbytes_unavailable.cache_clear()
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # makes `import bitsandbytes` raise ImportError
+    try:
+        reason = optimizers.bitsandbytes_unavailable()
+        assert reason is not None and reason.startswith("bitsandbytes does not import")
+        with pytest.raises(pytest.skip.Exception, match="bitsandbytes does not import"):
+            require_bitsandbytes()
+        with pytest.raises(UsageError, match="needs bitsandbytes"):
+            optimizers.build("adam8bit", nn.Linear(2, 2), 1e-3, 1)
+    finally:
+        optimizers.bitsandbytes_unavailable.cache_clear()
+
+
+@pytest.mark.cpu
+def test_skip_when_bitsandbytes_has_no_cpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        import bitsandbytes as bnb
+    except Exception as error:
+        pytest.skip(f"bitsandbytes does not import here ({error}); the import path is tested above")
+
+    class NoBackend(torch.optim.Optimizer):
+        def __init__(self, params: object, lr: float = 1e-3) -> None:
+            super().__init__(params, {"lr": lr})
+
+        def step(self, closure: object = None) -> None:
+            raise NotImplementedError("no CPU implementation of optimizer_update_8bit_blockwise")
+
+    optimizers.bitsandbytes_unavailable.cache_clear()
+    monkeypatch.setattr(bnb.optim, "Adam8bit", NoBackend)
+    try:
+        reason = optimizers.bitsandbytes_unavailable()
+        assert reason is not None and "no working CPU backend" in reason
+        with pytest.raises(pytest.skip.Exception, match="no working CPU backend"):
+            require_bitsandbytes()
+    finally:
+        optimizers.bitsandbytes_unavailable.cache_clear()

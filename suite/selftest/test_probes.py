@@ -1,0 +1,109 @@
+"""Probe arithmetic: the CUDA probe against faked allocator statistics, the CPU probe exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from memclaims.probes import CpuProbe, CudaProbe, model_state_bytes, storage_bytes
+
+
+class FakeCuda:
+    """Allocator statistics as torch.cuda reports them, scripted per phase."""
+
+    def __init__(self, peaks: list[tuple[int, int]]) -> None:
+        self.peaks = list(peaks)
+        self.calls: list[str] = []
+        self.current = (0, 0)
+
+    def synchronize(self) -> None:
+        self.calls.append("synchronize")
+
+    def empty_cache(self) -> None:
+        self.calls.append("empty_cache")
+
+    def reset_peak_memory_stats(self) -> None:
+        self.calls.append("reset")
+        if self.peaks:
+            self.current = self.peaks.pop(0)
+
+    def max_memory_allocated(self) -> int:
+        return self.current[0]
+
+    def max_memory_reserved(self) -> int:
+        return self.current[1]
+
+
+def test_cuda_probe_resets_between_phases_and_reads_both_peaks() -> None:
+    cuda = FakeCuda([(100, 2048), (900, 4096)])
+    probe = CudaProbe(cuda)
+    with probe.phase("load"):
+        pass
+    with probe.phase("train"):
+        pass
+    assert probe.phases["load"].allocated_bytes == 100 and probe.phases["load"].reserved_bytes == 2048
+    assert probe.phases["train"].allocated_bytes == 900 and probe.phases["train"].reserved_bytes == 4096
+    assert cuda.calls.count("reset") == 2, "each phase must start from reset peak statistics"
+
+
+def test_cuda_probe_prepare_starts_clean() -> None:
+    cuda = FakeCuda([])
+    CudaProbe(cuda).prepare()
+    assert cuda.calls[-2:] == ["empty_cache", "reset"]
+
+
+def test_cuda_probe_breakdown_subtracts_model_states() -> None:
+    model = nn.Linear(10, 10)  # 110 float32 parameters = 440 B
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 10)).sum().backward()
+    probe = CudaProbe(FakeCuda([(2000, 4096)]))
+    probe.track(model, optimizer)
+    with probe.phase("train"):
+        pass
+    breakdown = probe.phases["train"].breakdown
+    assert breakdown == {"parameters": 440, "gradients": 440, "optimizer_state": 0,
+                         "activations_and_temporaries": 2000 - 880}
+
+
+def test_storage_bytes_counts_shared_storage_once() -> None:
+    base = torch.zeros(100)
+    assert storage_bytes(iter([base, base[:10], base.view(10, 10)])) == 400
+
+
+def test_model_state_bytes_of_adam_is_two_states_plus_step_counters() -> None:
+    model = nn.Linear(10, 10)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 10)).sum().backward()
+    optimizer.step()
+    states = model_state_bytes(model, optimizer)
+    assert states == {"param_bytes": 440, "grad_bytes": 440, "optimizer_state_bytes": 2 * 440 + 2 * 4}
+
+
+def test_cpu_probe_counts_exact_bytes_of_a_phase() -> None:
+    probe = CpuProbe()
+    with probe.phase("alloc"):
+        a = torch.empty(1000, dtype=torch.float32)
+        b = torch.empty(500, dtype=torch.bfloat16)
+        del a
+        c = torch.empty(10, dtype=torch.float64)
+    assert probe.phases["alloc"].allocated_bytes == 4000 + 1000  # a and b alive together
+    del b, c
+
+
+def test_cpu_probe_is_deterministic() -> None:
+    def measure() -> int:
+        probe = CpuProbe()
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+        optimizer = torch.optim.Adam(model.parameters())
+        probe.track(model, optimizer)
+        with probe.phase("train"):
+            for _ in range(2):
+                probe.step_begin()
+                loss = model(torch.ones(8, 32)).sum()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        return probe.phases["train"].allocated_bytes
+
+    assert measure() == measure()

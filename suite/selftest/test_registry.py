@@ -1,0 +1,85 @@
+"""The technique registry, its validity rules, combination generation and recipe ids."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import pytest
+
+from memclaims import techniques as registry
+from memclaims.errors import UsageError
+from memclaims.recipe import parse_id, resolve
+
+
+def test_names_are_the_public_contract() -> None:
+    core = ["pytorch", "fabric", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "small-batch",
+            "grad-accum", "sgd", "init-module"]
+    assert [t.name for t in registry.TECHNIQUES if t.name in core] == core
+    assert len(registry.BY_NAME) == len(registry.TECHNIQUES), "technique names must be unique"
+
+
+@pytest.mark.parametrize("names, rule", [
+    (["bf16-true", "16-true"], "at most one precision technique"),
+    (["sgd", "fabric"], "combines with no other technique"),
+    (["pytorch", "bf16-true"], "combines with no other technique"),
+    (["nope"], "unknown technique 'nope'; valid techniques: pytorch, fabric"),
+])
+def test_invalid_combinations_name_the_rule(names: list[str], rule: str) -> None:
+    with pytest.raises(UsageError, match=rule):
+        registry.canonical(names)
+
+
+def test_empty_and_fabric_are_the_same_reference_recipe() -> None:
+    assert registry.canonical([]) == registry.canonical(["fabric"]) == ("fabric",)
+
+
+def test_canonical_order_is_registry_order_and_deduplicated() -> None:
+    assert registry.canonical(["sgd", "bf16-true", "sgd"]) == ("bf16-true", "sgd")
+
+
+def test_every_generated_combination_is_valid_and_unique() -> None:
+    full = registry.full_matrix()
+    assert len(full) == len(set(full))
+    for combo in full:
+        assert registry.canonical(combo) == combo
+
+
+def test_pairwise_cover_covers_every_compatible_pair() -> None:
+    pool = registry.single_process()
+    covered = {frozenset(p) for combo in registry.pairwise_cover(pool) for p in combinations(combo, 2)}
+    assert registry.compatible_pairs(pool) <= covered
+
+
+def test_default_selection_holds_singles_and_the_article_chain() -> None:
+    selection = registry.default_selection()
+    for single in registry.singles(registry.single_process()):
+        assert single in selection
+    for step in registry.ARTICLE_CHAIN:
+        assert registry.canonical(step) in selection
+    assert len(selection) < len(registry.full_matrix())
+
+
+def test_selection_is_deterministic() -> None:
+    assert registry.default_selection() == registry.default_selection()
+
+
+def test_recipe_resolution_follows_the_article() -> None:
+    chain_end = resolve("vit", "article", ["bf16-true", "small-batch", "grad-accum", "sgd"])
+    assert (chain_end.batch_size, chain_end.micro_batch_size, chain_end.accumulation_steps) == (16, 4, 4)
+    assert chain_end.optimizer == "sgd" and chain_end.learning_rate == 0.01
+    assert chain_end.precision == "bf16-true"
+    reference = resolve("vit", "article", [])
+    assert (reference.batch_size, reference.precision, reference.optimizer) == (64, "32-true", "adam")
+    assert reference.learning_rate == 5e-5
+
+
+def test_recipe_id_round_trips() -> None:
+    recipe = resolve("vit", "smoke", ["sgd", "bf16-true"])
+    assert recipe.id == "vit-smoke/bf16-true+sgd"
+    assert parse_id(recipe.id) == recipe
+
+
+@pytest.mark.parametrize("bad", ["", "vit", "vit-smoke", "vit/sgd", "vit-huge/sgd", "bert-smoke/sgd"])
+def test_malformed_recipe_ids_are_usage_errors(bad: str) -> None:
+    with pytest.raises(UsageError):
+        parse_id(bad)

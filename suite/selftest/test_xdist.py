@@ -1,0 +1,93 @@
+"""Under pytest-xdist with several workers, GPU cases refuse to share one device."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest_plugins = ["pytester"]
+
+# The generated suite pretends to have a GPU (in every worker: the conftest runs there too), so
+# the guard is exercised on this CPU-only machine; the gpu case itself does not touch CUDA.
+CONFTEST = """
+pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]
+
+def pytest_configure(config):
+    import memclaims.pytest_plugin as plugin
+    plugin.gpu_available = lambda: True
+"""
+TESTS = """
+import pytest
+
+@pytest.mark.gpu
+def test_on_gpu():
+    pass
+
+@pytest.mark.cpu
+def test_on_cpu():
+    pass
+"""
+
+
+@pytest.fixture
+def tiny(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    if importlib.util.find_spec("xdist") is None:
+        pytest.skip("pytest-xdist is not installed")
+    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_tiny=TESTS)
+    # A subprocess run: xdist workers must import the project, so it goes on PYTHONPATH.
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    return pytester
+
+
+def _run(tiny: pytest.Pytester, *args: str) -> pytest.RunResult:
+    result = tiny.runpytest_subprocess("-p", "no:cacheprovider", "-p", "xdist", *args, timeout=120)
+    if "gw0" not in result.stdout.str() and "created:" not in result.stdout.str():
+        pytest.skip(f"xdist could not start workers here:\n{result.stdout.str()[-500:]}")
+    return result
+
+
+def test_gpu_case_fails_at_setup_with_two_workers(tiny: pytest.Pytester) -> None:
+    result = _run(tiny, "-n", "2", "-rE")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at setup of test_on_gpu*", "GPU cases share one device: run "
+                                 "`pytest -m gpu` without -n, or with -n 0 / -n 1*"])
+
+
+class _Item:
+    """Just what the hook reads of a pytest.Item."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def get_closest_marker(self, name: str) -> object:
+        return object() if name == self.marker else None
+
+
+@pytest.mark.parametrize(("marker", "worker", "count", "gpu", "refused"), [
+    ("gpu", "gw0", "2", True, True),
+    ("gpu", "gw1", "8", True, True),
+    ("gpu", "gw0", "1", True, False),   # -n 1: one worker owns the device
+    ("gpu", None, None, True, False),   # no xdist
+    ("gpu", "gw0", "2", False, False),  # no GPU: the case skips with its own reason instead
+    ("cpu", "gw0", "2", True, False),   # CPU cases run in parallel freely
+])
+def test_guard_decision(monkeypatch: pytest.MonkeyPatch, marker: str, worker: str | None, count: str | None,
+                        gpu: bool, refused: bool) -> None:
+    from memclaims import pytest_plugin
+
+    for name, value in (("PYTEST_XDIST_WORKER", worker), ("PYTEST_XDIST_WORKER_COUNT", count)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(pytest_plugin, "gpu_available", lambda: gpu)
+    if refused:
+        with pytest.raises(pytest.fail.Exception, match="GPU cases share one device"):
+            pytest_plugin.pytest_runtest_setup(_Item(marker))  # type: ignore[arg-type]
+    else:
+        pytest_plugin.pytest_runtest_setup(_Item(marker))  # type: ignore[arg-type]

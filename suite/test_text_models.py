@@ -1,0 +1,236 @@
+"""Text workloads (DistilBERT, BigBird), their data, named recipes, and the 8-bit optimizers at
+smoke scale through the real runner.
+
+Runs are cached per module; smoke runs take 1 intra-op thread (see ``one_thread``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Iterator
+
+import pytest
+import torch
+
+from memclaims import optimizers
+from memclaims.errors import DataError
+from memclaims.named_recipes import NAMED_RECIPES
+from memclaims.recipe import resolve
+from memclaims.record import Record
+from memclaims.runner import RunOptions, run
+from memclaims.text import TEXT_MODELS, PadToLongest, SyntheticReviews, config, imdb_rows, text_data
+from memclaims.workloads import WORKLOADS, workload
+
+ACCURACY_TOLERANCE = 0.05  # 8-bit states may cost at most 5 points of smoke accuracy vs AdamW
+LEARNED = 0.9  # chance is 0.5 on the balanced synthetic set
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    # Other test processes share the two cores; one intra-op thread avoids OpenMP spin contention.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*padded.*")  # BigBird pads to its block size
+        yield
+    torch.set_num_threads(threads)
+
+
+_RUNS: dict[tuple[str, str, tuple[str, ...], bool], Record] = {}
+
+
+def smoke(workload_name: str, *techniques: str, evaluate: bool = True) -> Record:
+    key = (workload_name, "smoke", techniques, evaluate)
+    if key not in _RUNS:
+        _RUNS[key] = run(resolve(workload_name, "smoke", techniques), RunOptions(device="cpu", evaluate=evaluate))
+    return _RUNS[key]
+
+
+def require_bitsandbytes() -> None:
+    reason = optimizers.bitsandbytes_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+# --- workloads and configs ----------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+def test_registered() -> None:
+    assert {"distilbert", "distilbert-cased", "bigbird"} <= set(WORKLOADS)
+    for name in ("distilbert", "distilbert-cased", "bigbird"):
+        assert set(workload(name).scales) == {"smoke", "article"}
+        assert workload(name).num_classes == 2
+    assert workload("distilbert").scale("article").batch_size == 12
+    assert workload("bigbird").scale("article").batch_size == 12
+
+
+@pytest.mark.cpu
+def test_configs_are_the_hub_models() -> None:
+    article = workload("distilbert-cased").scale("article")
+    cased = config(TEXT_MODELS["distilbert-cased"], article)
+    uncased = config(TEXT_MODELS["distilbert"], article)
+    assert (cased.vocab_size, uncased.vocab_size) == (28996, 30522)
+    assert {k: v for k, v in cased.to_dict().items() if k != "vocab_size"} == \
+        {k: v for k, v in uncased.to_dict().items() if k != "vocab_size"}
+    assert (cased.n_layers, cased.dim, cased.hidden_dim, cased.num_labels) == (6, 768, 3072, 2)
+    bird = config(TEXT_MODELS["bigbird"], workload("bigbird").scale("article"))
+    assert (bird.max_position_embeddings, bird.attention_type, bird.block_size, bird.num_random_blocks) == \
+        (4096, "block_sparse", 64, 3)
+    assert (bird.vocab_size, bird.num_hidden_layers, bird.hidden_size) == (50358, 12, 768)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", ["distilbert", "distilbert-cased", "bigbird"])
+def test_smoke_models_build_eager_and_random(name: str) -> None:
+    model, weights = workload(name).build_model(workload(name).scale("smoke"))
+    assert weights == "random"
+    assert model.config._attn_implementation == "eager"
+    assert model.config.num_labels == 2
+    assert sum(p.numel() for p in model.parameters()) < 200_000
+
+
+@pytest.mark.cpu
+def test_pretrained_only_from_the_local_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers
+
+    import memclaims.text as text
+
+    calls: list[dict] = []
+
+    def fake_from_pretrained(name: str, **kwargs: object) -> torch.nn.Module:
+        calls.append(dict(kwargs, name=name))
+        return torch.nn.Linear(1, 1)
+
+    assert text._cached_weights("no-such-org/no-such-model") is False  # a cache miss, not a download
+    article = workload("distilbert-cased").scale("article")
+    monkeypatch.setattr(transformers.AutoModelForSequenceClassification, "from_pretrained", fake_from_pretrained)
+    monkeypatch.setattr(text, "_cached_weights", lambda hub_name: True)
+    _, weights = workload("distilbert-cased").build_model(article)
+    assert weights == "pretrained"
+    assert calls[0]["name"] == "distilbert-base-cased" and calls[0]["local_files_only"] is True
+    assert calls[0]["attn_implementation"] == "eager"
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+def test_synthetic_data_is_deterministic_balanced_and_padded() -> None:
+    a, b = SyntheticReviews(256, 7, 8, 62), SyntheticReviews(256, 7, 8, 62)
+    assert all(torch.equal(a[i][0], b[i][0]) and a[i][1] == b[i][1] for i in range(32))
+    labels = [a[i][1] for i in range(256)]
+    assert 0.4 < sum(labels) / len(labels) < 0.6
+    inputs, targets = PadToLongest(0)([a[i] for i in range(8)])
+    longest = max(len(a[i][0]) for i in range(8))
+    assert inputs["input_ids"].shape == inputs["attention_mask"].shape == (8, longest)
+    assert int(inputs["attention_mask"].sum()) == sum(len(a[i][0]) for i in range(8))
+    assert targets.tolist() == labels[:8]
+    bundle = text_data(TEXT_MODELS["distilbert"], workload("distilbert").scale("article"), None)
+    assert bundle.name == "synthetic-sentiment" and len(bundle.train) == 35_000 and len(bundle.test) == 10_000
+    assert max(len(bundle.train[i][0]) for i in range(64)) <= 512
+
+
+@pytest.mark.cpu
+def test_data_dir_without_imdb_is_a_data_error(tmp_path) -> None:
+    with pytest.raises(DataError, match=str(tmp_path)):
+        workload("distilbert").load_data(workload("distilbert").scale("smoke"), tmp_path)
+
+
+@pytest.mark.cpu
+def test_imdb_from_the_articles_csvs(tmp_path) -> None:
+    for split, n in (("train", 3), ("val", 1), ("test", 2)):
+        rows = "".join(f"{i},review {i} of {split},{i % 2}\n" for i in range(n))
+        (tmp_path / f"{split}.csv").write_text("index,text,label\n" + rows)
+    train, val, test = imdb_rows(tmp_path)
+    assert (len(train), len(val), len(test)) == (3, 1, 2) and train[1] == ("review 1 of train", 1)
+
+
+@pytest.mark.cpu
+def test_imdb_from_the_raw_folder(tmp_path) -> None:
+    for split in ("train", "test"):
+        for label in ("pos", "neg"):
+            folder = tmp_path / "aclImdb" / split / label
+            folder.mkdir(parents=True)
+            for i in range(3):
+                (folder / f"{i}_7.txt").write_text(f"{split} {label} {i}")
+    train, val, test = imdb_rows(tmp_path)
+    assert len(train) + len(val) + len(test) == 12  # 35k/5k/10k of 50k; here all 12 rows land in train
+    assert {label for _, label in train} == {0, 1}
+
+
+# --- named recipes ------------------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", list(NAMED_RECIPES))
+def test_named_recipe(name: str) -> None:
+    recipe = NAMED_RECIPES[name]
+    assert recipe.workload in WORKLOADS and recipe.source
+    unmet = recipe.unmet(available_devices=1)
+    if unmet:
+        pytest.skip(f"{name} needs {'; '.join(unmet)}")
+    resolved = recipe.resolve()
+    assert resolved.workload.name == recipe.workload
+
+
+@pytest.mark.cpu
+def test_named_recipes_carry_the_published_numbers() -> None:
+    after = NAMED_RECIPES["distilbert-after"]
+    assert (after.published.time_min, after.published.peak_gb, after.published.accuracy_pct) == (5.55, 1.15, 90.43)
+    assert NAMED_RECIPES["distilbert-before"].published.peak_gb == 3.99
+    assert NAMED_RECIPES["bigbird-after"].published.peak_gb == 4.03
+    assert NAMED_RECIPES["bigbird-before"].published.peak_gb is None
+    assert any("4 devices" in u for u in after.unmet(1))
+
+
+# --- runs through the runner ---------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+def test_article_scale_adamw_state_through_the_runner() -> None:
+    """The real runner at article scale; batch 1 instead of 12 (the optimizer state is the same,
+    and one 12 x 512 step costs minutes on two shared cores)."""
+    recipe = dataclasses.replace(resolve("distilbert-cased", "article", ["adamw"]), batch_size=1)
+    record = run(recipe, RunOptions(device="cpu", evaluate=False, memory_steps=1))
+    assert record.param_count == 65_783_042
+    assert record.optimizer_state_bytes == 526_264_752
+    assert record.weights == "random" and record.data == "synthetic-sentiment"
+
+
+@pytest.mark.cpu
+def test_smoke_adamw_learns() -> None:
+    record = smoke("distilbert-cased", "adamw")
+    assert record.accuracy is not None and record.accuracy >= LEARNED
+    assert not record.nan_loss
+
+
+@pytest.mark.cpu
+def test_smoke_adam8bit_peak_and_accuracy() -> None:
+    require_bitsandbytes()
+    adamw, eight = smoke("distilbert-cased", "adamw"), smoke("distilbert-cased", "adam8bit")
+    saved_state = adamw.optimizer_state_bytes - eight.optimizer_state_bytes
+    assert eight.optimizer_state_bytes <= 0.3 * adamw.optimizer_state_bytes
+    # The training-step peak drops by what the state saves (same activations, same gradients).
+    assert eight.peak_allocated_bytes < adamw.peak_allocated_bytes
+    assert abs((adamw.peak_allocated_bytes - eight.peak_allocated_bytes) - saved_state) <= 0.05 * saved_state
+    assert eight.accuracy is not None and eight.accuracy >= adamw.accuracy - ACCURACY_TOLERANCE
+
+
+@pytest.mark.cpu
+def test_smoke_adafactor_and_combinations() -> None:
+    adamw = smoke("distilbert-cased", "adamw")
+    factor = smoke("distilbert-cased", "adafactor", evaluate=False)
+    assert factor.optimizer_state_bytes < 0.1 * adamw.optimizer_state_bytes
+    assert factor.peak_allocated_bytes < adamw.peak_allocated_bytes
+    require_bitsandbytes()
+    combined = smoke("distilbert", "bf16-true", "grad-accum", "adamw8bit", evaluate=False)
+    assert combined.precision == "bf16-true" and combined.accumulation_steps == 4
+    assert not combined.nan_loss
+
+
+@pytest.mark.cpu
+def test_smoke_bigbird_trains() -> None:
+    record = smoke("bigbird", "adamw", evaluate=False)
+    assert record.param_count > 0 and not record.nan_loss and record.weights == "random"
