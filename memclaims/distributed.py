@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from typing import Any, Iterator, Sequence
@@ -28,6 +27,7 @@ from torch import nn
 
 from memclaims import launcher
 from memclaims.errors import UsageError
+from memclaims.loop import TrainingLoop
 from memclaims.recipe import Recipe, parse_id
 from memclaims.record import Record, device_name, library_versions
 from memclaims.runner import RunOptions, check_device, json_number
@@ -259,15 +259,12 @@ def _rank_slice(batch: Any, rank: int, world: int) -> Any:
     return batch[rank * share:(rank + 1) * share]
 
 
-class CpuShardedRun:
-    """One rank of a CPU FSDP2 run; mirrors ``memclaims.runner``'s phases and loop."""
+class CpuShardedRun(TrainingLoop):
+    """One rank of a CPU FSDP2 run; mirrors ``memclaims.runner``'s phases and shares its loop."""
 
     def __init__(self, recipe: Recipe, options: RunOptions, rank: int, world: int) -> None:
+        super().__init__(recipe.accumulation_steps)
         self.recipe, self.options, self.rank, self.world = recipe, options, rank, world
-        self.losses: list[float] = []
-        self.step_times: list[float] = []
-        self.grad_bytes: int | None = None
-        self.nan_step: int | None = None
         self.notes = [f"rank {rank} of {world}: FSDP2 fully_shard over gloo on the CPU "
                       "(Lightning refuses FSDP on the CPU)"]
         # On the CPU Lightning runs 16-mixed as bf16-mixed; do the same.
@@ -385,56 +382,21 @@ class CpuShardedRun:
             return self.recipe.workload.logits(model, inputs).float()
 
     def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.logits(model, inputs), targets)
+        """The loss of this rank's share of the global micro-batch."""
+        share = _rank_slice(inputs, self.rank, self.world), _rank_slice(targets, self.rank, self.world)
+        return F.cross_entropy(self.logits(model, share[0]), share[1])
 
-    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
-              optimizer_steps: int, on_step: Any = None) -> None:
-        """``memclaims.runner``'s loop (zero_grad after the forward pass, scaled accumulation) on
-        this rank's share of each global micro-batch."""
-        from memclaims import probes
-
+    def loss_value(self, loss: torch.Tensor) -> float:
+        """The global batch's loss: FSDP averages gradients over ranks, and the shares are equal,
+        so the mean of the ranks' losses is the single-process loss."""
         import torch.distributed as dist
 
-        accumulation = self.recipe.accumulation_steps
-        done = 0
-        started = time.perf_counter()
-        for batch_index, (inputs, targets) in enumerate(batches):
-            if on_step is not None:
-                on_step()
-            model.train()
-            loss = self.forward_loss(model, _rank_slice(inputs, self.rank, self.world),
-                                     _rank_slice(targets, self.rank, self.world))
-            if accumulation == 1:
-                optimizer.zero_grad()
-                loss.backward()
-                stepping = True
-            else:
-                loss = loss / accumulation
-                loss.backward()
-                stepping = batch_index % accumulation == 0
-            # FSDP averages gradients over ranks; the equal shares make the mean of the ranks'
-            # losses the global batch's loss.
-            total = loss.detach().float().reshape(1).clone()
-            dist.all_reduce(total)
-            value = float(total.item()) / self.world
-            self.losses.append(value)
-            if self.nan_step is None and not math.isfinite(value):
-                self.nan_step = len(self.losses) - 1
-            if stepping:
-                if self.grad_bytes is None:
-                    self.grad_bytes = probes.storage_bytes(_local(p.grad) for p in model.parameters()
-                                                           if p.grad is not None)
-                optimizer.step()
-                if accumulation > 1:
-                    optimizer.zero_grad()
-                if scheduler is not None:
-                    scheduler.step()
-                now = time.perf_counter()
-                self.step_times.append(now - started)
-                started = now
-                done += 1
-                if done == optimizer_steps:
-                    return
+        total = loss.detach().float().reshape(1).clone()
+        dist.all_reduce(total)
+        return float(total.item()) / self.world
+
+    def gradients(self, model: nn.Module) -> Iterator[torch.Tensor]:
+        return (_local(p.grad) for p in model.parameters() if p.grad is not None)
 
     @torch.no_grad()
     def accuracy(self, model: nn.Module, loader: Any) -> float:

@@ -10,7 +10,6 @@ import math
 import os
 import re
 import statistics
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -22,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from memclaims import optimizers, probes as probe_module
 from memclaims.errors import OutOfMemory, UsageError
+from memclaims.loop import TrainingLoop
 from memclaims.recipe import Recipe
 from memclaims.record import Record, device_name, library_versions
 from memclaims.techniques import FP32
@@ -56,19 +56,15 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch.to(device)
 
 
-class _Session:
+class _Session(TrainingLoop):
     """The state of one run; a class only so that the phases can share it without globals."""
 
     def __init__(self, recipe: Recipe, options: RunOptions, probe: probe_module.Probe) -> None:
+        super().__init__(recipe.accumulation_steps)
         self.recipe, self.options, self.probe = recipe, options, probe
         self.notes: list[str] = []
         self.fabric: Any = None
         self.device = torch.device(options.device)
-        self.nan_step: int | None = None
-        self.optimizer_steps = 0
-        self.step_times: list[float] = []
-        self.losses: list[float] = []
-        self.grad_bytes: int | None = None  # read while the gradients exist, before the first step
         if not recipe.plain_pytorch:
             from lightning.fabric import Fabric
 
@@ -126,56 +122,14 @@ class _Session:
                 inputs, targets = _to_device(inputs, self.device), targets.to(self.device)
             yield inputs, targets
 
-    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
-              optimizer_steps: int, on_step: Any = None) -> None:
-        """The scripts' loop, for ``optimizer_steps`` optimizer steps (or until data runs out)."""
-        recipe = self.recipe
-        accumulation = recipe.accumulation_steps
-        done = 0
-        started = time.perf_counter()
-        for batch_index, (inputs, targets) in enumerate(batches):
-            if on_step is not None:
-                on_step()
-            model.train()
-            logits = recipe.workload.logits(model, inputs)
-            loss = F.cross_entropy(logits, targets)
-            if accumulation == 1:
-                optimizer.zero_grad()  # 01..04, 06: after the forward pass
-                self.backward(loss)
-                stepping = True
-            else:
-                loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
-                self.backward(loss)
-                stepping = batch_index % accumulation == 0
-            self.watch_loss(loss)
-            if stepping:
-                if self.grad_bytes is None:
-                    self.grad_bytes = probe_module.storage_bytes(
-                        p.grad for p in model.parameters() if p.grad is not None)
-                optimizer.step()
-                if accumulation > 1:
-                    optimizer.zero_grad()
-                if scheduler is not None:
-                    scheduler.step()
-                self.synchronize()
-                now = time.perf_counter()
-                self.step_times.append(now - started)
-                started = now
-                done += 1
-                if done == optimizer_steps:
-                    return
+    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.recipe.workload.logits(model, inputs), targets)
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.fabric is None:
             loss.backward()
         else:
             self.fabric.backward(loss)
-
-    def watch_loss(self, loss: torch.Tensor) -> None:
-        value = float(loss.detach().float().item())
-        self.losses.append(value)
-        if self.nan_step is None and not math.isfinite(value):
-            self.nan_step = len(self.losses) - 1
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

@@ -161,7 +161,7 @@ ARTICLE_GPUS = 4
 
 
 def needs_cuda(count: int) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(torch.cuda.device_count() < count, reason=f"needs {count} CUDA devices")
+    return pytest.mark.skipif(torch.cuda.device_count() < count, reason=f"needs {count} CUDA device{'s' if count > 1 else ''}")
 
 
 def _gpu_rank0(techniques: tuple[str, ...], devices: int) -> dict:

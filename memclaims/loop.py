@@ -1,0 +1,87 @@
+"""The article scripts' training loop, shared by the single-process runner and the sharded ranks.
+
+The loop decides the peak, so it exists once: ``zero_grad`` after the forward pass (scripts 01-04,
+06), or a scaled loss with a step on every accumulation-th batch and ``zero_grad`` after it (05).
+Subclasses say how a loss is computed, back-propagated and read.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from memclaims.probes import storage_bytes
+
+
+class TrainingLoop:
+    def __init__(self, accumulation_steps: int) -> None:
+        self.accumulation_steps = accumulation_steps
+        self.losses: list[float] = []
+        self.step_times: list[float] = []
+        self.nan_step: int | None = None  # index into ``losses`` of the first NaN/inf
+        self.grad_bytes: int | None = None  # read while the gradients exist, before the first step
+
+    # --- what a subclass provides -------------------------------------------------------------
+
+    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def loss_value(self, loss: torch.Tensor) -> float:
+        return float(loss.detach().float().item())
+
+    def gradients(self, model: nn.Module) -> Iterator[torch.Tensor]:
+        return (p.grad for p in model.parameters() if p.grad is not None)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that step times are real."""
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
+              optimizer_steps: int, on_step: Callable[[], None] | None = None) -> None:
+        """``optimizer_steps`` optimizer steps (or until ``batches`` runs out when negative)."""
+        accumulation = self.accumulation_steps
+        done = 0
+        started = time.perf_counter()
+        for batch_index, (inputs, targets) in enumerate(batches):
+            if on_step is not None:
+                on_step()
+            model.train()
+            loss = self.forward_loss(model, inputs, targets)
+            if accumulation == 1:
+                optimizer.zero_grad()  # 01..04, 06: after the forward pass
+                self.backward(loss)
+                stepping = True
+            else:
+                loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
+                self.backward(loss)
+                stepping = batch_index % accumulation == 0
+            self._watch(self.loss_value(loss))
+            if not stepping:
+                continue
+            if self.grad_bytes is None:
+                self.grad_bytes = storage_bytes(self.gradients(model))
+            optimizer.step()
+            if accumulation > 1:
+                optimizer.zero_grad()
+            if scheduler is not None:
+                scheduler.step()
+            self.synchronize()
+            now = time.perf_counter()
+            self.step_times.append(now - started)
+            started = now
+            done += 1
+            if done == optimizer_steps:
+                return
+
+    def _watch(self, value: float) -> None:
+        self.losses.append(value)
+        if self.nan_step is None and not math.isfinite(value):
+            self.nan_step = len(self.losses) - 1
