@@ -145,8 +145,9 @@ def test_cpu_case_failing_on_memory_saves_both_breakdowns(training_imports: None
     pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
     pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]')
     pytester.syspathinsert(ROOT)
-    pytester.makepyfile(test_techniques=(ROOT / "suite" / "test_techniques.py").read_text())
-    node = f"test_techniques.py::test_case[{CASE}]"
+    # A basename of its own: the outer session may already have imported suite/test_techniques.py.
+    pytester.makepyfile(test_memory_case=(ROOT / "suite" / "test_techniques.py").read_text())
+    node = f"test_memory_case.py::test_case[{CASE}]"
     common = ("-p", "no:cacheprovider", "--memclaims-steps", "1", "--memclaims-baselines-dir", "b")
     pytester.runpytest_inprocess(node, *common, "--update-baselines").assert_outcomes(passed=1)
     path = next((pytester.path / "b" / "measured").glob("*.json"))
