@@ -11,6 +11,7 @@ from typing import Any, NoReturn, Sequence
 from memclaims import claims as claim_registry
 from memclaims import techniques as registry
 from memclaims.errors import MemclaimsError, OutOfMemory, UsageError
+from memclaims.named_recipes import NAMED_RECIPES
 from memclaims.workloads import WORKLOADS
 
 EXIT_FAILED_RUN = 1
@@ -60,6 +61,11 @@ def catalogue() -> dict[str, Any]:
              "published": c.published}
             for c in claim_registry.CLAIMS
         ],
+        "named_recipes": [
+            {"name": r.name, "workload": r.workload, "techniques": list(r.techniques), "source": r.source,
+             "devices": r.devices, "published_peak_gb": r.published.peak_gb, "needs": r.unmet()}
+            for r in NAMED_RECIPES.values()
+        ],
         "sim_profiles": _sim_profiles(),
         "case_counts": selection_counts(),
     }
@@ -88,6 +94,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("\nClaims (name, tiers, source):")
     for c in data["claims"]:
         print(f"  {c['name']:<26} {','.join(c['tiers']):<13} {c['source']}: {c['statement']}")
+    print("\nNamed recipes of the bonus scripts and the course (what this machine lacks to run them):")
+    for r in data["named_recipes"]:
+        needs = "; ".join(r["needs"]) or "runnable"
+        print(f"  {r['name']:<26} {r['workload']}: {'+'.join(r['techniques'])}  [{needs}]")
     print("\nSimulated GPUs (--device sim --profile NAME):")
     for name, summary in data["sim_profiles"].items():
         print(f"  {name:<26} {summary}")

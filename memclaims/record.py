@@ -11,8 +11,6 @@ from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 from typing import Any
 
-import torch
-
 VERSIONED_PACKAGES = ("torch", "torchvision", "lightning", "transformers", "bitsandbytes", "torchmetrics")
 
 
@@ -25,11 +23,15 @@ def library_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             versions[package] = None
     versions["python"] = platform.python_version()
+    import torch  # here, not at the top: reading and writing Records must not cost a torch import
+
     versions["cuda"] = torch.version.cuda if torch.cuda.is_available() else None
     return versions
 
 
 def device_name(device: str) -> str:
+    import torch
+
     if device == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
     return f"cpu-{platform.machine()}"

@@ -1,20 +1,20 @@
 """Interrupted baseline writers: a killed or Ctrl-C'd `--update-baselines` never tears a file.
 
-A forked writer stores baselines in a loop through BaselineStore.update (temp file + os.replace
-under a flock), alternating between two contents, and is killed at staggered moments. Forking
-(rather than spawning a fresh interpreter) keeps each trial in milliseconds: importing torch
-costs seconds of CPU, and twenty of those would blow the suite's budget.
+A writer process stores baselines in a loop through BaselineStore.update (temp file + os.replace
+under a flock), alternating between two contents, and is killed at staggered moments. Writing
+baselines imports no torch, so a fresh interpreter per trial costs a fraction of a second.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
+import select
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -44,38 +44,45 @@ def contents(which: int) -> dict[str, Baseline]:
             for i in range(RECORDS)}
 
 
-def _writer(root: str, ready: Any) -> None:
+def _writer(root: str) -> None:
     """Alternate the file between the two contents forever, through the public write API."""
     try:
         store = BaselineStore(root)
         which = 1
         store.update(ENV, contents(which))
-        ready.set()
+        print("ready", flush=True)
         while True:
             which = 1 - which
             store.update(ENV, contents(which))
     except KeyboardInterrupt:
-        os._exit(130)  # as a shell reports Ctrl-C; skips multiprocessing's traceback
+        os._exit(130)  # as a shell reports Ctrl-C
+
+
+# A fresh interpreter per writer, as a real `pytest --update-baselines` is: a fork of this test
+# session inherits its threads and signal state, and a forked writer was seen to ignore SIGINT.
+_WRITER = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); " \
+          "from test_interrupts import _writer; _writer(sys.argv[1])"
 
 
 def _run_trial(root: Path, sig: int, delay_s: float) -> tuple[list[int], int | None]:
     """Start a writer, kill it with ``sig`` after ``delay_s``; its descendants and exit code."""
-    context = multiprocessing.get_context("fork")
-    ready = context.Event()
-    process = context.Process(target=_writer, args=(str(root), ready), daemon=True)
-    process.start()
-    assert ready.wait(20), "the writer never finished its first write"
-    time.sleep(delay_s)
-    descendants = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
-    os.kill(process.pid, sig)
-    process.join(20)
-    if process.is_alive():  # SIGINT landed where it was swallowed: never leave the writer behind
-        process.kill()
-        process.join(5)
-        pytest.fail(f"the writer survived {signal.Signals(sig).name} for 20 s")
-    # The writer itself is reaped, not left as a zombie or a stray child of this process.
-    assert process.pid not in [p.pid for p in psutil.Process().children(recursive=True)]
-    return descendants, process.exitcode
+    process = subprocess.Popen([sys.executable, "-c", _WRITER, str(root)], stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 30)
+        assert ready and process.stdout.readline().strip() == "ready", "the writer never finished its first write"
+        time.sleep(delay_s)
+        descendants = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+        os.kill(process.pid, sig)
+        try:
+            exitcode = process.wait(20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the writer survived {signal.Signals(sig).name} for 20 s")
+    finally:
+        if process.poll() is None:  # never leave the writer behind
+            process.kill()
+            process.wait(5)
+        process.stdout.close()
+    return descendants, exitcode
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
