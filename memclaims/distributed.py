@@ -30,10 +30,9 @@ from memclaims.errors import UsageError
 from memclaims.loop import TrainingLoop
 from memclaims.recipe import Recipe, parse_id
 from memclaims.record import Record, device_name, library_versions
-from memclaims.runner import RunOptions, check_device, json_number
+from memclaims.runner import TRUE_HALF, RunOptions, check_device, json_number, resolve_memory_steps
 
 CPU_DEFAULT_DEVICES = 2
-TRUE_HALF = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
 MIXED = ("16-mixed", "bf16-mixed")
 
 
@@ -308,9 +307,7 @@ class CpuShardedRun(TrainingLoop):
         from memclaims.workloads import SEED
 
         recipe, options = self.recipe, self.options
-        memory_steps = options.memory_steps if options.memory_steps is not None else recipe.scale.memory_steps
-        if memory_steps < 1:
-            raise UsageError(f"--steps must be at least 1 (got {memory_steps})")
+        memory_steps = resolve_memory_steps(recipe, options)
         # The same seed, data and loader as memclaims.runner: the same global batches in order.
         seed = getattr(options, "seed", SEED)  # RunOptions.seed where the runner has it
         _seed_everything(seed)

@@ -43,6 +43,14 @@ class RunOptions:
     devices: int | None = None
 
 
+def resolve_memory_steps(recipe: Recipe, options: RunOptions) -> int:
+    """The optimizer steps the probes measure: the option, else the scale's default."""
+    steps = options.memory_steps if options.memory_steps is not None else recipe.scale.memory_steps
+    if steps < 1:
+        raise UsageError(f"--steps must be at least 1 (got {steps})")
+    return steps
+
+
 def check_device(device: str) -> None:
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r}; valid devices: {', '.join(DEVICES)}")
@@ -188,9 +196,7 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
     if recipe.sharded and options.device == "cpu":
         # Lightning refuses FSDP on the CPU; memclaims.distributed shards with FSDP2 over gloo.
         raise UsageError(f"{recipe.id} is sharded: run it with memclaims.distributed.run_distributed")
-    memory_steps = options.memory_steps if options.memory_steps is not None else recipe.scale.memory_steps
-    if memory_steps < 1:
-        raise UsageError(f"--steps must be at least 1 (got {memory_steps})")
+    memory_steps = resolve_memory_steps(recipe, options)
     probe = probe or probe_module.make_probe(options.device)
     matmul_precision, threads = torch.get_float32_matmul_precision(), torch.get_num_threads()
     if recipe.scale.name == "smoke":
