@@ -44,6 +44,9 @@ def selection_counts() -> dict[str, int]:
 
 
 def catalogue() -> dict[str, Any]:
+    import torch
+
+    gpus = torch.cuda.device_count()
     return {
         "techniques": [
             {"name": t.name, "summary": t.summary, "article_row": t.source,
@@ -63,7 +66,7 @@ def catalogue() -> dict[str, Any]:
         ],
         "named_recipes": [
             {"name": r.name, "workload": r.workload, "techniques": list(r.techniques), "source": r.source,
-             "devices": r.devices, "published_peak_gb": r.published.peak_gb, "needs": r.unmet()}
+             "devices": r.devices, "published_peak_gb": r.published.peak_gb, "needs": r.unmet(gpus)}
             for r in NAMED_RECIPES.values()
         ],
         "sim_profiles": _sim_profiles(),
@@ -94,10 +97,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("\nClaims (name, tiers, source):")
     for c in data["claims"]:
         print(f"  {c['name']:<26} {','.join(c['tiers']):<13} {c['source']}: {c['statement']}")
-    print("\nNamed recipes of the bonus scripts and the course (what this machine lacks to run them):")
+    print("\nNamed recipes of the bonus scripts, the ViT-H/14 series and the course (what this machine lacks to run them):")
     for r in data["named_recipes"]:
         needs = "; ".join(r["needs"]) or "runnable"
-        print(f"  {r['name']:<26} {r['workload']}: {'+'.join(r['techniques'])}  [{needs}]")
+        print(f"  {r['name']:<36} {r['workload']}: {'+'.join(r['techniques'])}  [{needs}]")
     print("\nSimulated GPUs (--device sim --profile NAME):")
     for name, summary in data["sim_profiles"].items():
         print(f"  {name:<26} {summary}")

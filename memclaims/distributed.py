@@ -18,7 +18,7 @@ import json
 import math
 import statistics
 from contextlib import nullcontext
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -108,6 +108,9 @@ def run_distributed_many(recipes: Sequence[Recipe], options: RunOptions, devices
         # Under torchrun the ranks may span nodes: this node's GPU count says nothing then.
         check_distributed(recipe, options.device, world, local=env is None)
     options = replace(options, devices=world)
+    if options.device == "cuda" and torch.cuda.is_initialized():
+        # This process's cached blocks on GPU 0 (an earlier single-GPU case) would crowd rank 0.
+        torch.cuda.empty_cache()
     per_rank = launcher.launch(_rank_main, world, ([r.id for r in recipes], options),
                                backend="nccl" if options.device == "cuda" else "gloo", timeout_s=timeout_s)
     return [
@@ -151,7 +154,6 @@ def _rank_main(rank: int, world: int, recipe_ids: list[str], options: RunOptions
             record.notes.append(f"rank {rank} of {world}: Lightning FSDPStrategy")
         else:
             record = CpuShardedRun(recipe, options, rank, world).run()
-        record.host_peak_bytes = launcher.host_peak_bytes()
         results.append(record.to_dict())
     return results
 
@@ -308,6 +310,8 @@ class CpuShardedRun(TrainingLoop):
 
         recipe, options = self.recipe, self.options
         memory_steps = resolve_memory_steps(recipe, options)
+        host = probes.HostMemory()
+        host.start()
         # The same seed, data and loader as memclaims.runner: the same global batches in order.
         seed = getattr(options, "seed", SEED)  # RunOptions.seed where the runner has it
         _seed_everything(seed)
@@ -345,7 +349,7 @@ class CpuShardedRun(TrainingLoop):
             timed = self.step_times
 
         load, train = probe.phases["load"], probe.phases["train"]
-        values: dict[str, Any] = dict(
+        return Record(
             recipe=recipe.id, workload=recipe.workload.name, scale=recipe.scale.name,
             techniques=list(recipe.techniques), device="cpu", device_name=device_name("cpu"),
             probe=probe.name, precision=self.precision_ran, batch_size=recipe.batch_size,
@@ -357,7 +361,7 @@ class CpuShardedRun(TrainingLoop):
             optimizer_state_bytes=probes.storage_bytes(_local(t) for t in probes.optimizer_state_tensors(optimizer)),
             load_peak_bytes=load.allocated_bytes,
             peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
-            peak_reserved_bytes=None, accuracy=accuracy,
+            peak_reserved_bytes=None, host_peak_bytes=host.peak_bytes(), accuracy=accuracy,
             final_loss=json_number(self.losses[-1]) if self.losses else None,
             nan_loss=self.nan_step is not None, nan_step=self.nan_step,
             step_time_s=statistics.median(timed) if timed else None,
@@ -365,8 +369,6 @@ class CpuShardedRun(TrainingLoop):
             phases={n: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": None} for n, p in probe.phases.items()},
             breakdown=dict(train.breakdown), memory_losses=[json_number(v) for v in memory_losses], notes=self.notes,
         )
-        known = {f.name for f in fields(Record)}  # other issues add Record fields concurrently
-        return Record(**{k: v for k, v in values.items() if k in known})
 
     def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
         """As Fabric's module wrapper: floating inputs in a true-half recipe's dtype, autocast for
@@ -398,10 +400,11 @@ class CpuShardedRun(TrainingLoop):
     @torch.no_grad()
     def accuracy(self, model: nn.Module, loader: Any) -> float:
         """Every rank evaluates the whole test set (each forward needs all ranks' shards)."""
+        import torchmetrics
+
+        metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
         model.eval()
-        correct = total = 0
         for inputs, targets in loader:
-            predicted = torch.argmax(self.logits(model, inputs), 1)
-            correct += int((predicted == targets).sum())
-            total += int(targets.numel())
-        return correct / total if total else float("nan")
+            metric.update(torch.argmax(self.logits(model, inputs), 1), targets)
+        # Every rank saw every example: nothing to gather (torchmetrics would all-gather otherwise).
+        return float(metric.compute())

@@ -84,17 +84,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def host_peak_bytes() -> int | None:
-    """Peak resident set size of this process so far (host memory), or None where unknown."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports KiB, macOS bytes.
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
-
-
 def launch(fn: RankFunction, world_size: int, args: Sequence[Any] = (), *, backend: str = "gloo",
            timeout_s: float = DEFAULT_TIMEOUT_S, port: int | None = None) -> list[Any]:
     """``fn(rank, world_size, *args)`` on every rank; the results, indexed by rank.

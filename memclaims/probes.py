@@ -8,6 +8,7 @@ runner opens the phases.
 from __future__ import annotations
 
 import gc
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
@@ -31,6 +32,52 @@ class Probe(Protocol):
     def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None: ...
     def phase(self, name: str) -> Any: ...
     def step_begin(self) -> None: ...
+
+
+class HostMemory:
+    """Peak resident set size (host memory) of this process from ``start()`` on.
+
+    Linux keeps a high-water mark of the resident set (``VmHWM``) and resets it when 5 is written
+    to ``/proc/self/clear_refs``, so two runs in one process each get their own peak; that matters
+    for CPU offload, which moves memory to the host. Elsewhere only the lifetime peak
+    (``ru_maxrss``) exists, and ``resettable`` says so. Neither psutil nor torch offers a resettable
+    peak, hence this small reader.
+    """
+
+    STATUS = "/proc/self/status"
+    CLEAR_REFS = "/proc/self/clear_refs"
+
+    def __init__(self, status: str = STATUS, clear_refs: str = CLEAR_REFS) -> None:
+        self.status, self.clear_refs = status, clear_refs
+        self.resettable = False
+
+    def start(self) -> None:
+        try:
+            with open(self.clear_refs, "w") as handle:
+                handle.write("5")
+            self.resettable = self._high_water_mark() is not None
+        except OSError:
+            self.resettable = False
+
+    def peak_bytes(self) -> int | None:
+        if self.resettable:
+            return self._high_water_mark()
+        try:
+            import resource
+        except ImportError:  # Windows
+            return None
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux reports KiB
+
+    def _high_water_mark(self) -> int | None:
+        try:
+            with open(self.status) as handle:
+                for line in handle:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
+        except OSError:
+            pass
+        return None
 
 
 def storage_bytes(tensors: Iterator[torch.Tensor]) -> int:

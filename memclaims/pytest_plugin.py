@@ -39,6 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("steps", "optimizer steps measured per case (default: the scale's)", default="")
     add("accuracy-epochs", "epochs of the accuracy phase per case (default: the scale's; 1 at article "
         "scale, as the article)", default="")
+    add("vit-h14", "also run the ViT-H/14 series (518 px, 16-mixed, batch 4 per GPU) in the gpu tier",
+        default="false", action="store_const", const="true")
     add("sim-profile", "the simulated GPU of the sim tier (memclaims list shows the profiles)", default="article")
     add("data-dir", "folder holding CIFAR-10 / IMDb (default: $MEMCLAIMS_DATA_DIR, else offline data)", default="")
     # Baselines (memclaims.baselines / memclaims.compare).

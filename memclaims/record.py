@@ -70,7 +70,8 @@ class Record:
     peak_reserved_total_bytes: int | None = None
     # For init-module recipes: the load peak of building in fp32 then converting (07_01).
     reference_load_peak_bytes: int | None = None
-    # Peak resident set size of the process (host memory), e.g. per rank of a distributed run.
+    # Peak resident set size of the process during the run (host memory; what the process held
+    # before counts too). Per rank in a distributed run; CPU offload raises it.
     host_peak_bytes: int | None = None
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
     breakdown: dict[str, int] = field(default_factory=dict)  # by category, at the training peak

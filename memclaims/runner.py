@@ -203,8 +203,12 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
         # Smoke-scale matmuls are too small to gain from intra-op threads, and idle threads
         # spin-waiting on a shared 2-core machine made them 10x slower.
         torch.set_num_threads(1)
+    host = probe_module.HostMemory()
+    host.start()
     try:
-        return _run(recipe, options, probe, memory_steps)
+        record = _run(recipe, options, probe, memory_steps)
+        record.host_peak_bytes = host.peak_bytes()
+        return record
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
         requested = out_of_memory_request(error)
         if requested is None and not isinstance(error, (torch.OutOfMemoryError, MemoryError)):
@@ -247,11 +251,13 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         seed_everything(options.seed, verbose=False)  # the recipe's model starts as without it
     with probe.phase("load"):
         model, weights = session.build()
+        # Counted before setup: FSDP's parameters are this rank's flat shards afterwards.
+        param_count = sum(p.numel() for p in model.parameters())
+        param_tensor_count = len(list(model.parameters()))
         optimizer, scheduler = session.make_optimizer(model, steps_per_epoch)
         if session.fabric is not None:
             # 09: with CPU offload the model stays on the host; FSDP moves what it needs.
             model, optimizer = session.fabric.setup(model, optimizer, move_to_device=not recipe.cpu_offload)
-    param_count = sum(p.numel() for p in model.parameters())
 
     probe.track(model, optimizer)
     with probe.phase("train"):
@@ -287,7 +293,7 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         accumulation_steps=recipe.accumulation_steps,
         memory_steps=memory_steps,
         param_count=param_count,
-        param_tensor_count=len(list(model.parameters())),
+        param_tensor_count=param_tensor_count,
         load_peak_bytes=load.allocated_bytes,
         peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
         peak_reserved_bytes=(

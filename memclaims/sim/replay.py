@@ -145,41 +145,33 @@ def _no_init() -> Iterator[None]:
             setattr(nn.init, name, function)
 
 
-def _vit(recipe_scale: str, num_classes: int | None) -> nn.Module:
-    from torchvision.models import VisionTransformer, vit_l_16
+def _vit_fns(family: Any) -> tuple[Callable[[str, int | None], nn.Module],
+                                    Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]]:
+    """A ViT family's model (no weights are loaded: values do not change memory) and its inputs."""
 
-    from memclaims.workloads import VIT_SMOKE
+    def inputs(recipe_scale: str, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        size = family.image_size(recipe_scale)
+        return torch.empty(batch, 3, size, size), torch.zeros(batch, dtype=torch.long)
 
-    if recipe_scale == "smoke":
-        return VisionTransformer(num_classes=num_classes or 10, **VIT_SMOKE)
-    model = vit_l_16(weights=None)  # no weights are loaded: values do not change memory
-    if num_classes is not None:
-        model.heads.head = nn.Linear(in_features=1024, out_features=num_classes)
-    return model
+    return family.architecture, inputs
 
 
-def _vit_inputs(recipe_scale: str, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from memclaims.workloads import VIT_ARTICLE_IMAGE_SIZE, VIT_SMOKE
+def _models() -> dict[str, tuple[Callable[[str, int | None], nn.Module],
+                                 Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]]]:
+    """workload name -> (build(scale name, num_classes or None for the stock head), inputs(scale, batch))"""
+    from memclaims.workloads import VIT_FAMILIES
 
-    size = VIT_SMOKE["image_size"] if recipe_scale == "smoke" else VIT_ARTICLE_IMAGE_SIZE
-    return torch.empty(batch, 3, size, size), torch.zeros(batch, dtype=torch.long)
-
-
-# workload name -> (build(scale name, num_classes or None for the stock head), inputs(scale, batch))
-MODELS: dict[str, tuple[Callable[[str, int | None], nn.Module],
-                        Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]]] = {
-    "vit": (_vit, _vit_inputs),
-}
+    return {name: _vit_fns(family) for name, family in VIT_FAMILIES.items()}
 
 
 def _model_fns(recipe: Recipe) -> tuple[Callable[[str, int | None], nn.Module],
                                          Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]]:
     try:
-        return MODELS[recipe.workload.name]
+        return _models()[recipe.workload.name]
     except KeyError:
         raise UsageError(
             f"the sim device cannot run workload {recipe.workload.name!r} yet (no fake-tensor model "
-            f"for it); simulated workloads: {', '.join(MODELS)}"
+            f"for it); simulated workloads: {', '.join(_models())}"
         ) from None
 
 
@@ -302,10 +294,10 @@ def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit",
         raise UsageError(f"unknown precision {precision!r}; valid precisions: {', '.join(PARAM_DTYPE)}")
     chosen = find_profile(profile)
     try:
-        build, _ = MODELS[workload]
+        build, _ = _models()[workload]
     except KeyError:
         raise UsageError(f"the sim device cannot load workload {workload!r}; simulated workloads: "
-                         f"{', '.join(MODELS)}") from None
+                         f"{', '.join(_models())}") from None
     dtype = PARAM_DTYPE[precision]
     session = _Session(chosen)
     results: dict[str, PhaseResult] = {}

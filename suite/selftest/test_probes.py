@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 from torch import nn
 
-from memclaims.probes import CpuProbe, CudaProbe, model_state_bytes, storage_bytes
+from memclaims.probes import CpuProbe, CudaProbe, HostMemory, model_state_bytes, storage_bytes
 
 
 class FakeCuda:
@@ -106,3 +109,37 @@ def test_cpu_probe_is_deterministic() -> None:
         return probe.phases["train"].allocated_bytes
 
     assert measure() == measure()
+
+
+# --- host memory (offload claims need both sides) ----------------------------------------------
+
+
+def test_host_memory_resets_and_reads_the_high_water_mark(tmp_path) -> None:
+    status, clear_refs = tmp_path / "status", tmp_path / "clear_refs"
+    status.write_text("Name:\tpython\nVmHWM:\t  123456 kB\nVmRSS:\t  100000 kB\n")
+    clear_refs.write_text("")
+    host = HostMemory(str(status), str(clear_refs))
+    host.start()
+    assert clear_refs.read_text() == "5" and host.resettable
+    assert host.peak_bytes() == 123_456 * 1024
+
+
+def test_host_memory_falls_back_to_the_lifetime_peak(tmp_path) -> None:
+    host = HostMemory(str(tmp_path / "status"), str(tmp_path / "no-such-dir" / "clear_refs"))
+    host.start()
+    assert not host.resettable
+    peak = host.peak_bytes()
+    assert peak is None or peak > 0
+
+
+@pytest.mark.skipif(not Path(HostMemory.CLEAR_REFS).exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_host_memory_peak_is_per_span_on_linux() -> None:
+    host = HostMemory()
+    host.start()
+    block = bytearray(256 * 2**20)
+    block[::4096] = b"\x01" * len(block[::4096])  # touch every page: resident, not just reserved
+    with_block = host.peak_bytes()
+    del block
+    host.start()
+    assert host.resettable and with_block is not None
+    assert with_block - host.peak_bytes() >= 200 * 2**20
