@@ -1,0 +1,145 @@
+"""The CUDA side of a sharded run, without a GPU: Lightning's Fabric is replaced by a recorder.
+
+What is checked is memclaims' wiring of the article's scripts 08, 09 and 11 (how Fabric is built,
+what ``init_module`` and ``setup`` receive, what the Record counts), not FSDP itself: that needs
+GPUs and is the ``dist`` + ``gpu`` tier.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from memclaims import distributed, runner
+from memclaims.probes import CpuProbe
+from memclaims.recipe import resolve
+
+FSDP_AC = ("fsdp", "activation-checkpointing")
+
+
+class RecordingFabric:
+    """Fabric's surface as the runner uses it, on the CPU, recording every call."""
+
+    instances: list["RecordingFabric"] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.calls: list[tuple[str, Any]] = []
+        self.device = torch.device("cpu")
+        self.strategy = SimpleNamespace(precision=SimpleNamespace(precision=kwargs.get("precision", "32-true")))
+        RecordingFabric.instances.append(self)
+
+    def launch(self) -> None:
+        self.calls.append(("launch", None))
+
+    @contextmanager
+    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+        self.calls.append(("init_module", empty_init))
+        yield
+
+    def setup(self, model: nn.Module, optimizer: Any, move_to_device: bool = True) -> tuple[nn.Module, Any]:
+        self.calls.append(("setup", move_to_device))
+        return model, optimizer
+
+    def setup_dataloaders(self, *loaders: Any) -> tuple[Any, ...]:
+        return loaders
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> type[RecordingFabric]:
+    """A machine that passes for a GPU machine, with Fabric recorded instead of run."""
+    import lightning.fabric
+
+    RecordingFabric.instances = []
+    monkeypatch.setattr(lightning.fabric, "Fabric", RecordingFabric)
+    # Not torch.cuda's own answers: torch's optimizers would then reach for the driver.
+    monkeypatch.setattr(runner, "check_device", lambda device: None)
+    monkeypatch.setattr(runner, "device_name", lambda device: "Fake GPU")
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    return RecordingFabric
+
+
+def _run(techniques: tuple[str, ...], devices: int = 4) -> Any:
+    options = runner.RunOptions(device="cuda", evaluate=False, memory_steps=1, devices=devices)
+    # The CPU probe stands in for the CUDA one: the wiring, not the allocator, is under test.
+    return runner.run(resolve("vit", "smoke", techniques), options, probe=CpuProbe())
+
+
+@pytest.mark.cpu
+def test_fsdp_with_checkpointing_is_the_08_script(fake_cuda) -> None:
+    record = _run(FSDP_AC)
+    (fabric,) = fake_cuda.instances
+    strategy = fabric.kwargs["strategy"]
+    assert (fabric.kwargs["accelerator"], fabric.kwargs["devices"], fabric.kwargs["num_nodes"]) == ("cuda", 4, 1)
+    assert strategy._activation_checkpointing_kwargs and not strategy.cpu_offload.offload_params
+    assert fabric.calls == [("launch", None), ("setup", True)]
+    assert record.device == "cuda" and record.device_name == "Fake GPU"
+
+
+@pytest.mark.cpu
+def test_offload_keeps_the_model_on_the_host_as_09(fake_cuda) -> None:
+    _run(FSDP_AC + ("cpu-offload",))
+    (fabric,) = fake_cuda.instances
+    assert fabric.kwargs["strategy"].cpu_offload.offload_params
+    assert ("setup", False) in fabric.calls  # setup(..., move_to_device=False)
+
+
+@pytest.mark.cpu
+def test_delayed_init_builds_inside_init_module_as_11(fake_cuda) -> None:
+    _run(FSDP_AC + ("cpu-offload", "delayed-init"))
+    (fabric,) = fake_cuda.instances
+    assert fabric.calls[:2] == [("launch", None), ("init_module", False)]  # empty_init=False, as logged
+
+
+@pytest.mark.cpu
+def test_param_count_is_the_whole_model_not_the_shard(fake_cuda, monkeypatch) -> None:
+    """FSDP's parameters are flat shards after setup; the Record counts the model as built."""
+    whole = resolve("vit", "smoke", []).workload.build_model(resolve("vit", "smoke", []).scale)[0]
+    expected = sum(p.numel() for p in whole.parameters())
+
+    class ShardView(nn.Module):
+        """What FSDP hands back: the same forward, but only this rank's share of the parameters."""
+
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: Any) -> Any:
+            return self.inner(*args)
+
+        def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+            return iter(list(self.inner.parameters())[::4])
+
+    def shard_on_setup(self: RecordingFabric, model: nn.Module, optimizer: Any, move_to_device: bool = True):
+        return ShardView(model), optimizer
+
+    monkeypatch.setattr(RecordingFabric, "setup", shard_on_setup)
+    record = _run(("fsdp",))
+    assert record.param_count == expected
+    assert record.param_tensor_count == len(list(whole.parameters()))
+    assert record.param_bytes < 4 * expected  # the probe still measures the shard it was given
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize(("environment", "devices", "nodes"), [
+    ({}, 4, 1),
+    ({"LOCAL_WORLD_SIZE": "4"}, 4, 2),  # torchrun --nnodes 2 --nproc-per-node 4: 8 ranks
+])
+def test_fabric_counts_devices_per_node(fake_cuda, monkeypatch, environment, devices, nodes) -> None:
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    world = 8 if nodes == 2 else 4
+    distributed.sharded_fabric(resolve("vit", "smoke", ("fsdp",)),
+                               runner.RunOptions(device="cuda", devices=world))
+    (fabric,) = fake_cuda.instances
+    assert (fabric.kwargs["devices"], fabric.kwargs["num_nodes"]) == (devices, nodes)
+    assert fabric.calls == [("launch", None)]
