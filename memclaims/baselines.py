@@ -1,5 +1,7 @@
 """The baseline store: measured Records per (environment id, recipe id), as reviewable JSON.
 
+A rank of a multi-device run is stored under ``recipe@devices/rankN`` (``Record.baseline_key``).
+
 One file per environment, ``<root>/measured/<environment>.json``::
 
     {"schema": 1, "environment": "cpu-x86_64",
@@ -150,8 +152,12 @@ def parse(text: str, path: Path, environment: str | None = None) -> dict[str, Ba
                 raise bad(f"{where}.record lacks {name!r}")
             if not _type_ok(raw[name], kind):
                 raise bad(f"{where}.record.{name} must be {kind}, found {_describe(raw[name])}")
-        if raw["recipe"] != recipe_id:
-            raise bad(f"{where}.record.recipe is {raw['recipe']!r}, not the key it is stored under")
+        try:
+            record = Record.from_dict(raw)
+        except TypeError as error:  # a Record field without a default is missing
+            raise bad(f"{where}.record is not a Record: {error}") from None
+        if record.baseline_key != recipe_id:
+            raise bad(f"{where}.record belongs under {record.baseline_key!r}, not the key it is stored under")
         versions = raw.get("versions", {})
         if not isinstance(versions, dict) or not all(v is None or isinstance(v, str) for v in versions.values()):
             raise bad(f"{where}.record.versions must map package names to version strings")
@@ -159,10 +165,6 @@ def parse(text: str, path: Path, environment: str | None = None) -> dict[str, Ba
                 v is None or _type_ok(v, _NUMBER_OR_NONE) for v in tolerances.values()):
             raise bad(f"{where}.tolerances must map metric names to numbers (or null), found "
                       f"{_describe(tolerances)}")
-        try:
-            record = Record.from_dict(raw)
-        except TypeError as error:  # a Record field without a default is missing
-            raise bad(f"{where}.record is not a Record: {error}") from None
         out[recipe_id] = Baseline(record=record, tolerances=dict(tolerances))
     return out
 
@@ -262,9 +264,9 @@ class BaselineStore:
 
         environment = environment_id(record, profile)
         if tolerances is None:
-            previous = self.load(environment, fresh=True).get(record.recipe)
+            previous = self.load(environment, fresh=True).get(record.baseline_key)
             tolerances = previous.tolerances if previous else default_tolerances(record.device)
-        self.update(environment, {record.recipe: Baseline(record=record, tolerances=dict(tolerances))})
+        self.update(environment, {record.baseline_key: Baseline(record=record, tolerances=dict(tolerances))})
         return self.path(environment)
 
 

@@ -154,6 +154,7 @@ def _rank_main(rank: int, world: int, recipe_ids: list[str], options: RunOptions
             record.notes.append(f"rank {rank} of {world}: Lightning FSDPStrategy")
         else:
             record = CpuShardedRun(recipe, options, rank, world).run()
+        record.devices, record.rank = world, rank
         results.append(record.to_dict())
     return results
 
@@ -167,7 +168,7 @@ def fsdp_strategy(recipe: Recipe) -> Any:
 
     block = recipe.workload.block_class()
     return FSDPStrategy(
-        auto_wrap_policy={block},
+        auto_wrap_policy={block} if recipe.workload.fsdp_auto_wrap else None,
         activation_checkpointing_policy={block} if recipe.activation_checkpointing else None,
         cpu_offload=recipe.cpu_offload,
     )
@@ -291,15 +292,15 @@ class CpuShardedRun(TrainingLoop):
             # Non-reentrant torch.utils.checkpoint around each block, as Lightning's policy does.
             apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
                                            check_fn=lambda m: isinstance(m, block))
-        blocks = [m for m in model.modules() if isinstance(m, block)]
-        if not blocks:
-            raise UsageError(f"{self.recipe.workload.name} has no {block.__name__} to shard")
-        for module in model.modules():
-            # The outermost module of each block: the checkpoint wrapper when there is one.
-            inner = getattr(module, "_checkpoint_wrapped_module", module)
-            if isinstance(inner, block) and (module is inner) != self.recipe.activation_checkpointing:
-                fully_shard(module)
-        fully_shard(model)  # the root: embeddings, final norm and head
+        if self.recipe.workload.fsdp_auto_wrap:
+            if not any(isinstance(m, block) for m in model.modules()):
+                raise UsageError(f"{self.recipe.workload.name} has no {block.__name__} to shard")
+            for module in model.modules():
+                # The outermost module of each block: the checkpoint wrapper when there is one.
+                inner = getattr(module, "_checkpoint_wrapped_module", module)
+                if isinstance(inner, block) and (module is inner) != self.recipe.activation_checkpointing:
+                    fully_shard(module)
+        fully_shard(model)  # the root: embeddings, final norm and head (all of it without auto-wrap)
         return model
 
     def run(self) -> Record:

@@ -50,7 +50,8 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str])
     accumulation_steps = 1
     for t in chosen:
         batch_size //= t.batch_divisor
-        accumulation_steps *= t.accumulation_steps
+        if t.accumulates:
+            accumulation_steps *= scale.accumulation_steps
     if batch_size % accumulation_steps or batch_size < accumulation_steps:
         raise UsageError(
             f"invalid combination {'+'.join(names)} at scale {scale.name!r}: batch {batch_size} "

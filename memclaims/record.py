@@ -73,10 +73,21 @@ class Record:
     # Peak resident set size of the process during the run (host memory; what the process held
     # before counts too). Per rank in a distributed run; CPU offload raises it.
     host_peak_bytes: int | None = None
+    # Processes (CPU) or GPUs of the run, and this Record's rank among them.
+    devices: int = 1
+    rank: int = 0
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
     breakdown: dict[str, int] = field(default_factory=dict)  # by category, at the training peak
     memory_losses: list[float | None] = field(default_factory=list)  # null once diverged
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def baseline_key(self) -> str:
+        """Where a baseline file stores this Record: the recipe id, plus the world size and rank
+        for a rank of a multi-device run (``vit-smoke/fsdp@2/rank1``), whose numbers depend on both."""
+        if self.devices == 1:
+            return self.recipe
+        return f"{self.recipe}@{self.devices}/rank{self.rank}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -26,7 +26,7 @@ class Technique:
     group: str | None = None  # at most one technique per group in a recipe
     precision: str | None = None
     batch_divisor: int = 1
-    accumulation_steps: int = 1
+    accumulates: bool = False  # micro-batches of the scale's accumulation count
     optimizer: str | None = None
     init_on_device: bool = False
     plain_pytorch: bool = False
@@ -55,8 +55,8 @@ TECHNIQUES: tuple[Technique, ...] = (
               group="precision", precision="bf16-true"),
     Technique("small-batch", "batch size divided by 4 (64 -> 16 at article scale)",
               "04_lower-batchsize", batch_divisor=4),
-    Technique("grad-accum", "micro-batch of a quarter, 4 accumulation steps, same effective batch",
-              "05_gradient-accum", accumulation_steps=4),
+    Technique("grad-accum", "gradient accumulation over the scale's micro-batches (4: a quarter of the "
+              "batch each), same effective batch", "05_gradient-accum", accumulates=True),
     Technique("sgd", "SGD lr 0.01 without momentum + cosine schedule instead of Adam",
               "06_sgd-with-scheduler", group="optimizer", optimizer="sgd"),
     # The course's lesson "Mixed precision training with 8-bit Adam" (distilbert-base-cased).

@@ -29,6 +29,9 @@ class Scale:
     sgd_learning_rate: float
     memory_steps: int  # optimizer steps measured by the probes; the peak needs at least 2
     accuracy_epochs: int
+    # Micro-batches per optimizer step under grad-accum: 4 in script 05 and DistilBERT "after",
+    # 12 (micro-batch 1) in BigBird "after".
+    accumulation_steps: int = 4
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class Workload:
     load_data: Callable[[Scale, str | os.PathLike[str] | None], data.DataBundle]
     # The transformer block FSDP and activation checkpointing wrap.
     block_class: Callable[[], type[nn.Module]]
+    # False: FSDP shards the model as one unit, as BigBird "after" (FSDPStrategy without a policy).
+    fsdp_auto_wrap: bool = True
 
     def scale(self, name: str) -> Scale:
         try:

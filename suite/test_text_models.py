@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from memclaims import optimizers
+from memclaims import distributed, optimizers
 from memclaims.errors import DataError
 from memclaims.named_recipes import NAMED_RECIPES
 from memclaims.recipe import resolve
@@ -184,7 +184,12 @@ def test_named_recipes_carry_the_published_numbers() -> None:
     assert NAMED_RECIPES["bigbird-before"].published.peak_gb is None
     # Offload needs a GPU; the number of GPUs is not a requirement (the Record says how many ran).
     assert after.unmet(0) == ["a CUDA GPU (cpu-offload)"] and after.unmet(1) == []
-    assert "12 accumulation steps" in NAMED_RECIPES["bigbird-after"].unmet(4)[0]
+    # BigBird "after": micro-batch 1 x 12, FSDP without an auto-wrap policy, as the script.
+    bigbird = NAMED_RECIPES["bigbird-after"].resolve(cuda_devices=1)
+    assert (bigbird.batch_size, bigbird.micro_batch_size, bigbird.accumulation_steps) == (12, 1, 12)
+    assert distributed.fsdp_strategy(bigbird)._fsdp_kwargs.get("auto_wrap_policy") is None
+    distil = NAMED_RECIPES["distilbert-after"].resolve(cuda_devices=1)
+    assert (distil.micro_batch_size, distil.accumulation_steps) == (3, 4)
 
 
 # --- runs through the runner ---------------------------------------------------------------------

@@ -256,6 +256,22 @@ def test_environment_ids() -> None:
     assert environment_id(fake_record(device="sim", device_name="sim"), profile="article") == "sim-article"
 
 
+def test_ranks_of_a_sharded_run_have_keys_of_their_own(tmp_path: Path) -> None:
+    s = BaselineStore(tmp_path)
+    ranks = [fake_record("vit-smoke/fsdp", devices=2, rank=r, optimizer_state_bytes=4000 - r) for r in (0, 1)]
+    for record in ranks:
+        s.store_record(record)
+    fresh = BaselineStore(tmp_path)
+    assert set(fresh.load(ENV)) == {"vit-smoke/fsdp@2/rank0", "vit-smoke/fsdp@2/rank1"}
+    assert fresh.get(ENV, "vit-smoke/fsdp@2/rank1").record.optimizer_state_bytes == 3999
+    # A rank's Record filed under the bare recipe id is caught, naming the key it belongs under.
+    data = json.loads(s.path(ENV).read_text())
+    data["records"]["vit-smoke/fsdp"] = data["records"].pop("vit-smoke/fsdp@2/rank0")
+    s.path(ENV).write_text(json.dumps(data))
+    with pytest.raises(BaselineError, match=r"belongs under 'vit-smoke/fsdp@2/rank0'"):
+        BaselineStore(tmp_path).load(ENV)
+
+
 def _writer(root: str, prefix: str, count: int) -> None:
     s = BaselineStore(root)
     for i in range(count):
