@@ -66,7 +66,7 @@ def sharded(cpu_sharded) -> dict[tuple[str, ...], DistributedResult]:
 
 @pytest.mark.dist
 @pytest.mark.cpu
-@pytest.mark.parametrize("run_key", CPU_RUNS, ids=[f"cpu:{w}-smoke/{'+'.join(t)}@{WORLD}" for w, t in CPU_RUNS])
+@pytest.mark.parametrize("run_key", CPU_RUNS, ids=[f"cpu:{w}-smoke/{'+'.join(t)}@{WORLD}ranks" for w, t in CPU_RUNS])
 def test_every_rank_against_its_baseline(cpu_sharded, run_key, baseline_check, record_property) -> None:
     """Each rank's Record is a regression baseline of its own (``recipe@2/rankN``)."""
     for record in cpu_sharded[run_key].records:
