@@ -97,7 +97,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("\nClaims (name, tiers, source):")
     for c in data["claims"]:
         print(f"  {c['name']:<26} {','.join(c['tiers']):<13} {c['source']}: {c['statement']}")
-    print("\nNamed recipes of the bonus scripts, the ViT-H/14 series and the course (what this machine lacks to run them):")
+    print("\nNamed recipes (bonus scripts, ViT-H/14 series, course; what this machine lacks to run them):")
     for r in data["named_recipes"]:
         needs = "; ".join(r["needs"]) or "runnable"
         print(f"  {r['name']:<36} {r['workload']}: {'+'.join(r['techniques'])}  [{needs}]")

@@ -2,7 +2,7 @@
 course's 8-bit Adam lesson.
 
 Each names its workload, its techniques and the published numbers. Some need what memclaims does
-not have (DeepSpeed, DDP, 12-step accumulation) or a CUDA GPU (CPU offload): ``unmet`` says which,
+not have (DeepSpeed, DDP) or a CUDA GPU (CPU offload): ``unmet`` says which,
 so a test or the CLI can skip the recipe with that reason instead of running something else. The
 number of GPUs is not a requirement: sharded recipes run on as many as the machine has, and the
 Record says how many; ``devices`` is what the published run used.
