@@ -307,14 +307,13 @@ class CpuShardedRun(TrainingLoop):
         from torch.utils.data import DataLoader
 
         from memclaims import optimizers, probes
-        from memclaims.workloads import SEED
 
         recipe, options = self.recipe, self.options
         memory_steps = resolve_memory_steps(recipe, options)
         host = probes.HostMemory()
         host.start()
         # The same seed, data and loader as memclaims.runner: the same global batches in order.
-        seed = getattr(options, "seed", SEED)  # RunOptions.seed where the runner has it
+        seed = options.seed
         _seed_everything(seed)
         bundle = recipe.workload.load_data(recipe.scale, options.data_dir)
         collate = getattr(bundle, "collate_fn", None)

@@ -144,7 +144,7 @@ def violation(chosen: list[Technique]) -> str | None:
 
 def single_process() -> tuple[Technique, ...]:
     """Techniques that run in one process; the sharded ones have their own (dist) cases."""
-    sharded = {t.name for t in TECHNIQUES if getattr(t, "sharded", False)}
+    sharded = {t.name for t in TECHNIQUES if t.sharded}
     return tuple(t for t in TECHNIQUES if t.name not in sharded and not t.needs & sharded)
 
 

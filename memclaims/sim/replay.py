@@ -25,7 +25,6 @@ are what a GPU run would hold on the device. What had to be emulated, and why:
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 from contextlib import contextmanager, nullcontext
@@ -450,7 +449,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         breakdown = dict(session.memory.breakdown_at_peak)
         del model
     load, train = phases["load"], phases["train"]
-    values: dict[str, Any] = dict(
+    record = Record(
         recipe=recipe.id,
         workload=recipe.workload.name,
         scale=recipe.scale.name,
@@ -482,20 +481,10 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         notes=notes,
         **states,
     )
-    return _record(values)
+    return record
 
 
-def _record(values: dict[str, Any]) -> Record:
-    """A Record from what the sim knows; fields other engineers add later default to None."""
-    known = {f.name: f for f in dataclasses.fields(Record)}
-    kwargs = {k: v for k, v in values.items() if k in known}
-    for name, spec in known.items():
-        if name not in kwargs and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-            kwargs[name] = None
-    return Record(**kwargs)
-
-
-# Recipe fields the sim cannot replay, with the reason (read with getattr: older Recipes lack them).
+# Recipe flags the sim cannot replay, with the reason.
 _UNSUPPORTED_FLAGS = {
     "sharded": "sharded recipes need several GPUs and a process group; the sim models one GPU",
     "cpu_offload": "CPU offload is an FSDP feature; the sim models one GPU without FSDP",
@@ -511,7 +500,7 @@ def check(recipe: Recipe) -> None:
     """Raise UsageError, with the reason, for a recipe the sim cannot replay."""
     _model_fns(recipe)
     for flag, reason in _UNSUPPORTED_FLAGS.items():
-        if getattr(recipe, flag, False):
+        if getattr(recipe, flag):
             raise UsageError(f"the sim device cannot run {recipe.id}: {reason}")
     if recipe.optimizer not in _OPTIMIZERS:
         raise UsageError(f"the sim device cannot run {recipe.id}: optimizer {recipe.optimizer!r} does not run "
