@@ -30,7 +30,7 @@ from memclaims.errors import UsageError
 from memclaims.loop import TrainingLoop
 from memclaims.recipe import Recipe, parse_id
 from memclaims.record import Record, device_name, library_versions
-from memclaims.runner import TRUE_HALF, RunOptions, check_device, json_number, resolve_memory_steps
+from memclaims.runner import TRUE_HALF, RunOptions, check_device, resolve_memory_steps
 
 CPU_DEFAULT_DEVICES = 2
 MIXED = ("16-mixed", "bf16-mixed")
@@ -350,10 +350,8 @@ class CpuShardedRun(TrainingLoop):
 
         load, train = probe.phases["load"], probe.phases["train"]
         return Record(
-            recipe=recipe.id, workload=recipe.workload.name, scale=recipe.scale.name,
-            techniques=list(recipe.techniques), device="cpu", device_name=device_name("cpu"),
-            probe=probe.name, precision=self.precision_ran, batch_size=recipe.batch_size,
-            accumulation_steps=recipe.accumulation_steps, memory_steps=memory_steps,
+            **recipe.record_fields(), device="cpu", device_name=device_name("cpu"),
+            probe=probe.name, precision=self.precision_ran, memory_steps=memory_steps,
             param_count=sum(p.numel() for p in params),  # the whole model's, as single-process
             param_tensor_count=len(params),
             param_bytes=probes.storage_bytes(_local(p) for p in params),
@@ -362,12 +360,11 @@ class CpuShardedRun(TrainingLoop):
             load_peak_bytes=load.allocated_bytes,
             peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
             peak_reserved_bytes=None, host_peak_bytes=host.peak_bytes(), accuracy=accuracy,
-            final_loss=json_number(self.losses[-1]) if self.losses else None,
-            nan_loss=self.nan_step is not None, nan_step=self.nan_step,
+            **self.loss_fields(memory_losses),
             step_time_s=statistics.median(timed) if timed else None,
             weights=weights, data=bundle.name, versions=library_versions(),
             phases={n: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": None} for n, p in probe.phases.items()},
-            breakdown=dict(train.breakdown), memory_losses=[json_number(v) for v in memory_losses], notes=self.notes,
+            breakdown=dict(train.breakdown), notes=self.notes,
         )
 
     def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:

@@ -17,6 +17,11 @@ from torch import nn
 from memclaims.probes import storage_bytes
 
 
+def json_number(value: float) -> float | None:
+    """NaN and inf are not JSON: a diverged loss is null, and ``nan_loss``/``nan_step`` say when."""
+    return value if math.isfinite(value) else None
+
+
 class TrainingLoop:
     def __init__(self, accumulation_steps: int) -> None:
         self.accumulation_steps = accumulation_steps
@@ -80,6 +85,12 @@ class TrainingLoop:
             done += 1
             if done == optimizer_steps:
                 return
+
+    def loss_fields(self, memory_losses: list[float]) -> dict[str, Any]:
+        """The Record's loss fields: the last loss, where it diverged, and the measured steps' losses."""
+        return dict(final_loss=json_number(self.losses[-1]) if self.losses else None,
+                    nan_loss=self.nan_step is not None, nan_step=self.nan_step,
+                    memory_losses=[json_number(loss) for loss in memory_losses])
 
     def _watch(self, value: float) -> None:
         self.losses.append(value)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from memclaims import techniques as registry
 from memclaims.errors import UsageError
@@ -34,6 +34,12 @@ class Recipe:
     @property
     def micro_batch_size(self) -> int:
         return self.batch_size // self.accumulation_steps
+
+    def record_fields(self) -> dict[str, Any]:
+        """The Record fields the recipe decides by itself, whichever engine runs it."""
+        return dict(recipe=self.id, workload=self.workload.name, scale=self.scale.name,
+                    techniques=list(self.techniques), batch_size=self.batch_size,
+                    accumulation_steps=self.accumulation_steps)
 
     @property
     def learning_rate(self) -> float:

@@ -6,7 +6,6 @@ forward pass, or after the step with gradient accumulation), because that decide
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import statistics
@@ -161,9 +160,6 @@ class _Session(TrainingLoop):
 PHASES = ("load", "train", "accuracy")
 
 
-def json_number(value: float) -> float | None:
-    """NaN and inf are not JSON: a diverged loss is null, and ``nan_loss``/``nan_step`` say when."""
-    return value if math.isfinite(value) else None
 # "Tried to allocate 2.00 GiB" (CUDA caching allocator), "you tried to allocate 123 bytes" (CPU).
 _REQUEST = re.compile(r"[Tt]ried to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)")
 _UNIT = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -281,16 +277,11 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
 
     load, train = probe.phases["load"], probe.phases["train"]
     return Record(
-        recipe=recipe.id,
-        workload=recipe.workload.name,
-        scale=recipe.scale.name,
-        techniques=list(recipe.techniques),
+        **recipe.record_fields(),
         device=options.device,
         device_name=device_name(options.device),
         probe=probe.name,
         precision=session.precision_ran,
-        batch_size=recipe.batch_size,
-        accumulation_steps=recipe.accumulation_steps,
         memory_steps=memory_steps,
         param_count=param_count,
         param_tensor_count=param_tensor_count,
@@ -303,9 +294,7 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         peak_reserved_total_bytes=_never_reset_reserved(probe.phases),
         reference_load_peak_bytes=reference_load,
         accuracy=accuracy,
-        final_loss=json_number(session.losses[-1]) if session.losses else None,
-        nan_loss=session.nan_step is not None,
-        nan_step=session.nan_step,
+        **session.loss_fields(memory_losses),
         step_time_s=statistics.median(timed) if timed else None,
         weights=weights,
         data=bundle.name,
@@ -313,7 +302,6 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         phases={name: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": p.reserved_bytes}
                 for name, p in probe.phases.items()},
         breakdown=dict(train.breakdown),
-        memory_losses=[json_number(loss) for loss in memory_losses],
         notes=session.notes,
         **states,
     )

@@ -450,16 +450,11 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         del model
     load, train = phases["load"], phases["train"]
     record = Record(
-        recipe=recipe.id,
-        workload=recipe.workload.name,
-        scale=recipe.scale.name,
-        techniques=list(recipe.techniques),
+        **recipe.record_fields(),
         device="sim",
         device_name=f"simulated {chosen.gpu}",
         probe=f"sim:{chosen.name}",
         precision="32-true" if recipe.plain_pytorch else recipe.precision,
-        batch_size=recipe.batch_size,
-        accumulation_steps=recipe.accumulation_steps,
         memory_steps=steps,
         param_count=param_count,
         param_tensor_count=param_tensors,
