@@ -1,28 +1,49 @@
-"""The article's claims, as relations over Records of the same session.
+"""The claims of both documents, checked as relations over Records of the same session.
 
-A claim names the recipes it needs (technique tuples on one workload), the tiers where it means
-something, and a check that returns a verdict with the numbers behind it. The same definitions
-serve the cpu, gpu and sim tiers; only the probe behind the Records differs.
+The catalogue (every claim, its source phrase, kind, published numbers, the tiers that check it and
+why the others do not) is ``baselines/published.json``; this module adds the checks. A check takes
+the tier and a lookup (techniques -> Record of this session on that tier) and returns a Verdict
+whose detail always carries the numbers: "published X, this run Y", and where the article's text
+and its logs disagree, "text X, logs Y, this run Z".
+
+Sizes are checked as ratios, not as directions:
+- sim (article scale): the predicted ratio against the published one, within a stated band;
+- cpu (smoke scale, where the scale changes the ratios): against a ratio derived from the exact
+  parameter, gradient and optimizer-state bytes and the reference's activations (what the
+  technique changes, by how much: ``DERIVATIONS``), within a stated band;
+- gpu (article scale): against the published ratio, within a band for another GPU and software.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Callable
+from functools import lru_cache
+from typing import Any, Callable
 
+from memclaims import published
+from memclaims.accuracy import BY_CLAIM as ACCURACY_PAIRS
+from memclaims.accuracy import AccuracyPair
 from memclaims.record import Record
 
-# Accuracy tolerances, in absolute accuracy points (0.01 = 1 point), from repeated runs. Smoke
-# scale (1 epoch of the digits set, seeds 123, 1, 2, 3, 4): the fp32 reference scored 0.45-0.63,
-# and the largest drop of a recipe below the reference *at the same seed* was 0.020 for
-# bf16-true and 0.056 for grad-accum (0.072 with 2 epochs); 0.08 covers that with a margin. On
-# the CPU one seed is exact run to run, so the tolerance only covers different arithmetic.
-# Article scale: the article's own spread (95.85-97.34 % over its chain) suggests 2 points.
-ACCURACY_TOLERANCE = {"smoke": 0.08, "article": 0.02}
+# Accuracy at article scale (gpu): the article's own spread over its chain (95.85-97.34 %).
+ARTICLE_ACCURACY_TOLERANCE = 0.02
 PARITY_PEAK_TOLERANCE = 0.01  # Fabric vs plain PyTorch: "same peak within 1 %"
 ADAM_STEP_BYTES = 4  # torch keeps Adam's ``step`` as a float32 scalar tensor per parameter
+GB = 1e9
+MIB = 2**20
+
+# Sim bands: predicted ratio / published ratio. +-5 % where the replay reproduces both rows; the
+# replay predicts 05 15 % low (suite/test_sim.py, unexplained without a GPU), which moves the two
+# ratios that touch 05: 05/04 predicted 0.887 of published, 06/05 1.176.
+SIM_BAND = (0.95, 1.05)
+SIM_BANDS = {"grad-accum-memory": (0.85, 0.95), "sgd-memory": (1.10, 1.25)}
+# gpu at article scale: another GPU generation and torch than the article's A100 + 2023 nightly.
+GPU_BAND = (0.90, 1.10)
 
 Lookup = Callable[[tuple[str, ...]], Record]
+Techniques = tuple[str, ...]
+CHAIN_04: Techniques = ("bf16-true", "small-batch")
 
 
 @dataclass(frozen=True)
@@ -32,18 +53,52 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class Claim:
-    name: str
-    statement: str
-    source: str  # where the article says it (claim number and script)
-    recipes: tuple[tuple[str, ...], ...]
-    check: Callable[[Lookup], Verdict]
-    tiers: frozenset[str] = frozenset({"cpu", "gpu", "sim"})
+class Check:
+    run: Callable[[str, Lookup], Verdict]
+    tiers: frozenset[str]
+    # Techniques per tier ("*" for every tier): what the lookup will be asked for, in order.
+    recipes: dict[str, tuple[Techniques, ...]] = field(default_factory=dict)
     workload: str = "vit"
     needs_accuracy: bool = False
-    published: dict[str, float] = field(default_factory=dict)  # decimal GB / percent, as printed
-    # Why a tier is not asked to hold this claim (tier -> reason); shown as the skip reason.
-    not_on: dict[str, str] = field(default_factory=dict)
+
+    def recipes_on(self, tier: str) -> tuple[Techniques, ...]:
+        return self.recipes.get(tier, self.recipes.get("*", ()))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One catalogued claim: its entry in published.json, and its check where memclaims has one."""
+
+    name: str
+    statement: str
+    source: str
+    kind: str
+    document: str
+    published: dict[str, Any]
+    checks: dict[str, str]  # tier -> "claims" (this module) or the pytest node that checks it
+    not_on: dict[str, str]  # tier -> why that tier does not check the claim
+    audit: dict[str, str] = field(default_factory=dict)  # {"text": ..., "logs": ...}
+    note: str = ""
+    check: Check | None = None
+
+    @property
+    def tiers(self) -> frozenset[str]:
+        """The tiers where this module checks the claim (suite/test_claims.py)."""
+        return frozenset(t for t, where in self.checks.items() if where == "claims")
+
+    @property
+    def workload(self) -> str:
+        return self.check.workload if self.check else "vit"
+
+    @property
+    def needs_accuracy(self) -> bool:
+        return bool(self.check and self.check.needs_accuracy)
+
+    def audited(self, this_run: str) -> str:
+        """'text X, logs Y, this run Z' where the documents disagree with themselves, else ''."""
+        if not self.audit:
+            return ""
+        return f"text {self.audit['text']}, logs {self.audit['logs']}, this run {this_run}"
 
 
 def peak(record: Record) -> int:
@@ -52,154 +107,514 @@ def peak(record: Record) -> int:
 
 
 def _mib(n: int | float) -> str:
-    return f"{n / 2**20:.2f} MiB"
+    return f"{n / MIB:.2f} MiB"
 
 
-def _less(smaller: tuple[str, ...], larger: tuple[str, ...]) -> Callable[[Lookup], Verdict]:
-    def check(get: Lookup) -> Verdict:
-        a, b = get(smaller), get(larger)
-        return Verdict(
-            peak(a) < peak(b),
-            f"peak {a.recipe} = {_mib(peak(a))} vs {b.recipe} = {_mib(peak(b))} (ratio {peak(a) / peak(b):.3f})",
-        )
+# --- sizes ---------------------------------------------------------------------------------------
 
-    return check
+FP32_STATE = ("parameters", "gradients", "optimizer_state", "activations_and_temporaries", "buffers")
 
 
-def _accuracy_close(a_key: tuple[str, ...], b_key: tuple[str, ...]) -> Callable[[Lookup], Verdict]:
-    def check(get: Lookup) -> Verdict:
-        a, b = get(a_key), get(b_key)
-        if a.accuracy is None or b.accuracy is None:
-            return Verdict(False, "accuracy was not measured (run without --no-eval)")
-        tolerance = ACCURACY_TOLERANCE[a.scale]
-        return Verdict(
-            a.accuracy >= b.accuracy - tolerance,
-            f"accuracy {a.recipe} = {a.accuracy:.4f} vs {b.recipe} = {b.accuracy:.4f} "
-            f"(drop allowed: {tolerance:.2f})",
-        )
-
-    return check
+def _steps(record: Record) -> int:
+    """Bytes of Adam's step counters in the record's optimizer state (host tensors: cpu only)."""
+    expected = 2 * record.param_bytes
+    extra = record.optimizer_state_bytes - expected
+    return extra if extra == ADAM_STEP_BYTES * record.param_tensor_count else 0
 
 
-def _both(*checks: Callable[[Lookup], Verdict]) -> Callable[[Lookup], Verdict]:
-    def check(get: Lookup) -> Verdict:
-        verdicts = [c(get) for c in checks]
-        return Verdict(all(v.passed for v in verdicts), "; ".join(v.detail for v in verdicts))
-
-    return check
-
-
-def _parity(get: Lookup) -> Verdict:
-    fabric, plain = get(("fabric",)), get(("pytorch",))
-    change = abs(peak(fabric) - peak(plain)) / peak(plain)
-    return Verdict(
-        change <= PARITY_PEAK_TOLERANCE,
-        f"peak fabric = {_mib(peak(fabric))} vs pytorch = {_mib(peak(plain))} "
-        f"({change:.2%}, allowed {PARITY_PEAK_TOLERANCE:.0%})",
-    )
+def _scaled(record: Record, factors: dict[str, float]) -> float:
+    """The record's training peak with each category of its breakdown scaled (1 where not named)."""
+    total = 0.0
+    for category, value in record.breakdown.items():
+        if category == "optimizer_state":  # the step counters stay float32 whatever happens
+            steps = _steps(record)
+            total += (value - steps) * factors.get(category, 1.0) + steps
+        else:
+            total += value * factors.get(category, 1.0)
+    return total
 
 
-def _sgd_saves_adam_state(get: Lookup) -> Verdict:
-    adam, sgd = get(("fabric",)), get(("sgd",))
-    expected_state = 2 * adam.param_bytes  # exp_avg + exp_avg_sq, one of each per parameter
-    step_counters = ADAM_STEP_BYTES * adam.param_tensor_count  # one float32 ``step`` per tensor
-    saved = peak(adam) - peak(sgd)
-    ok = (
-        sgd.optimizer_state_bytes == 0
-        # The step counters live on the host: real runs count them, the simulated GPU does not.
-        and adam.optimizer_state_bytes - expected_state in (step_counters, 0)
-        and saved >= 0.9 * expected_state
-    )
-    return Verdict(
-        ok,
-        f"Adam state = {adam.optimizer_state_bytes} B (expected 2 x {adam.param_bytes} B of parameters "
-        f"+ {step_counters} B of step counters = {expected_state + step_counters} B); SGD state = "
-        f"{sgd.optimizer_state_bytes} B; peak saved = {_mib(saved)} ({saved / expected_state:.3f} x 2 x params)",
-    )
+HALF_EVERYTHING = {c: 0.5 for c in FP32_STATE}
+QUARTER_ACTIVATIONS = {"activations_and_temporaries": 0.25}
 
 
-def _init_module_load(get: Lookup) -> Verdict:
+@dataclass(frozen=True)
+class Derivation:
+    """How the cpu tier derives a ratio at smoke scale: predicted peak = base record's breakdown
+    scaled by ``factors``; expected ratio = predicted / the claim's denominator. ``band`` is on
+    measured / expected (``interval`` instead: bounds on the ratio itself)."""
+
+    base: Techniques  # the record whose breakdown is scaled
+    factors: dict[str, float]
+    band: tuple[float, float]
+    why: str
+    interval: tuple[dict[str, float], dict[str, float]] | None = None
+
+
+# Bands measured at smoke scale (torch 2.14.1, CPU): bf16-true's activations are 10 % above half
+# (float32 loss and softmax temporaries), +8.8 %; a quarter batch: 0.0 %; micro-batches of a
+# quarter: +1.8 %; SGD: exact; 06 against fp32: +7.4 %; the init_module load: +5.5 %.
+DERIVATIONS: dict[str, Derivation] = {
+    "fabric-memory": Derivation(("pytorch",), {}, (0.99, 1.01), "the same tensors: ratio 1"),
+    "16-mixed-memory": Derivation(
+        ("fabric",), {}, (1.0, 1.0), "parameters, gradients and Adam state stay fp32; autocast keeps "
+        "between half and all of the activations: ratio between those bounds",
+        interval=({"activations_and_temporaries": 0.5}, {"activations_and_temporaries": 1.0})),
+    "bf16-true-memory": Derivation(("fabric",), HALF_EVERYTHING, (0.95, 1.15),
+                                   "every category of fp32 halves (bf16-true), against bf16-mixed"),
+    "small-batch-memory": Derivation(("bf16-true",), QUARTER_ACTIVATIONS, (0.95, 1.05),
+                                     "activations / 4 (batch / 4); model state unchanged"),
+    "grad-accum-memory": Derivation(CHAIN_04, QUARTER_ACTIVATIONS, (0.90, 1.10),
+                                    "activations / 4 (micro-batch / 4); model state unchanged"),
+    "sgd-memory": Derivation((*CHAIN_04, "grad-accum"), {"optimizer_state": 0.0}, (0.999, 1.001),
+                             "Adam's two states (and step counters) gone, nothing else changes"),
+    "overall-20x": Derivation(("fabric",), {**HALF_EVERYTHING, "optimizer_state": 0.0,
+                                            "activations_and_temporaries": 0.5 / 16}, (0.95, 1.15),
+                              "fp32 halved, activations / 16 (batch / 4, micro-batch / 4), no Adam state"),
+}
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A size claim: peak(numerator) / peak(denominator), against the published numbers."""
+
+    claim: str
+    numerator: Techniques
+    denominator: Techniques
+    published_keys: tuple[str, str]  # (numerator, denominator) keys of the claim's numbers
+    cpu_numerator: Techniques | None = None
+    cpu_denominator: Techniques | None = None
+
+    def on(self, tier: str) -> tuple[Techniques, Techniques]:
+        if tier == "cpu":
+            return self.cpu_numerator or self.numerator, self.cpu_denominator or self.denominator
+        return self.numerator, self.denominator
+
+    def published_ratio(self) -> float:
+        numbers = published.numbers(self.claim)
+        return numbers[self.published_keys[0]] / numbers[self.published_keys[1]]
+
+    def recipes(self, tier: str) -> tuple[Techniques, ...]:
+        num, den = self.on(tier)
+        base = DERIVATIONS[self.claim].base if tier == "cpu" and self.claim in DERIVATIONS else den
+        return tuple(dict.fromkeys((num, den, base)))
+
+    def __call__(self, tier: str, get: Lookup) -> Verdict:
+        num_t, den_t = self.on(tier)
+        num, den = get(num_t), get(den_t)
+        measured = peak(num) / peak(den)
+        expected_published = self.published_ratio()
+        claim = CLAIMS_BY_NAME[self.claim]
+        audit = claim.audited(f"{_factor(measured)}")
+        if tier == "cpu":
+            return self._derived(get, num, den, measured, audit)
+        if tier == "gpu" and num.scale != "article":
+            ok = measured < 1.0 if expected_published < 1.0 else abs(measured - 1) <= PARITY_PEAK_TOLERANCE
+            return Verdict(ok, f"{tier} at smoke scale: ratio {measured:.3f} (published {expected_published:.3f} "
+                               f"at article scale); only the direction is asserted at this scale" + _sep(audit))
+        low, high = SIM_BANDS.get(self.claim, SIM_BAND) if tier == "sim" else GPU_BAND
+        fidelity = measured / expected_published
+        return Verdict(low <= fidelity <= high,
+                       f"{_ids(num, den)}: ratio {measured:.3f} ({_gb(num)} / {_gb(den)}), published "
+                       f"{expected_published:.3f}; {measured:.3f} / {expected_published:.3f} = {fidelity:.3f}, "
+                       f"band [{low:.2f}, {high:.2f}] ({_within(fidelity, low, high)})" + _sep(audit))
+
+    def _derived(self, get: Lookup, num: Record, den: Record, measured: float, audit: str) -> Verdict:
+        derivation = DERIVATIONS[self.claim]
+        base = get(derivation.base)
+        if derivation.interval is not None:
+            low = _scaled(base, derivation.interval[0]) / peak(den)
+            high = _scaled(base, derivation.interval[1]) / peak(den)
+            return Verdict(low <= measured <= high,
+                           f"{_ids(num, den)}: ratio {measured:.3f} ({_mib(peak(num))} / {_mib(peak(den))}); derived "
+                           f"bounds [{low:.3f}, {high:.3f}] ({derivation.why}); {_within(measured, low, high)}; "
+                           f"published (article scale) {self.published_ratio():.3f}" + _sep(audit))
+        expected = _scaled(base, derivation.factors) / peak(den)
+        fidelity = measured / expected
+        low, high = derivation.band
+        return Verdict(low <= fidelity <= high,
+                       f"{_ids(num, den)}: ratio {measured:.3f} ({_mib(peak(num))} / {_mib(peak(den))}), derived "
+                       f"{expected:.3f} ({derivation.why}); {fidelity:.3f} of derived, band [{low:.2f}, {high:.2f}] "
+                       f"({_within(fidelity, low, high)}); published (article scale) {self.published_ratio():.3f}"
+                       + _sep(audit))
+
+
+def _within(value: float, low: float, high: float) -> str:
+    if value < low:
+        return f"outside, {low - value:.3f} below"
+    if value > high:
+        return f"outside, {value - high:.3f} above"
+    return "within band"
+
+
+def _factor(ratio: float) -> str:
+    return f"{1 / ratio:.1f}x" if ratio < 1 else f"ratio {ratio:.3f}"
+
+
+def _sep(text: str) -> str:
+    return f"; {text}" if text else ""
+
+
+def _ids(a: Record, b: Record) -> str:
+    return f"{a.recipe} / {b.recipe}"
+
+
+def _gb(record: Record) -> str:
+    return f"{peak(record) / GB:.2f} GB"
+
+
+def _init_module_load(tier: str, get: Lookup) -> Verdict:
     record = get(("16-true", "init-module"))
     reference = record.reference_load_peak_bytes
     if not reference:
         return Verdict(False, "the reference load (build in fp32, then convert) was not measured")
+    numbers = published.numbers("init-module-load")
+    expected_published = numbers["init_module_gb"] / numbers["build_then_convert_gb"]
     ratio = record.load_peak_bytes / reference
-    return Verdict(
-        ratio <= 0.6,
-        f"load peak with init_module = {_mib(record.load_peak_bytes)} vs build-then-convert = "
-        f"{_mib(reference)} (ratio {ratio:.3f}, claim <= 0.6)",
-    )
+    # cpu: exact bytes, half-precision parameters against fp32 ones plus the conversion: derived 0.5.
+    derived = 0.5 if tier == "cpu" else expected_published
+    low, high = (0.95, 1.10) if tier == "cpu" else (SIM_BAND if tier == "sim" else GPU_BAND)
+    fidelity = ratio / derived
+    audit = CLAIMS_BY_NAME["init-module-load"].audited(f"{1 - ratio:.1%}")
+    return Verdict(low <= fidelity <= high,
+                   f"load peak with init_module = {_mib(record.load_peak_bytes)} vs build-then-convert = "
+                   f"{_mib(reference)}: ratio {ratio:.3f}, {'derived' if tier == 'cpu' else 'published'} "
+                   f"{derived:.3f}, {fidelity:.3f} of it, band [{low:.2f}, {high:.2f}] ({_within(fidelity, low, high)})"
+                   + _sep(audit))
 
 
-def _no_nan(key: tuple[str, ...]) -> Callable[[Lookup], Verdict]:
-    def check(get: Lookup) -> Verdict:
-        record = get(key)
+# --- counts --------------------------------------------------------------------------------------
+
+
+def _adam_two_states(tier: str, get: Lookup) -> Verdict:
+    adam = get(("fabric",))
+    steps = ADAM_STEP_BYTES * adam.param_tensor_count
+    state = adam.optimizer_state_bytes
+    # The step counters live on the host: real runs count them, the simulated GPU does not.
+    ok = state - 2 * adam.param_bytes in (steps, 0)
+    return Verdict(ok, f"Adam state = {state} B = 2 x {adam.param_bytes} B of parameters + "
+                       f"{state - 2 * adam.param_bytes} B (step counters: {steps} B on the host)")
+
+
+def _sgd_two_thirds(tier: str, get: Lookup) -> Verdict:
+    adam, sgd = get(("fabric",)), get(("sgd",))
+    before = adam.param_bytes + adam.optimizer_state_bytes - _steps(adam)
+    after = sgd.param_bytes + sgd.optimizer_state_bytes
+    cut = 1 - after / before
+    target = published.numbers("sgd-two-thirds")["cut"]
+    return Verdict(abs(cut - target) <= 0.001 and sgd.optimizer_state_bytes == 0,
+                   f"parameters + optimizer state: Adam {before} B, SGD {after} B: cut {cut:.4f} (claim {target}); "
+                   f"SGD state {sgd.optimizer_state_bytes} B")
+
+
+def _adamw_eight_bytes(tier: str, get: Lookup) -> Verdict:
+    adam = get(("fabric",))
+    per = (adam.optimizer_state_bytes - _steps(adam)) / adam.param_count
+    claimed = published.numbers("course-adamw-8-bytes")["bytes_per_param"]
+    return Verdict(per == claimed, f"fp32 Adam state per parameter = {per:.4f} B (claim {claimed}), step counters aside")
+
+
+def _forward_peak_above_model(tier: str, get: Lookup) -> Verdict:
+    record = get(("fabric",))
+    fp32_model = 4 * record.param_count
+    return Verdict(peak(record) > fp32_model, f"training peak {_mib(peak(record))} vs fp32 model {_mib(fp32_model)}")
+
+
+def _fp16_range(tier: str, get: Lookup) -> Verdict:
+    import torch
+
+    numbers = published.numbers("fp16-range")
+    info = torch.finfo(torch.float16)
+    ok = info.max == numbers["fp16_max"] and math.isclose(info.eps, numbers["fp16_eps"], rel_tol=1e-6)
+    return Verdict(ok, f"torch.finfo(float16): max {info.max}, eps {info.eps} (published {numbers['fp16_max']}, "
+                       f"{numbers['fp16_eps']})")
+
+
+def _bf16_supported(tier: str, get: Lookup) -> Verdict:
+    import torch
+
+    ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+    return Verdict(ok, f"torch.cuda.is_bf16_supported() = {ok} on {name}")
+
+
+def _no_nan(get_key: Techniques) -> Callable[[str, Lookup], Verdict]:
+    def check(tier: str, get: Lookup) -> Verdict:
+        record = get(get_key)
         return Verdict(not record.nan_loss, f"{record.recipe}: nan_loss={record.nan_loss}, step {record.nan_step}")
 
     return check
 
 
-def _nan(get: Lookup) -> Verdict:
+def _nan(tier: str, get: Lookup) -> Verdict:
     record = get(("16-true",))
-    return Verdict(record.nan_loss, f"{record.recipe}: nan_loss={record.nan_loss}, first at step {record.nan_step}")
+    at = published.numbers("16-true-nan")["nan_at_batch"]
+    return Verdict(record.nan_loss, f"{record.recipe}: nan_loss={record.nan_loss}, first at step {record.nan_step} "
+                                    f"(published: NaN by batch {at})")
 
 
-_CPU_FP16_MIXED = "Lightning runs 16-mixed as bf16-mixed on the CPU (no float16 AMP there), so the claim cannot be checked"
+CHAIN: tuple[Techniques, ...] = (("fabric",), ("16-mixed",), ("bf16-true",), CHAIN_04, (*CHAIN_04, "grad-accum"),
+                                 (*CHAIN_04, "grad-accum", "sgd"))
 
-CLAIMS: tuple[Claim, ...] = (
-    Claim("fabric-parity", "Fabric changes neither peak memory (within 1 %) nor accuracy",
-          "claim 1; 01 vs 01-2", (("pytorch",), ("fabric",)),
-          _both(_parity, _accuracy_close(("fabric",), ("pytorch",))), needs_accuracy=True,
-          published={"pytorch_gb": 26.79, "fabric_gb": 26.84, "pytorch_acc": 95.85, "fabric_acc": 96.06}),
-    Claim("16-mixed-below-fp32", "16-mixed lowers the peak below fp32", "claim 2; 02",
-          (("16-mixed",), ("fabric",)), _less(("16-mixed",), ("fabric",)),
-          published={"fp32_gb": 26.84, "16-mixed_gb": 18.21}, not_on={"cpu": _CPU_FP16_MIXED}),
-    Claim("16-true-diverges", "16-true training diverges to NaN (float16 range is +-65,504)",
-          "claim 3; text of 02", (("16-true",),), _nan, tiers=frozenset({"gpu"}),
-          published={"nan_at_batch": 300},
-          not_on={"cpu": "NaN after ~300 steps of ViT-L/16 is an article-scale claim; the smoke run is reported, not asserted",
-                  "sim": "the simulator has no values, so it cannot see a NaN"}),
-    Claim("bf16-true-no-nan", "bf16-true does not diverge", "claim 3; 03", (("bf16-true",),),
-          _no_nan(("bf16-true",)), tiers=frozenset({"cpu", "gpu"}),
-          not_on={"sim": "the simulator has no values, so it cannot see a NaN"}),
-    Claim("bf16-true-below-16-mixed", "bf16-true lowers the peak below 16-mixed", "claim 4; 03",
-          (("bf16-true",), ("16-mixed",)), _less(("bf16-true",), ("16-mixed",)),
-          published={"16-mixed_gb": 18.21, "bf16-true_gb": 13.82}, not_on={"cpu": _CPU_FP16_MIXED}),
-    Claim("bf16-true-below-fp32", "bf16-true lowers the peak below fp32, accuracy kept",
-          "claims 2-4; 03 vs 01-2", (("bf16-true",), ("fabric",)),
-          _both(_less(("bf16-true",), ("fabric",)), _accuracy_close(("bf16-true",), ("fabric",))),
-          needs_accuracy=True, published={"fp32_gb": 26.84, "bf16-true_gb": 13.82}),
-    Claim("small-batch-below", "a 4x smaller batch lowers the peak", "claim 5; 04",
-          (("small-batch",), ("fabric",)), _less(("small-batch",), ("fabric",)),
-          published={"batch64_gb": 13.82, "batch16_gb": 5.69}),
-    Claim("grad-accum-below", "gradient accumulation lowers the peak of the batch it replaces, accuracy kept",
-          "claim 6; 05", (("grad-accum",), ("fabric",)),
-          _both(_less(("grad-accum",), ("fabric",)), _accuracy_close(("grad-accum",), ("fabric",))),
-          needs_accuracy=True, published={"batch16_gb": 5.69, "accum_4x4_gb": 3.91}),
-    Claim("sgd-drops-adam-state", "SGD instead of Adam lowers the peak by Adam's state (2 x parameters)",
-          "claim 7; 06", (("sgd",), ("fabric",)), _sgd_saves_adam_state,
-          published={"adam_gb": 3.91, "sgd_gb": 2.02}),
-    Claim("init-module-halves-load", "init_module's load peak <= 0.6 x building in fp32 then converting",
-          "claim 8; 07_01 vs 07_03", (("16-true", "init-module"),), _init_module_load,
-          published={"build_then_convert_gb": 1.24, "init_module_gb": 0.65}),
-    Claim("chain-descends", "each step of the 02 -> 06 chain lowers the peak", "claims 2-7, 9",
-          (("fabric",), ("16-mixed",), ("bf16-true",), ("bf16-true", "small-batch"),
-           ("bf16-true", "small-batch", "grad-accum"), ("bf16-true", "small-batch", "grad-accum", "sgd")),
-          _both(*(_less(b, a) for a, b in zip(
-              (("fabric",), ("16-mixed",), ("bf16-true",), ("bf16-true", "small-batch"),
-               ("bf16-true", "small-batch", "grad-accum")),
-              (("16-mixed",), ("bf16-true",), ("bf16-true", "small-batch"),
-               ("bf16-true", "small-batch", "grad-accum"), ("bf16-true", "small-batch", "grad-accum", "sgd"))))),
-          published={"01-2": 26.84, "02": 18.21, "03": 13.82, "04": 5.69, "05": 3.91, "06": 2.02},
-          not_on={"cpu": _CPU_FP16_MIXED}),
+
+def _chain_combines(tier: str, get: Lookup) -> Verdict:
+    records = [get(t) for t in CHAIN]
+    steps = [peak(b) < peak(a) for a, b in zip(records, records[1:])]
+    return Verdict(all(steps), "chain " + " > ".join(f"{r.recipe.split('/')[1]} {peak(r) / GB:.2f} GB" for r in records))
+
+
+def _load_param_count(tier: str, get: Lookup) -> Verdict:
+    from memclaims.sim import simulate_load
+
+    numbers = published.numbers("init-module-param-count")
+    count = simulate_load("init-module").param_count
+    fp32, fp16 = round(4 * count / GB, 3), round(2 * count / GB, 3)
+    return Verdict((count, fp32, fp16) == (numbers["params"], numbers["fp32_gb"], numbers["fp16_gb"]),
+                   f"stock vit_l_16: {count:,} parameters = {fp32} GB in fp32, {fp16} GB in fp16 (published "
+                   f"{numbers['params']:,}, {numbers['fp32_gb']}, {numbers['fp16_gb']})")
+
+
+def micro_batch_one(recipe: Any) -> Any:
+    """05 with micro-batches of 1 (16 x 1): the article's 'down to batch size 1'."""
+    import dataclasses
+
+    return dataclasses.replace(recipe, accumulation_steps=recipe.batch_size)
+
+
+def _batch_one(tier: str, get: Lookup) -> Verdict:
+    from memclaims.sim import simulate
+
+    accum = get((*CHAIN_04, "grad-accum"))
+    from memclaims.recipe import resolve
+
+    one = simulate(micro_batch_one(resolve("vit", accum.scale, (*CHAIN_04, "grad-accum"))))
+    cut = 1 - peak(one) / peak(accum)
+    claimed = published.numbers("batch-1-further-75")["further_cut"]
+    state = accum.param_bytes + accum.grad_bytes + accum.optimizer_state_bytes
+    return Verdict(cut >= claimed - 0.05,
+                   f"micro-batch 1: {peak(one) / GB:.2f} GB vs micro-batch 4: {peak(accum) / GB:.2f} GB: cut {cut:.1%} "
+                   f"(claim {claimed:.0%}); parameters + gradients + Adam state alone are {state / GB:.2f} GB "
+                   f"({state / peak(accum):.0%} of the micro-batch-4 peak)")
+
+
+# --- the course, by exact arithmetic on the article-scale model's parameter shapes ----------------
+
+
+@lru_cache(maxsize=1)
+def _course_params() -> tuple[Any, ...]:
+    """distilbert-base-cased with a 2-label head, on the meta device (shapes only, no memory)."""
+    import torch
+
+    from memclaims.workloads import workload
+
+    work = workload("distilbert-cased")
+    with torch.device("meta"):
+        model, _ = work.build_model(work.scale("article"))
+    return tuple(model.parameters())
+
+
+def _course(claim: str) -> Callable[[str, Lookup], Verdict]:
+    def check(tier: str, get: Lookup) -> Verdict:
+        from memclaims import optim_state
+
+        params = _course_params()
+        count = sum(p.numel() for p in params)
+        numbers = published.numbers(claim)
+        adamw, eight = optim_state.adamw_bytes(params), optim_state.adam8bit_bytes(params)
+        if claim == "course-param-count":
+            return Verdict((count, len(params)) == (numbers["params"], numbers["tensors"]),
+                           f"{count:,} parameters in {len(params)} tensors (published {numbers['params']:,}, "
+                           f"{numbers['tensors']})")
+        if claim == "course-estimate-125":
+            mib = optim_state.course_estimate_bytes(count) / MIB
+            return Verdict(round(mib) == numbers["mib"], f"2 B x {count:,} = {mib:.2f} MiB (published {numbers['mib']} MB)")
+        if claim == "course-bytes-per-param":
+            per = eight / count
+            return Verdict(numbers["bytes_per_param"] <= per <= 1.05 * numbers["bytes_per_param"],
+                           f"bitsandbytes Adam8bit state: {per:.3f} B per parameter (claim {numbers['bytes_per_param']}; "
+                           f"the rest is absmax per 256-block, quantization maps and fp32 state of small tensors)")
+        if claim in ("course-adamw-elements", "course-adam8bit-elements"):
+            elements = optim_state.adamw_elements(params)
+            return Verdict(elements == numbers["elements"], f"2 x {count:,} + {len(params)} step counters = "
+                                                             f"{elements:,} (published {numbers['elements']:,})")
+        if claim == "course-adamw-502":
+            return Verdict(round(adamw / MIB) == numbers["mib"], f"AdamW state {adamw:,} B = {adamw / MIB:.2f} MiB "
+                                                                  f"(published {numbers['mib']} MB)")
+        if claim == "course-adam8bit-128":
+            ok = round(eight / MIB) == numbers["mib"] and eight == numbers["measured_bytes"]
+            return Verdict(ok, f"Adam8bit state {eight:,} B = {eight / MIB:.2f} MiB (published {numbers['mib']} MB; "
+                               f"measured on the CPU with bitsandbytes 0.50.2: {numbers['measured_bytes']:,} B)")
+        if claim == "course-quarter":
+            ratio = adamw / eight
+            text = 4.0  # the slide's "1/4"
+            return Verdict(abs(ratio / text - 1) <= 0.05,
+                           f"AdamW / Adam8bit = {ratio:.2f}x, within 5 % of the slide's 4x: {abs(ratio / text - 1):.1%} off; "
+                           + CLAIMS_BY_NAME[claim].audited(f"{adamw / MIB:.0f} / {eight / MIB:.0f} MiB = {ratio:.2f}x"))
+        raise KeyError(claim)
+
+    return check
+
+
+# --- the checks, by claim id ---------------------------------------------------------------------
+
+RATIOS = (
+    Ratio("fabric-memory", ("fabric",), ("pytorch",), ("fabric_gb", "pytorch_gb")),
+    Ratio("16-mixed-memory", ("16-mixed",), ("fabric",), ("16-mixed_gb", "fp32_gb"), cpu_numerator=("bf16-mixed",)),
+    Ratio("bf16-true-memory", ("bf16-true",), ("16-mixed",), ("bf16-true_gb", "16-mixed_gb"),
+          cpu_denominator=("bf16-mixed",)),
+    Ratio("small-batch-memory", CHAIN_04, ("bf16-true",), ("batch16_gb", "batch64_gb")),
+    Ratio("grad-accum-memory", (*CHAIN_04, "grad-accum"), CHAIN_04, ("accum_gb", "batch16_gb")),
+    Ratio("sgd-memory", (*CHAIN_04, "grad-accum", "sgd"), (*CHAIN_04, "grad-accum"), ("sgd_gb", "adam_gb")),
+    Ratio("overall-20x", (*CHAIN_04, "grad-accum", "sgd"), ("fabric",), ("end_gb", "fp32_gb")),
 )
 
-BY_NAME: dict[str, Claim] = {c.name: c for c in CLAIMS}
+CPU_SIM_GPU = frozenset({"cpu", "sim", "gpu"})
+CHECKS: dict[str, Check] = {
+    **{r.claim: Check(r, CPU_SIM_GPU, {t: r.recipes(t) for t in CPU_SIM_GPU}) for r in RATIOS},
+    "init-module-load": Check(_init_module_load, CPU_SIM_GPU, {"*": (("16-true", "init-module"),)}),
+    "adam-two-states": Check(_adam_two_states, frozenset({"cpu", "sim"}), {"*": (("fabric",),)}),
+    "sgd-two-thirds": Check(_sgd_two_thirds, frozenset({"cpu", "sim"}), {"*": (("fabric",), ("sgd",))}),
+    "course-adamw-8-bytes": Check(_adamw_eight_bytes, frozenset({"cpu", "sim"}), {"*": (("fabric",),)}),
+    "forward-peak-above-fp32-model": Check(_forward_peak_above_model, frozenset({"cpu", "sim"}), {"*": (("fabric",),)}),
+    "fp16-range": Check(_fp16_range, frozenset({"cpu"})),
+    "bf16-supported": Check(_bf16_supported, frozenset({"gpu"})),
+    "bf16-true-no-nan": Check(_no_nan(("bf16-true",)), frozenset({"cpu", "gpu"}), {"*": (("bf16-true",),)}),
+    "16-true-nan": Check(_nan, frozenset({"gpu"}), {"*": (("16-true",),)}),
+    "init-module-param-count": Check(_load_param_count, frozenset({"sim"})),
+    "batch-1-further-75": Check(_batch_one, frozenset({"sim"}), {"*": ((*CHAIN_04, "grad-accum"),)}),
+    "chain-combines": Check(_chain_combines, frozenset({"sim"}), {"*": CHAIN}),
+    **{c: Check(_course(c), frozenset({"cpu"})) for c in (
+        "course-param-count", "course-estimate-125", "course-bytes-per-param", "course-adamw-elements",
+        "course-adam8bit-elements", "course-adamw-502", "course-adam8bit-128", "course-quarter")},
+}
+
+
+# --- accuracy ------------------------------------------------------------------------------------
+
+
+def accuracy_tolerance(claim: str, scale: str) -> float:
+    """Smoke: from the measured spread over seeds (baselines/accuracy_spread.json); article: 2 points."""
+    if scale == "article":
+        return ARTICLE_ACCURACY_TOLERANCE
+    return float(accuracy_spread()["claims"][claim]["tolerance"])
+
+
+@lru_cache(maxsize=1)
+def accuracy_spread() -> dict[str, Any]:
+    from memclaims import accuracy
+
+    return accuracy.load()
+
+
+def _accuracy(pair: AccuracyPair) -> Callable[[str, Lookup], Verdict]:
+    def check(tier: str, get: Lookup) -> Verdict:
+        candidate_t, reference_t = pair.on(tier)
+        a, b = get(candidate_t), get(reference_t)
+        if a.accuracy is None or b.accuracy is None:
+            return Verdict(False, "accuracy was not measured (run without --no-eval)")
+        tolerance = accuracy_tolerance(pair.claim, a.scale)
+        drop = b.accuracy - a.accuracy
+        numbers = published.numbers(pair.claim)
+        pct = [v for k, v in numbers.items() if k.endswith("_pct") and not k.startswith("text")]
+        shown = f"; published {' vs '.join(f'{v:.2f} %' for v in pct)}" if pct else ""
+        where = ("measured spread over seeds, baselines/accuracy_spread.json" if a.scale == "smoke"
+                 else "the article's own spread")
+        return Verdict(drop <= tolerance,
+                       f"accuracy {a.recipe} = {a.accuracy:.4f} vs {b.recipe} = {b.accuracy:.4f}: drop {drop:+.4f}, "
+                       f"allowed {tolerance:.4f} ({where}){shown}")
+
+    return check
+
+
+# --- time: same-run ratios (gpu) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimeRatio:
+    """Time per training example, candidate / reference, from the same session on one GPU.
+
+    Per example, not per step: the article's minutes are one epoch, and a smaller batch takes more
+    steps per epoch. Published ratios near 1 (|r - 1| <= 0.1) are asserted as "about the same"
+    within 25 %; the others by direction only (another GPU, another torch: a band on the size would
+    be a guess until a GPU run measures one).
+    """
+
+    claim: str
+    candidate: Techniques
+    reference: Techniques
+    keys: tuple[str, str]
+
+    def __call__(self, tier: str, get: Lookup) -> Verdict:
+        a, b = get(self.candidate), get(self.reference)
+        if not a.step_time_s or not b.step_time_s:
+            return Verdict(False, "step time was not measured")
+        measured = (a.step_time_s / a.batch_size) / (b.step_time_s / b.batch_size)
+        numbers = published.numbers(self.claim)
+        expected = numbers[self.keys[0]] / numbers[self.keys[1]]
+        if abs(expected - 1) <= 0.1:
+            ok, rule = abs(measured - 1) <= 0.25, "about the same (within 25 %)"
+        else:
+            ok, rule = (measured < 1) == (expected < 1), "same direction"
+        audit = CLAIMS_BY_NAME[self.claim].audited(_factor(measured) + " faster" if measured < 1 else _factor(measured))
+        return Verdict(ok, f"time per example {a.recipe} / {b.recipe} = {measured:.3f}, published {expected:.3f} "
+                           f"({numbers[self.keys[0]]} / {numbers[self.keys[1]]} min); asserted: {rule}" + _sep(audit))
+
+
+TIME_RATIOS = (
+    TimeRatio("fabric-time", ("fabric",), ("pytorch",), ("fabric_min", "pytorch_min")),
+    TimeRatio("16-mixed-time", ("16-mixed",), ("fabric",), ("16-mixed_min", "fp32_min")),
+    TimeRatio("bf16-true-time", ("bf16-true",), ("16-mixed",), ("bf16-true_min", "16-mixed_min")),
+    TimeRatio("small-batch-time", CHAIN_04, ("bf16-true",), ("batch16_min", "batch64_min")),
+    TimeRatio("grad-accum-time", (*CHAIN_04, "grad-accum"), CHAIN_04, ("accum_min", "batch16_min")),
+    TimeRatio("sgd-time", (*CHAIN_04, "grad-accum", "sgd"), (*CHAIN_04, "grad-accum"), ("sgd_min", "adam_min")),
+)
+CHECKS.update({p.claim: Check(_accuracy(p), frozenset({"cpu", "gpu"}), {t: p.on(t) for t in ("cpu", "gpu")},
+                              needs_accuracy=True) for p in ACCURACY_PAIRS.values()})
+CHECKS.update({t.claim: Check(t, frozenset({"gpu"}), {"*": (t.candidate, t.reference)}) for t in TIME_RATIOS})
+
+
+def _build() -> tuple[Claim, ...]:
+    result = []
+    for entry in published.claims():
+        result.append(Claim(
+            name=entry["id"], statement=entry["phrase"], source=entry["where"], kind=entry["kind"],
+            document=entry["document"], published=published.numbers(entry["id"]), checks=dict(entry["checks"]),
+            not_on=dict(entry["not_on"]), audit=dict(entry.get("text_vs_logs", {})), note=entry.get("note", ""),
+            check=CHECKS.get(entry["id"])))
+    return tuple(result)
+
+
+CLAIMS: tuple[Claim, ...] = _build()
+CLAIMS_BY_NAME: dict[str, Claim] = {c.name: c for c in CLAIMS}
+BY_NAME = CLAIMS_BY_NAME
 
 
 def skip_reason(claim: Claim, tier: str) -> str | None:
-    if tier == "sim" and claim.needs_accuracy:
-        return "the simulator has no values, so it cannot measure accuracy (the claim holds accuracy too)"
-    if tier in claim.tiers and tier not in claim.not_on:
+    """Why ``tier`` does not run this claim's check here (None: it does)."""
+    if claim.checks.get(tier) == "claims":
         return None
+    if tier in claim.checks:
+        return f"checked by {claim.checks[tier]}"
     return claim.not_on.get(tier, f"claim {claim.name!r} is not checked on the {tier} tier")
+
+
+def coverage_problems() -> list[str]:
+    """Every catalogued claim needs, per tier, a check or a reason; every 'claims' check must exist."""
+    problems = []
+    for claim in CLAIMS:
+        for tier in published.TIERS:
+            if (tier in claim.checks) == (tier in claim.not_on):
+                problems.append(f"{claim.name}: tier {tier} needs exactly one of a check and a reason")
+        if claim.kind not in published.KINDS:
+            problems.append(f"{claim.name}: kind {claim.kind!r} is not one of {', '.join(published.KINDS)}")
+        if claim.tiers and claim.check is None:
+            problems.append(f"{claim.name}: the catalogue says memclaims/claims.py checks it, but it has no check")
+        if claim.check is not None and claim.tiers != claim.check.tiers:
+            problems.append(f"{claim.name}: catalogue tiers {sorted(claim.tiers)} != check tiers {sorted(claim.check.tiers)}")
+        for tier, reason in claim.not_on.items():
+            if not reason.strip():
+                problems.append(f"{claim.name}: empty reason for tier {tier}")
+    for name in CHECKS:
+        if name not in CLAIMS_BY_NAME:
+            problems.append(f"check {name!r} has no catalogue entry in published.json")
+    return problems

@@ -1,0 +1,72 @@
+"""The published numbers: ``baselines/published.json`` is their one source.
+
+Everything that quotes the article or the course (claims, reproduce, named recipes) reads it here.
+A claim's numbers are written in the file either as literals (what only the text says: "20x",
+"1/4") or as references ``@section/row/field`` to the logged tables, so no number is stored twice.
+A row of a list is named by its ``script`` (``@vit_chain/02_mixed-precision/peak_reserved_gb``)
+or by its position (``@vit_h14_series/rows/0/peak_reserved_gb``).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from memclaims.errors import UsageError
+
+PUBLISHED_FILE = Path(__file__).resolve().parent.parent / "baselines" / "published.json"
+TIERS = ("cpu", "sim", "gpu", "dist")
+KINDS = ("memory", "ratio", "accuracy", "time", "count")
+
+
+@lru_cache(maxsize=None)
+def data(path: Path = PUBLISHED_FILE) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def lookup(reference: str, source: dict[str, Any] | None = None) -> Any:
+    """The value at ``@section/row/field`` (``row`` a script name or an index)."""
+    if not reference.startswith("@"):
+        raise UsageError(f"not a published reference: {reference!r} (expected @section/row/field)")
+    node: Any = source if source is not None else data()
+    for part in reference[1:].split("/"):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list):
+            matches = [row for row in node if isinstance(row, dict) and row.get("script") == part]
+            if matches:
+                node = matches[0]
+            elif part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise UsageError(f"published reference {reference!r}: no row {part!r}")
+        else:
+            raise UsageError(f"published reference {reference!r}: no key {part!r}")
+    return node
+
+
+def resolve(value: Any, source: dict[str, Any] | None = None) -> Any:
+    return lookup(value, source) if isinstance(value, str) and value.startswith("@") else value
+
+
+def row(section: str, script: str) -> dict[str, Any]:
+    """One logged run (``row('vit_chain', '03_bfloat16')``)."""
+    return lookup(f"@{section}/{script}")
+
+
+def claims() -> list[dict[str, Any]]:
+    return list(data()["claims"])
+
+
+def claim(claim_id: str) -> dict[str, Any]:
+    for entry in data()["claims"]:
+        if entry["id"] == claim_id:
+            return entry
+    raise UsageError(f"unknown claim {claim_id!r}; valid: {', '.join(c['id'] for c in data()['claims'])}")
+
+
+def numbers(claim_id: str) -> dict[str, Any]:
+    """The claim's published numbers, references resolved."""
+    return {key: resolve(value) for key, value in claim(claim_id)["published"].items()}
