@@ -1,3 +1,3 @@
 """Wires the pytest side: memclaims' options and hooks, and the fixtures of fixtures/."""
 
-pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]
+pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records", "fixtures.claim_runs"]

@@ -192,6 +192,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_claims(args: argparse.Namespace) -> int:
+    """The claim catalogue: every claim, the tiers that check it (or why not), the last verdicts."""
+    from pathlib import Path
+
+    from memclaims import claim_runs
+
+    path = Path(args.results)
+    if path.suffix != ".json":
+        path = path / claim_runs.LAST_RUN_NAME
+    rows = claim_runs.table(claim_runs.read(path))
+    if args.json:
+        print(json.dumps({"claims": rows, "coverage": claim_runs.coverage(rows), "last_run_file": str(path)},
+                         indent=2, sort_keys=True))
+        return 0
+    print("\n".join(claim_runs.render(rows)))
+    state = "" if path.is_file() else " (absent: no pytest run has checked a claim here yet)"
+    print(f"verdicts from {path}{state}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memclaims", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -228,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--out", default="reproduce", help="folder for reproduce.md, .json and .png")
     repro.add_argument("--baselines-dir", default="baselines", help="baseline folder for the baseline column")
     repro.set_defaults(handler=cmd_reproduce)
+
+    claims_cmd = commands.add_parser("claims", help="every claim of both documents: tiers that check it, or why "
+                                     "not, and the verdict of the last pytest run")
+    claims_cmd.add_argument("--json", action="store_true")
+    claims_cmd.add_argument("--results", default="memclaims-results",
+                            help="the last-run file, or the folder holding claims-last-run.json (pytest writes it "
+                                 "under --memclaims-artifacts)")
+    claims_cmd.set_defaults(handler=cmd_claims)
 
     base = commands.add_parser("baselines", help="measured baselines")
     base_commands = base.add_subparsers(dest="baselines_command", required=True, parser_class=_Parser)

@@ -24,7 +24,7 @@ def test_list_json_names_techniques_workloads_claims_and_counts(capsys: pytest.C
     assert techniques["bf16-true"]["article_row"] == "03_bfloat16"
     assert "vit" in {w["name"] for w in data["workloads"]}
     assert {"smoke", "article"} <= set(next(w for w in data["workloads"] if w["name"] == "vit")["scales"])
-    assert "init-module-halves-load" in {c["name"] for c in data["claims"]}
+    assert "init-module-load" in {c["name"] for c in data["claims"]}
     assert data["case_counts"]["singles"] <= data["case_counts"]["default"] <= data["case_counts"]["full"]
     named = {r["name"]: r for r in data["named_recipes"]}
     assert named["distilbert-after"]["published_peak_gb"] == 1.15
