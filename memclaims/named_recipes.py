@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memclaims import published as published_numbers
 from memclaims import techniques as registry
 from memclaims.errors import UsageError
 from memclaims.recipe import Recipe, resolve
@@ -23,6 +24,26 @@ class Published:
     peak_gb: float | None  # torch.cuda.max_memory_reserved() / 1e9, rank 0
     accuracy_pct: float | None
     note: str = ""
+
+
+def _logged(section: str, script: str) -> Published:
+    """A logged run's numbers, from baselines/published.json (their one source)."""
+    row = published_numbers.row(section, script)
+    return Published(row.get("time_min"), row.get("peak_reserved_gb"), row.get("accuracy_pct"), row.get("note", ""))
+
+
+def _figure(index: int) -> Published:
+    row = published_numbers.lookup(f"@vit_h14_series/rows/{index}")
+    return Published(None, row["peak_reserved_gb"], None, note="read off the figure's bars, about +-0.1 GB")
+
+
+def _course() -> tuple[Published, dict[str, int]]:
+    course = published_numbers.data()["adam8bit"]
+    accuracy = course["eval_accuracy"]
+    note = f"eval accuracy {accuracy['epoch_1']} after epoch 1, {accuracy['epoch_2']} after epoch 2"
+    return Published(None, None, None, note=note), {
+        "adam8bit_reported_mib": course["adam8bit_state_reported_mib"],
+        "adamw_reported_mib": course["adamw_state_mib"], "estimate_mib": course["estimate_8bit_state_mib"]}
 
 
 @dataclass(frozen=True)
@@ -59,44 +80,42 @@ class NamedRecipe:
 NAMED_RECIPES: dict[str, NamedRecipe] = {r.name: r for r in (
     NamedRecipe(
         "distilbert-before", "distilbert", ("16-mixed",), "bonus_distilbert-before",
-        Published(0.71, 3.99, 92.95), devices=4,
+        _logged("llm_bonus", "bonus_distilbert-before"), devices=4,
         extra_needs=("DeepSpeed ZeRO stage 2 (strategy='deepspeed_stage_2'; no memclaims technique)",),
         note="Adam 5e-5, batch 12 per GPU, 1 epoch; the 'before' already shards optimizer state and gradients",
     ),
     NamedRecipe(
         "distilbert-after", "distilbert",
         ("bf16-true", "grad-accum", "fsdp", "cpu-offload", "delayed-init"), "bonus_distilbert-after",
-        Published(5.55, 1.15, 90.43), devices=4,
+        _logged("llm_bonus", "bonus_distilbert-after"), devices=4,
         note="FSDP wrapping TransformerBlock + cpu_offload, bf16-true, init_module(empty_init=False), "
              "micro-batch 3 x 4 accumulation (grad-accum turns batch 12 into 3 x 4)",
     ),
     NamedRecipe(
         "bigbird-before", "bigbird", ("fabric",), "bonus_bigbird-before",
-        Published(None, None, None, note="did not run: 'not possible without the optimizations'"), devices=4,
+        _logged("llm_bonus", "bonus_bigbird-before"), devices=4,
         extra_needs=("DDP over 4 GPUs (strategy='ddp'; no memclaims technique)",),
         note="fp32, batch 12 per GPU at up to 4096 tokens",
     ),
     NamedRecipe(
         "bigbird-after", "bigbird", ("bf16-true", "grad-accum", "fsdp", "cpu-offload", "delayed-init"),
-        "bonus_bigbird-after", Published(75.94, 4.03, 93.10), devices=4,
+        "bonus_bigbird-after", _logged("llm_bonus", "bonus_bigbird-after"), devices=4,
         note="FSDP without a wrap policy + cpu_offload, bf16-true, init_module(empty_init=False), micro-batch 1 x 12 "
              "(BigBird's article scale accumulates 12 micro-batches)",
     ),
     # The repo's later ViT-H/14 series: one figure, bars read off to about +-0.1 GB.
-    *(NamedRecipe(name, "vit-h14", ("16-mixed", *extra), "ViT-H/14 series (figure)",
-                  Published(None, peak, None, note="read off the figure's bars, about +-0.1 GB"),
+    *(NamedRecipe(name, "vit-h14", ("16-mixed", *extra), "ViT-H/14 series (figure)", _figure(index),
                   devices=devices, note="518 px, 16-mixed, batch 4 per GPU")
-      for name, extra, peak, devices in (
-          ("vit-h14-one-gpu", (), 22.6, 1),
-          ("vit-h14-fsdp", ("fsdp",), 17.2, 4),
-          ("vit-h14-fsdp-checkpointing", ("fsdp", "activation-checkpointing"), 9.0, 4),
-          ("vit-h14-fsdp-checkpointing-offload", ("fsdp", "activation-checkpointing", "cpu-offload"), 6.7, 4),
-      )),
+      for index, (name, extra, devices) in enumerate((
+          ("vit-h14-one-gpu", (), 1),
+          ("vit-h14-fsdp", ("fsdp",), 4),
+          ("vit-h14-fsdp-checkpointing", ("fsdp", "activation-checkpointing"), 4),
+          ("vit-h14-fsdp-checkpointing-offload", ("fsdp", "activation-checkpointing", "cpu-offload"), 4),
+      ))),
     NamedRecipe(
         "distilbert-cased-adam8bit", "distilbert-cased", ("adam8bit",), "course: 8-bit Adam lesson",
-        Published(None, None, None, note="eval accuracy 0.67 after epoch 1, 0.71 after epoch 2"),
-        note="Adam8bit with the course's two parameter groups; state reported as 128 MiB vs AdamW 502 MiB",
-        state_bytes={"adam8bit_reported_mib": 128, "adamw_reported_mib": 502, "estimate_mib": 125},
+        _course()[0], note="Adam8bit with the course's two parameter groups; its state against AdamW's",
+        state_bytes=_course()[1],
     ),
 )}
 
