@@ -614,6 +614,9 @@ def coverage_problems() -> list[str]:
             problems.append(f"{claim.name}: the catalogue says memclaims/claims.py checks it, but it has no check")
         if claim.check is not None and claim.tiers != claim.check.tiers:
             problems.append(f"{claim.name}: catalogue tiers {sorted(claim.tiers)} != check tiers {sorted(claim.check.tiers)}")
+        for tier in published.claim(claim.name).get("does_not_hold", {}):
+            if tier not in claim.tiers:
+                problems.append(f"{claim.name}: recorded as not holding on {tier}, which does not check it")
         for tier, reason in claim.not_on.items():
             if not reason.strip():
                 problems.append(f"{claim.name}: empty reason for tier {tier}")
