@@ -93,3 +93,33 @@ def test_audited_claims_say_text_and_logs() -> None:
     audited = {c.name: c.audit for c in CLAIMS if c.audit}
     assert {"overall-20x", "16-mixed-time", "init-module-load", "course-quarter", "distilbert-memory"} <= set(audited)
     assert audited["overall-20x"] == {"text": "20x", "logs": "26.84 / 2.02 = 13.3x"}
+
+
+# --- the accuracy tolerances catch what they must ---------------------------------------------------
+
+MUTATIONS = [("bf16-true-accuracy", "lr-x10"), ("grad-accum-accuracy", "accumulation-never-zeroed")]
+
+
+@pytest.mark.cpu
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "mutation"), MUTATIONS, ids=[f"{n}:{m}" for n, m in MUTATIONS])
+def test_accuracy_claim_fails_under_mutation(name: str, mutation: str, record_cache: RecordCache) -> None:
+    """A learning rate 10x off, or accumulated gradients never zeroed, in the candidate only: the
+    claim's measured tolerance (baselines/accuracy_spread.json) must not let it pass."""
+    from memclaims.accuracy import BY_CLAIM, MUTATIONS as MAKE
+    from memclaims.claims import CLAIMS_BY_NAME
+    from memclaims.runner import RunOptions, run
+
+    claim = CLAIMS_BY_NAME[name]
+    candidate_t, reference_t = BY_CLAIM[name].on("cpu")
+    reference = record_cache.get("cpu", record_cache.recipe("cpu", "vit", reference_t))
+    honest = record_cache.get("cpu", record_cache.recipe("cpu", "vit", candidate_t))
+    with MAKE[mutation]():
+        mutated = run(record_cache.recipe("cpu", "vit", candidate_t), record_cache.options("cpu"))
+    records = {candidate_t: mutated, reference_t: reference}
+    assert claim.check is not None
+    assert claim.check.run("cpu", lambda t: records[t]).passed is False, (
+        f"{mutation} left {name} passing: accuracy {mutated.accuracy} (unmutated {honest.accuracy}) vs "
+        f"{reference.accuracy}")
+    records[candidate_t] = honest
+    assert claim.check.run("cpu", lambda t: records[t]).passed
