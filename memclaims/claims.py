@@ -217,7 +217,7 @@ class Ratio:
         return Verdict(low <= fidelity <= high,
                        f"{_ids(num, den)}: ratio {measured:.3f} ({_gb(num)} / {_gb(den)}), published "
                        f"{expected_published:.3f}; {measured:.3f} / {expected_published:.3f} = {fidelity:.3f}, "
-                       f"band [{low:.2f}, {high:.2f}] ({_within(fidelity, low, high)})" + _sep(audit))
+                       f"band [{low:g}, {high:g}] ({_within(fidelity, low, high)})" + _sep(audit))
 
     def _derived(self, get: Lookup, num: Record, den: Record, measured: float, audit: str) -> Verdict:
         derivation = DERIVATIONS[self.claim]
@@ -234,7 +234,7 @@ class Ratio:
         low, high = derivation.band
         return Verdict(low <= fidelity <= high,
                        f"{_ids(num, den)}: ratio {measured:.3f} ({_mib(peak(num))} / {_mib(peak(den))}), derived "
-                       f"{expected:.3f} ({derivation.why}); {fidelity:.3f} of derived, band [{low:.2f}, {high:.2f}] "
+                       f"{expected:.3f} ({derivation.why}); {fidelity:.3f} of derived, band [{low:g}, {high:g}] "
                        f"({_within(fidelity, low, high)}); published (article scale) {self.published_ratio():.3f}"
                        + _sep(audit))
 
@@ -279,7 +279,7 @@ def _init_module_load(tier: str, get: Lookup) -> Verdict:
     return Verdict(low <= fidelity <= high,
                    f"load peak with init_module = {_mib(record.load_peak_bytes)} vs build-then-convert = "
                    f"{_mib(reference)}: ratio {ratio:.3f}, {'derived' if tier == 'cpu' else 'published'} "
-                   f"{derived:.3f}, {fidelity:.3f} of it, band [{low:.2f}, {high:.2f}] ({_within(fidelity, low, high)})"
+                   f"{derived:.3f}, {fidelity:.3f} of it, band [{low:g}, {high:g}] ({_within(fidelity, low, high)})"
                    + _sep(audit))
 
 

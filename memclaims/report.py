@@ -21,19 +21,22 @@ from memclaims.record import Record
 
 RunFn = Callable[[Recipe, str, bool], Record]  # (recipe, device, evaluate) -> Record
 
-# (row, script, techniques, published GB, metric); "load" rows read the load phase only.
-ROWS: tuple[tuple[str, str, tuple[str, ...], float, str], ...] = (
-    ("01", "01_pytorch-vit", ("pytorch",), 26.79, "train"),
-    ("01-2", "01-2_pytorch-fabric", ("fabric",), 26.84, "train"),
-    ("02", "02_mixed-precision", ("16-mixed",), 18.21, "train"),
-    ("03", "03_bfloat16", ("bf16-true",), 13.82, "train"),
-    ("04", "04_lower-batchsize", ("bf16-true", "small-batch"), 5.69, "train"),
-    ("05", "05_gradient-accum", ("bf16-true", "small-batch", "grad-accum"), 3.91, "train"),
-    ("06", "06_sgd-with-scheduler", ("bf16-true", "small-batch", "grad-accum", "sgd"), 2.02, "train"),
-    ("07-1", "07_01 load, fp32 then .to(float16)", ("16-true", "init-module"), 1.24, "reference-load"),
-    ("07-3", "07_03 load inside init_module, 16-true", ("16-true", "init-module"), 0.65, "load"),
+# (row, published script, techniques, the claim that judges the row's size against the row before).
+CHAIN_ROWS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
+    ("01", "01_pytorch-vit", ("pytorch",), "fabric-memory"),
+    ("01-2", "01-2_pytorch-fabric", ("fabric",), None),
+    ("02", "02_mixed-precision", ("16-mixed",), "16-mixed-memory"),
+    ("03", "03_bfloat16", ("bf16-true",), "bf16-true-memory"),
+    ("04", "04_lower-batchsize", ("bf16-true", "small-batch"), "small-batch-memory"),
+    ("05", "05_gradient-accum", ("bf16-true", "small-batch", "grad-accum"), "grad-accum-memory"),
+    ("06", "06_sgd-with-scheduler", ("bf16-true", "small-batch", "grad-accum", "sgd"), "sgd-memory"),
 )
 REFERENCE_ROW = "01-2"
+LOAD_RECIPE = ("16-true", "init-module")
+# The model-loading scripts (07): (row, published script, which load of the init-module recipe).
+LOAD_ROWS = (("07-1", "07_01", "reference-load"), ("07-2", "07_02", "load"))
+# Claims whose verdicts the report quotes below the tables (the whole chain, the load, time).
+SUMMARY_CLAIMS = ("overall-20x", "init-module-load")
 
 
 @dataclass
@@ -41,12 +44,17 @@ class Row:
     row: str
     script: str
     recipe: str
+    technique: str  # what the row adds, in the registry's words
     published_gb: float
     measured_bytes: int | None
     baseline_bytes: int | None
     published_ratio: float
     measured_ratio: float | None
-    verdict: str
+    verdict: str  # "holds" / "does not hold" / "n/a": the size claim of this row
+    size: str = ""  # the claim's detail: ratio against the row before, expected, band, within or outside
+    ran_as: str = ""  # a substitution, e.g. "bf16-mixed (Lightning has no float16 AMP on the CPU)"
+    kind: str = "train"  # "train" or "load" (07: a load peak, its own unit and reference)
+    claim: str = ""
 
 
 def _default_run(recipe: Recipe, device: str, evaluate: bool) -> Record:
@@ -60,57 +68,112 @@ def _default_run(recipe: Recipe, device: str, evaluate: bool) -> Record:
     return run(recipe, RunOptions(device=device, evaluate=evaluate))
 
 
-def _measured(record: Record, kind: str, device: str) -> int | None:
-    if kind == "load":
-        return record.load_peak_bytes
-    if kind == "reference-load":
-        return record.reference_load_peak_bytes
+def _train_bytes(record: Record, device: str) -> int | None:
     # The article's figure on CUDA (and its prediction on sim); exact live bytes on the CPU.
     return record.peak_reserved_total_bytes if device in ("cuda", "sim") else record.peak_allocated_bytes
 
 
-def _verdict(row: str, prev: Row | None, measured_ratio: float | None, published_ratio: float) -> str:
-    if measured_ratio is None or prev is None or prev.measured_ratio is None:
-        return "n/a"
-    if row in ("01", "01-2"):  # claim 1: Fabric changes nothing
-        return "holds" if abs(measured_ratio - prev.measured_ratio) <= 0.05 * prev.measured_ratio else "does not hold"
-    claimed_smaller = published_ratio < prev.published_ratio
-    measured_smaller = measured_ratio < prev.measured_ratio
-    return "holds" if claimed_smaller == measured_smaller else "does not hold"
+def _load_bytes(record: Record | None, which: str) -> int | None:
+    if record is None:
+        return None
+    return record.reference_load_peak_bytes if which == "reference-load" else record.load_peak_bytes
+
+
+def _ran_as(recipe: Recipe, record: Record) -> str:
+    if record.precision != recipe.precision:
+        return f"{record.precision} (asked {recipe.precision}: Lightning has no float16 AMP on the {record.device})"
+    return ""
+
+
+def _label(techniques: tuple[str, ...], previous: tuple[str, ...] | None) -> str:
+    """What the row adds to the row before ("+ small-batch"), or its techniques."""
+    added = [t for t in techniques if t not in (previous or ())]
+    return ("+ " if previous and len(added) < len(techniques) else "") + "+".join(added or techniques)
+
+
+def _tier(device: str) -> str:
+    return {"cuda": "gpu"}.get(device, device)
 
 
 def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: BaselineStore | None = None,
               scale: str | None = None) -> list[Row]:
     """Run the chain on ``device``; write reproduce.md, reproduce.json and reproduce.png under ``out``."""
+    from memclaims import claims, published
+
     run_fn = run_fn or _default_run
     scale = scale or ("smoke" if device == "cpu" else "article")
     records: dict[tuple[str, ...], Record] = {}
-    measured: dict[str, tuple[str, int | None, int | None]] = {}
-    for row, _script, techniques, _gb, kind in ROWS:
+    recipes: dict[tuple[str, ...], Recipe] = {}
+    baselines: dict[tuple[str, ...], Record | None] = {}
+    for techniques in [r[2] for r in CHAIN_ROWS] + [LOAD_RECIPE]:
         recipe = resolve("vit", scale, techniques)
-        if techniques not in records:
-            records[techniques] = run_fn(recipe, device, kind == "train")
+        recipes[techniques] = recipe
+        records[techniques] = run_fn(recipe, device, techniques != LOAD_RECIPE)
+        found = store.get(environment_id(records[techniques]), recipe.id) if store else None
+        baselines[techniques] = found.record if found else None
+
+    def lookup(techniques: tuple[str, ...]) -> Record:
+        if techniques == ("bf16-mixed",) and ("bf16-mixed",) not in records:
+            return records[("16-mixed",)]  # what 16-mixed ran as on the CPU
+        return records[techniques]
+
+    tier = _tier(device)
+    reference = _train_bytes(records[("fabric",)], device)
+    reference_gb = published.row("vit_chain", "01-2_pytorch-fabric")["peak_reserved_gb"]
+    rows: list[Row] = []
+    previous: tuple[str, ...] | None = None
+    for row, script, techniques, claim_name in CHAIN_ROWS:
         record = records[techniques]
-        baseline = store.get(environment_id(record), recipe.id) if store else None
-        measured[row] = (recipe.id, _measured(record, kind, device),
-                         _measured(baseline.record, kind, device) if baseline else None)
-    ref = measured[REFERENCE_ROW][1]
-    ref_gb = next(gb for r, _s, _t, gb, _k in ROWS if r == REFERENCE_ROW)
-    # What each row's claim compares it with: the chain is cumulative, 01 and 01-2 are parity,
-    # and the init_module load (07-3) is judged against the fp32-then-convert load (07-1).
-    versus = {"01": "01-2", "01-2": "01", "02": "01-2", "03": "02", "04": "03", "05": "04", "06": "05",
-              "07-3": "07-1"}
-    rows: dict[str, Row] = {}
-    for row, script, _techniques, gb, _kind in ROWS:
-        recipe_id, now, base = measured[row]
-        rows[row] = Row(row, script, recipe_id, gb, now, base, gb / ref_gb,
-                        now / ref if now is not None and ref else None, "n/a")
-    for row, other in versus.items():
-        r = rows[row]
-        r.verdict = _verdict(row, rows[other], r.measured_ratio, r.published_ratio)
-    result = list(rows.values())
+        gb = published.row("vit_chain", script)["peak_reserved_gb"]
+        measured = _train_bytes(record, device)
+        base = baselines[techniques]
+        verdict, size = "n/a", ""
+        if claim_name:
+            result = claims.CLAIMS_BY_NAME[claim_name].check.run(tier, lookup)  # type: ignore[union-attr]
+            verdict, size = ("holds" if result.passed else "does not hold"), result.detail
+        rows.append(Row(row, script, recipes[techniques].id, _label(techniques, previous), gb, measured,
+                        _train_bytes(base, device) if base else None, gb / reference_gb,
+                        measured / reference if measured is not None and reference else None, verdict, size,
+                        _ran_as(recipes[techniques], record), "train", claim_name or ""))
+        previous = techniques if row != "01" else None
+    load_record, load_base = records[LOAD_RECIPE], baselines[LOAD_RECIPE]
+    load_reference_gb = published.row("model_loading", "07_01")["load_peak_reserved_gb"]
+    load_result = claims.CLAIMS_BY_NAME["init-module-load"].check.run(tier, lookup)  # type: ignore[union-attr]
+    build = _load_bytes(load_record, "reference-load")
+    for row, script, which in LOAD_ROWS:
+        gb = published.row("model_loading", script)["load_peak_reserved_gb"]
+        measured = _load_bytes(load_record, which)
+        is_init = which == "load"
+        rows.append(Row(row, f"{script} load ({'init_module, 16-true' if is_init else 'fp32, then .to(float16)'})",
+                        recipes[LOAD_RECIPE].id, "init-module" if is_init else "build then convert", gb, measured,
+                        _load_bytes(load_base, which), gb / load_reference_gb,
+                        measured / build if measured is not None and build else None,
+                        ("holds" if load_result.passed else "does not hold") if is_init else "n/a",
+                        load_result.detail if is_init else "", "", "load", "init-module-load" if is_init else ""))
+    summary = _audit(tier, lookup)
     out.mkdir(parents=True, exist_ok=True)
-    _write(result, device, scale, out)
+    _write(rows, device, scale, out, summary)
+    return rows
+
+
+def _audit(tier: str, lookup: Callable[[tuple[str, ...]], Record]) -> dict[str, str]:
+    """Every claim whose text and logs disagree: 'text X, logs Y, this run Z' where this tier checks
+    it with the records at hand, else why this run says nothing about it."""
+    from memclaims import claims
+
+    result = {}
+    for claim in claims.CLAIMS:
+        if not claim.audit and claim.name not in SUMMARY_CLAIMS:
+            continue
+        said = f"text {claim.audit['text']}, logs {claim.audit['logs']}" if claim.audit else ""
+        if claim.check is not None and tier in claim.tiers:
+            try:
+                result[claim.name] = claim.check.run(tier, lookup).detail
+                continue
+            except KeyError:  # a recipe reproduce does not run (e.g. the time claims' pairs)
+                pass
+        why = claims.skip_reason(claim, tier) or "its recipes are not part of reproduce"
+        result[claim.name] = f"{said}, this run: not measured ({why})"
     return result
 
 
@@ -122,24 +185,52 @@ def _unit(device: str) -> tuple[str, float]:
     return ("MiB live tensor bytes, smoke scale", MIB)
 
 
-def _write(rows: list[Row], device: str, scale: str, out: Path) -> None:
+def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[str, str]) -> None:
+    from memclaims import claims
+
     unit, div = _unit(device)
     fmt = lambda v: "" if v is None else f"{v / div:.2f}"  # noqa: E731
+    ratio = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
+    train = [r for r in rows if r.kind == "train"]
+    load = [r for r in rows if r.kind == "load"]
     lines = [f"# The article's chain on {device} ({scale} scale)", "",
-             f"Published: CUDA peak reserved memory, decimal GB, ViT-L/16 at article scale. "
-             f"Measured here: {unit}. Compare the ratios (to 01-2, the fp32 Fabric reference), not the "
-             f"absolute numbers.", "",
-             f"| row | published (GB) | measured here ({unit}) | baseline ({unit}) | published ratio | "
-             f"measured ratio | claim |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        ratio = "" if r.measured_ratio is None else f"{r.measured_ratio:.3f}"
-        lines.append(f"| {r.row} {r.script} | {r.published_gb:.2f} | {fmt(r.measured_bytes)} | "
-                     f"{fmt(r.baseline_bytes)} | {r.published_ratio:.3f} | {ratio} | {r.verdict} |")
+             f"Published: CUDA peak reserved memory, decimal GB, ViT-L/16 at article scale. Measured here: {unit}. "
+             f"Ratios are to 01-2, the fp32 Fabric reference. Size verdict: the row's claim, its ratio to the row "
+             f"before against {'a ratio derived from exact parameter, gradient and state bytes' if device == 'cpu' else 'the published ratio'}, "
+             "within a stated band.", "",
+             f"| row | technique | ran as | published (GB) | measured ({unit}) | baseline ({unit}) | published ratio | "
+             f"measured ratio | size verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in train:
+        lines.append(f"| {r.row} {r.script} | {r.technique} | {r.ran_as or 'as asked'} | {r.published_gb:.2f} | "
+                     f"{fmt(r.measured_bytes)} | {fmt(r.baseline_bytes)} | {r.published_ratio:.3f} | "
+                     f"{ratio(r.measured_ratio)} | {_verdict_cell(r)} |")
+    lines += ["", f"## Model loading (07): load peak, its own unit and reference (07_01, build then convert)", "",
+              f"| row | load | published (GB, load peak reserved) | measured ({unit}, load peak) | "
+              f"baseline ({unit}) | published ratio to 07_01 | measured ratio | size verdict |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in load:
+        lines.append(f"| {r.row} {r.script} | {r.technique} | {r.published_gb:.2f} | {fmt(r.measured_bytes)} | "
+                     f"{fmt(r.baseline_bytes)} | {r.published_ratio:.3f} | {ratio(r.measured_ratio)} | "
+                     f"{_verdict_cell(r)} |")
+    lines += ["", "## Each size verdict, with its numbers", ""]
+    lines += [f"- {r.row} ({r.claim}): {r.size}" for r in rows if r.size]
+    lines += ["", "## The article against its own logs", ""]
+    for name, detail in summary.items():
+        lines.append(f"- {name} ({claims.CLAIMS_BY_NAME[name].statement}): {detail}")
     (out / "reproduce.md").write_text("\n".join(lines) + "\n")
     (out / "reproduce.json").write_text(json.dumps(
         {"device": device, "scale": scale, "measured_unit": unit, "published_unit": "GB reserved (decimal)",
-         "rows": [asdict(r) for r in rows]}, indent=2, sort_keys=True) + "\n")
+         "rows": [asdict(r) for r in rows], "text_vs_logs": summary}, indent=2, sort_keys=True) + "\n")
     _plot(rows, device, scale, unit, div, out / "reproduce.png")
+
+
+def _verdict_cell(row: Row) -> str:
+    if row.verdict == "n/a":
+        return "reference" if row.row in (REFERENCE_ROW, "07-1") else "n/a"
+    where = "within band" if "within band" in row.size else next(
+        (part.strip(" ()") for part in row.size.replace(";", "(").split("(") if part.strip().startswith("outside")),
+        "outside band")
+    return f"{row.verdict}: {where}"
 
 
 def _plot(rows: list[Row], device: str, scale: str, unit: str, div: float, path: Path) -> None:
@@ -148,16 +239,37 @@ def _plot(rows: list[Row], device: str, scale: str, unit: str, div: float, path:
     matplotlib.use("Agg")  # no display on CI runners
     import matplotlib.pyplot as plt
 
-    labels = [r.row for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    left.bar(labels, [r.published_gb for r in rows], color="tab:gray")
-    left.set_ylabel("peak reserved memory (GB, decimal)")
-    left.set_title("published (article scale, CUDA)")
-    right.bar(labels, [0 if r.measured_bytes is None else r.measured_bytes / div for r in rows], color="tab:blue")
-    right.set_ylabel(f"peak memory ({unit})")
-    right.set_title(f"measured here ({device}, {scale} scale)")
-    for axis in (left, right):
-        axis.set_xlabel("article row")
+    train = [r for r in rows if r.kind == "train"]
+    labels = [f"{r.row}\n{r.technique}" for r in train]
+    positions = range(len(train))
+    width = 0.4
+    measured_name = "predicted" if device == "sim" else "measured"
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5))
+    published_bars = left.bar([p - width / 2 for p in positions], [r.published_ratio for r in train], width,
+                              color="tab:gray", label="published (article scale, CUDA)")
+    measured_bars = left.bar([p + width / 2 for p in positions], [r.measured_ratio or 0 for r in train], width,
+                             color="tab:blue", label=f"{measured_name} here ({device}, {scale} scale)")
+    left.bar_label(published_bars, fmt="%.2f", fontsize=7)
+    left.bar_label(measured_bars, fmt="%.2f", fontsize=7)
+    left.set_xticks(list(positions), labels, fontsize=7)
+    left.set_ylabel("peak memory / fp32 Fabric reference (01-2)")
+    left.set_title("ratio to the fp32 reference (one axis for both)")
+    left.legend(fontsize=8)
+    left.axhline(1.0, color="black", linewidth=0.5)
+    same_unit = device in ("cuda", "sim")
+    if same_unit:
+        pub = right.bar([p - width / 2 for p in positions], [r.published_gb for r in train], width,
+                        color="tab:gray", label="published (GB)")
+        right.bar_label(pub, fmt="%.2f", fontsize=7)
+    bars = right.bar([p + width / 2 if same_unit else p for p in positions],
+                     [0 if r.measured_bytes is None else r.measured_bytes / div for r in train],
+                     width if same_unit else 0.6, color="tab:blue", label=f"{measured_name} ({unit})")
+    right.bar_label(bars, fmt="%.2f", fontsize=7)
+    right.set_xticks(list(positions), labels, fontsize=7)
+    right.set_ylabel(unit if not same_unit else "GB reserved (decimal)")
+    right.set_title(f"absolute: {measured_name} on {device}" + (" beside published" if same_unit else
+                                                                 " (published GB are not comparable: other scale)"))
+    right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
