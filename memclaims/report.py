@@ -240,7 +240,7 @@ def _plot(rows: list[Row], device: str, scale: str, unit: str, div: float, path:
     import matplotlib.pyplot as plt
 
     train = [r for r in rows if r.kind == "train"]
-    labels = [f"{r.row}\n{r.technique}" for r in train]
+    labels = [f"{r.row}\n{r.technique}" + (f"\n(ran {r.ran_as.split(' ')[0]})" if r.ran_as else "") for r in train]
     positions = range(len(train))
     width = 0.4
     measured_name = "predicted" if device == "sim" else "measured"
