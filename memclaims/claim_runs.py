@@ -39,10 +39,13 @@ def claims_of(nodeid: str) -> list[tuple[str, str]]:
     return external_checks().get(nodeid.split("[", 1)[0], [])
 
 
-_RANK = {"does not hold": 3, "error": 3, "holds": 2, "does not hold (expected)": 1, "skipped": 0}
+UNEXPECTED_HOLD = "holds, but the catalogue says it does not: correct published.json"
+_RANK = {"does not hold": 3, "error": 3, UNEXPECTED_HOLD: 3, "holds": 2, "does not hold (expected)": 1, "skipped": 0}
 
 
-def verdict_of(outcome: str, when: str, wasxfail: bool) -> str:
+def verdict_of(outcome: str, when: str, wasxfail: bool, longrepr: str = "") -> str:
+    if outcome == "failed" and longrepr.startswith("[XPASS(strict)]"):
+        return UNEXPECTED_HOLD
     if wasxfail:
         return "does not hold (expected)" if outcome == "skipped" else "holds"
     if outcome == "passed":
@@ -121,7 +124,7 @@ def coverage(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 def render(rows: list[dict[str, Any]]) -> list[str]:
     """The table for a terminal: one line per claim, a verdict per tier, then reasons and audits."""
-    short = {"holds": "ok", "does not hold": "FAIL", "does not hold (expected)": "xfail", "skipped": "skip",
+    short = {UNEXPECTED_HOLD: "XPASS", "holds": "ok", "does not hold": "FAIL", "does not hold (expected)": "xfail", "skipped": "skip",
              "error": "ERR", NOT_RUN: "-"}
     lines = [f"{'claim':<32} {'kind':<9} " + " ".join(f"{t:<6}" for t in published.TIERS) + "  source",
              f"{'':<32} {'':<9} " + " ".join(f"{'':<6}" for _ in published.TIERS) +
