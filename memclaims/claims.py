@@ -265,19 +265,26 @@ def _gb(record: Record) -> str:
 
 def _init_module_load(tier: str, get: Lookup) -> Verdict:
     record = get(("16-true", "init-module"))
-    reference = record.reference_load_peak_bytes
+    loaded, reference = record.load_peak_bytes, record.reference_load_peak_bytes
+    if tier == "sim" and record.scale == "article":
+        # The published figures are reserved memory of the stock 1000-class model (07 scripts): the
+        # sim's load replay predicts exactly that, where the recipe's Record holds live bytes.
+        from memclaims.sim import simulate_load
+
+        loaded = simulate_load("init-module").peak.reserved_bytes
+        reference = simulate_load("build-then-convert").peak.reserved_bytes
     if not reference:
         return Verdict(False, "the reference load (build in fp32, then convert) was not measured")
     numbers = published.numbers("init-module-load")
     expected_published = numbers["init_module_gb"] / numbers["build_then_convert_gb"]
-    ratio = record.load_peak_bytes / reference
+    ratio = loaded / reference
     # cpu: exact bytes, half-precision parameters against fp32 ones plus the conversion: derived 0.5.
     derived = 0.5 if tier == "cpu" else expected_published
     low, high = (0.95, 1.10) if tier == "cpu" else (SIM_BAND if tier == "sim" else GPU_BAND)
     fidelity = ratio / derived
     audit = CLAIMS_BY_NAME["init-module-load"].audited(f"{1 - ratio:.1%}")
     return Verdict(low <= fidelity <= high,
-                   f"load peak with init_module = {_mib(record.load_peak_bytes)} vs build-then-convert = "
+                   f"load peak with init_module = {_mib(loaded)} vs build-then-convert = "
                    f"{_mib(reference)}: ratio {ratio:.3f}, {'derived' if tier == 'cpu' else 'published'} "
                    f"{derived:.3f}, {fidelity:.3f} of it, band [{low:g}, {high:g}] ({_within(fidelity, low, high)})"
                    + _sep(audit))

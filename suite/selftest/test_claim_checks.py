@@ -105,6 +105,7 @@ def break_world(name: str, tier: str, records: dict[Techniques, Record], monkeyp
     elif name == "init-module-load":
         key = ("16-true", "init-module")
         records[key] = dataclasses.replace(records[key], load_peak_bytes=int(records[key].load_peak_bytes * 1.5))
+        _fake_load(monkeypatch, 1.5)
     elif name in ("adam-two-states", "course-adamw-8-bytes"):
         fabric = records[("fabric",)]
         records[("fabric",)] = dataclasses.replace(fabric, optimizer_state_bytes=3 * fabric.param_bytes)
@@ -157,7 +158,22 @@ def _fake_cuda(monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "constructed A100")
 
 
+def _fake_load(monkeypatch: pytest.MonkeyPatch, init_module_factor: float) -> None:
+    """The sim's load replay, answering the published reserved peaks of the 07 scripts."""
+    import types
+
+    import memclaims.sim as sim
+
+    numbers = published.numbers("init-module-load")
+    gb = {"init-module": numbers["init_module_gb"] * init_module_factor,
+          "build-then-convert": numbers["build_then_convert_gb"]}
+    monkeypatch.setattr(sim, "simulate_load", lambda mode: types.SimpleNamespace(
+        peak=types.SimpleNamespace(reserved_bytes=int(gb[mode] * GB))))
+
+
 def _prepare_holding(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if name == "init-module-load":
+        _fake_load(monkeypatch, 1.0)
     if name == "batch-1-further-75":
         _fake_simulate(monkeypatch, 0.2)
     if name == "bf16-supported":
@@ -188,7 +204,8 @@ def test_check_fails_on_a_world_where_it_does_not(tier: str, name: str, monkeypa
     assert not verdict.passed, verdict.detail
 
 
-def test_audited_details_say_text_logs_and_this_run() -> None:
+def test_audited_details_say_text_logs_and_this_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_load(monkeypatch, 1.0)
     verdict = claims.CHECKS["overall-20x"].run("sim", _lookup(world("sim")))
     assert "text 20x, logs 26.84 / 2.02 = 13.3x, this run 13.3x" in verdict.detail
     verdict = claims.CHECKS["init-module-load"].run("sim", _lookup(world("sim")))

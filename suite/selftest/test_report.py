@@ -59,7 +59,10 @@ def test_reproduce_says_outside_the_band_and_by_how_much(tmp_path: Path) -> None
     assert "does not hold: outside, 0.150 above" in (tmp_path / "reproduce.md").read_text()
 
 
-def test_reproduce_on_the_sim_compares_with_published_ratios(tmp_path: Path) -> None:
+def test_reproduce_on_the_sim_compares_with_published_ratios(tmp_path: Path, monkeypatch) -> None:
+    from suite.selftest.test_claim_checks import _fake_load
+
+    _fake_load(monkeypatch, 1.0)
     rows = {r.row: r for r in reproduce("sim", tmp_path, run_fn=fake_run)}
     assert all(r.verdict == "holds" for r in rows.values() if r.claim), {k: r.size for k, r in rows.items()}
     assert "published 0.412" in rows["04"].size  # 5.69 / 13.82
