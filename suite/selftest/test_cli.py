@@ -35,7 +35,7 @@ def test_list_json_names_techniques_workloads_claims_and_counts(capsys: pytest.C
 def test_list_text_shows_the_same(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "06_sgd-with-scheduler" in out and "vit" in out and "chain-descends" in out
+    assert "06_sgd-with-scheduler" in out and "vit" in out and "overall-20x" in out
 
 
 @pytest.mark.cpu
