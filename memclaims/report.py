@@ -166,6 +166,14 @@ def _audit(tier: str, lookup: Callable[[tuple[str, ...]], Record]) -> dict[str, 
         if not claim.audit and claim.name not in SUMMARY_CLAIMS:
             continue
         said = f"text {claim.audit['text']}, logs {claim.audit['logs']}" if claim.audit else ""
+        timed = next((t for t in claims.TIME_RATIOS if t.claim == claim.name), None)
+        if tier == "sim" and timed is not None and claim.checks.get("sim", "").startswith("suite/test_timemodel"):
+            from memclaims.timemodel import predicted_ratio
+
+            ratio = predicted_ratio(timed.candidate, timed.reference)
+            result[claim.name] = (f"{said}, this run (roofline on the simulated A100, memclaims/timemodel.py) "
+                                  f"{claims._factor(ratio)}{' faster' if ratio < 1 else ''}")
+            continue
         if claim.check is not None and tier in claim.tiers:
             try:
                 result[claim.name] = claim.check.run(tier, lookup).detail

@@ -144,6 +144,12 @@ def _optimizer_bytes(recipe: Recipe, model: torch.nn.Module) -> int:
     return (3 if recipe.optimizer == "sgd" else 7) * params
 
 
+def predicted_ratio(candidate: tuple[str, ...], reference: tuple[str, ...], gpu: GpuPeaks = A100_40GB) -> float:
+    """Predicted time per example, candidate / reference, at article scale."""
+    a, b = (predict(resolve("vit", "article", t), gpu) for t in (candidate, reference))
+    return a.example_ms / b.example_ms
+
+
 CHAIN = (("fabric",), ("16-mixed",), ("bf16-true",), ("bf16-true", "small-batch"),
          ("bf16-true", "small-batch", "grad-accum"), ("bf16-true", "small-batch", "grad-accum", "sgd"))
 

@@ -62,11 +62,15 @@ def test_reproduce_says_outside_the_band_and_by_how_much(tmp_path: Path) -> None
 def test_reproduce_on_the_sim_compares_with_published_ratios(tmp_path: Path, monkeypatch) -> None:
     from suite.selftest.test_claim_checks import _fake_load
 
+    import memclaims.timemodel as timemodel
+
     _fake_load(monkeypatch, 1.0)
+    monkeypatch.setattr(timemodel, "predicted_ratio", lambda candidate, reference: 1 / 6.1)
     rows = {r.row: r for r in reproduce("sim", tmp_path, run_fn=fake_run)}
     assert all(r.verdict == "holds" for r in rows.values() if r.claim), {k: r.size for k, r in rows.items()}
     assert "published 0.412" in rows["04"].size  # 5.69 / 13.82
     md = (tmp_path / "reproduce.md").read_text()
+    assert "text 6x faster, logs 17.88 / 3.45 = 5.2x, this run (roofline on the simulated A100" in md
     assert "GB reserved (decimal), predicted" in md and "| 02 02_mixed-precision | 16-mixed | as asked | 18.21 |" in md
 
 
