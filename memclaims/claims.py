@@ -525,8 +525,8 @@ def _accuracy(pair: AccuracyPair) -> Callable[[str, Lookup], Verdict]:
         tolerance = accuracy_tolerance(pair.claim, a.scale)
         drop = b.accuracy - a.accuracy
         numbers = published.numbers(pair.claim)
-        pct = [v for k, v in numbers.items() if k.endswith("_pct") and not k.startswith("text")]
-        shown = f"; published {' vs '.join(f'{v:.2f} %' for v in pct)}" if pct else ""
+        pct = [(k.removesuffix("_pct"), v) for k, v in numbers.items() if k.endswith("_pct") and not k.startswith("text")]
+        shown = f"; published {', '.join(f'{k} {v:.2f} %' for k, v in pct)}" if pct else ""
         where = ("measured spread over seeds, baselines/accuracy_spread.json" if a.scale == "smoke"
                  else "the article's own spread")
         return Verdict(drop <= tolerance,
