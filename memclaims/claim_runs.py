@@ -36,7 +36,11 @@ def claims_of(nodeid: str) -> list[tuple[str, str]]:
     match = _CLAIM_NODE.search(nodeid)
     if match:
         return [(match["claim"], match["tier"])]
-    return external_checks().get(nodeid.split("[", 1)[0], [])
+    base, _, params = nodeid.partition("[")
+    pairs = external_checks().get(base, [])
+    # A case parametrized by tier (``test_case[cpu:vit-smoke/...]``) checks the claim on that tier only.
+    tier = params.split(":", 1)[0] if ":" in params else ""
+    return [pair for pair in pairs if pair[1] == tier] if tier in published.TIERS else pairs
 
 
 UNEXPECTED_HOLD = "holds, but the catalogue says it does not: correct published.json"

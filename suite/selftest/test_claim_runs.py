@@ -69,6 +69,13 @@ def test_plugin_writes_each_verdict_and_the_cli_shows_them(project: pytest.Pytes
     assert data["coverage"]["total"] == len(rows) and data["coverage"]["nowhere"] < data["coverage"]["total"]
 
 
+def test_a_case_parametrized_by_tier_speaks_for_its_tier_only() -> None:
+    assert claim_runs.claims_of("suite/test_techniques.py::test_case[cpu:vit-smoke/bf16-true]") == [("chain-combines", "cpu")]
+    assert claim_runs.claims_of("suite/test_techniques.py::test_case[gpu:vit-article/sgd]") == [("chain-combines", "gpu")]
+    assert claim_runs.claims_of("suite/test_claims.py::test_claim[sim:overall-20x]") == [("overall-20x", "sim")]
+    assert claim_runs.claims_of("suite/test_sim.py::test_record_fields") == []
+
+
 def test_a_later_run_keeps_the_verdicts_it_did_not_renew(tmp_path: Path) -> None:
     path = tmp_path / claim_runs.LAST_RUN_NAME
     claim_runs.write(path, {"fp16-range@cpu": {"verdict": "holds", "session": "a"}})
