@@ -123,3 +123,17 @@ def test_accuracy_claim_fails_under_mutation(name: str, mutation: str, record_ca
         f"{reference.accuracy}")
     records[candidate_t] = honest
     assert claim.check.run("cpu", lambda t: records[t]).passed
+
+
+def test_measured_tolerances_catch_the_mutations_they_were_measured_against() -> None:
+    """baselines/accuracy_spread.json, regenerated: every claim must still fail under a learning
+    rate 10x too high, and the accumulation claims under accumulation that never zeroes."""
+    from memclaims.accuracy import PAIRS, load
+
+    spread = load()["claims"]
+    assert {p.claim for p in PAIRS} == set(spread)
+    for name, entry in spread.items():
+        assert "lr-x10" in entry["mutations_caught"], (name, entry)
+        if "grad-accum" in entry["candidate"]:
+            assert "accumulation-never-zeroed" in entry["mutations_caught"], (name, entry)
+        assert entry["smallest_drop_caught"] > 0, (name, entry)  # the suite's own seed passes
