@@ -21,7 +21,7 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeini((ROOT / "pytest.ini").read_text())
     pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records", "fixtures.claim_runs"]')
     pytester.syspathinsert(ROOT)
-    pytester.mkpydir("suite")
+    (pytester.path / "suite").mkdir()
     (pytester.path / "suite" / "test_claims.py").write_text(
         "import pytest\n"
         "@pytest.mark.parametrize('case', ['cpu:fp16-range', 'sim:overall-20x', 'cpu:sgd-memory',\n"
@@ -39,7 +39,8 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_plugin_writes_each_verdict_and_the_cli_shows_them(project: pytest.Pytester, capsys) -> None:
-    result = project.runpytest("-p", "no:cacheprovider", "suite")
+    # importlib mode: this session has imported a package named suite already (the real one).
+    result = project.runpytest("-p", "no:cacheprovider", "--import-mode=importlib", "suite")
     result.assert_outcomes(passed=3, failed=2, skipped=1, xfailed=1)
     path = project.path / "memclaims-results" / claim_runs.LAST_RUN_NAME
     verdicts = json.loads(path.read_text())["verdicts"]
