@@ -69,6 +69,7 @@ def test_reproduce_on_the_sim_compares_with_published_ratios(tmp_path: Path, mon
     rows = {r.row: r for r in reproduce("sim", tmp_path, run_fn=fake_run)}
     assert all(r.verdict == "holds" for r in rows.values() if r.claim), {k: r.size for k, r in rows.items()}
     assert "published 0.412" in rows["04"].size  # 5.69 / 13.82
+    assert rows["07-2"].measured_ratio == rows["07-2"].published_ratio  # the load replay's reserved peaks
     md = (tmp_path / "reproduce.md").read_text()
     assert "text 6x faster, logs 17.88 / 3.45 = 5.2x, this run (roofline on the simulated A100" in md
     assert "GB reserved (decimal), predicted" in md and "| 02 02_mixed-precision | 16-mixed | as asked | 18.21 |" in md
