@@ -126,8 +126,8 @@ def _scaled(record: Record, factors: dict[str, float]) -> float:
     """The record's training peak with each category of its breakdown scaled (1 where not named)."""
     total = 0.0
     for category, value in record.breakdown.items():
-        if category == "optimizer_state":  # the step counters stay float32 whatever happens
-            steps = _steps(record)
+        if category == "optimizer_state":  # the step counters stay float32, unless the state goes
+            steps = _steps(record) if factors.get(category, 1.0) else 0
             total += (value - steps) * factors.get(category, 1.0) + steps
         else:
             total += value * factors.get(category, 1.0)
