@@ -141,8 +141,8 @@ class Comparison:
         return "\n".join(lines)
 
     def rows(self) -> list[dict[str, Any]]:
-        return [{"case": self.case_id, "environment": self.environment, **asdict(r), "change": fmt_change(r)}
-                for r in self.results]
+        return [{"case": self.case_id, "environment": self.environment, **asdict(r), "change": fmt_change(r),
+                 "environment_change": self.environment_change} for r in self.results]
 
 
 def _relative_pct(before: float, now: float) -> float | None:
