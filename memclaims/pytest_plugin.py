@@ -23,6 +23,14 @@ if TYPE_CHECKING:
     from memclaims.errors import OutOfMemory
 
 TIERS = ("cpu", "gpu")
+# The suite's markers, registered by the plugin so that any project using it gets them with help.
+MARKERS = {
+    "cpu": "real training at smoke scale on the CPU, exact tensor accounting",
+    "sim": "article scale on fake tensors, predicted CUDA allocator peak",
+    "gpu": "real CUDA at article scale (or --memclaims-gpu-scale smoke), allocator statistics",
+    "dist": "several processes through torch.distributed (gloo on CPU, NCCL on GPU)",
+    "slow": "takes more than a few seconds even at smoke scale",
+}
 SELECTIONS = ("singles", "default", "full")
 
 
@@ -236,6 +244,8 @@ def artifacts_dir(config: pytest.Config) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     # Malformed values are usage errors before anything runs (a typo must not cost a night's run).
     config.stash[SETTINGS_KEY] = _build_settings(config)
+    for name, help_text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {help_text}")
     for name in ("steps", "accuracy-epochs"):
         count_option(config, name)
     from memclaims import diagnosis
