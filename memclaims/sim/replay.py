@@ -40,6 +40,7 @@ from memclaims.errors import UsageError
 from memclaims.recipe import Recipe
 from memclaims.record import Record, library_versions
 from memclaims.sim.allocator import CachingAllocator
+from memclaims.sim.eras import optimizer_era
 from memclaims.sim.profiles import Profile, profile as find_profile
 from memclaims.sim.tracker import DeviceMemory
 
@@ -359,7 +360,14 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     """``runner._Session.train``'s loop, statement for statement, on fake tensors."""
     memory = session.memory
     precision = _Precision(recipe)
-    optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
+    if recipe.optimizer in optimizers.EIGHT_BIT:
+        from memclaims.optim_state import eight_bit_layout
+        from memclaims.sim import eight_bit
+
+        # The layout was read outside the fake mode (simulate): it runs bitsandbytes for real.
+        optimizer, scheduler = eight_bit.build(recipe.optimizer, model, recipe.learning_rate, eight_bit_layout()), None
+    else:
+        optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
     for group in optimizer.param_groups:
         group["foreach"] = True  # the GPU default; fake parameters would take the single-tensor path
     for p in model.parameters():
@@ -398,7 +406,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
             if grad_bytes is None:
                 grad_bytes = _storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
             memory.in_optimizer = True
-            optimizer.step()
+            with optimizer_era(session.profile.optimizer_era):
+                optimizer.step()
             memory.in_optimizer = False
             for state in optimizer.state.values():
                 for value in state.values():
@@ -436,6 +445,9 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
                                   scale=recipe.scale.name, num_classes=recipe.workload.num_classes,
                                   precision=recipe.precision if recipe.precision.endswith("-true") else "32-true")
 
+    if recipe.optimizer in optimizers.EIGHT_BIT:
+        notes.append(f"{recipe.optimizer}: state from bitsandbytes {_eight_bit_layout().version}'s layout "
+                     f"(memclaims.sim.eight_bit); the fused step allocates no temporaries")
     session = _Session(chosen)
     phases: dict[str, PhaseResult] = {}
     torch.manual_seed(0)
@@ -447,7 +459,12 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         with session.phase(phases, "train"):
             states = _train(session, recipe, model, steps, inputs_fn)
         breakdown = dict(session.memory.breakdown_at_peak)
+        site = dict(session.memory.reserved_peak_site)
         del model
+    if site:
+        where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
+        notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
+                     f"reserved memory to {site['reserved_bytes']} B)")
     load, train = phases["load"], phases["train"]
     record = Record(
         **recipe.record_fields(),
@@ -487,8 +504,20 @@ _UNSUPPORTED_FLAGS = {
     "activation_checkpointing": "activation checkpointing comes with FSDP in this suite; the sim models "
                                 "one GPU without FSDP",
 }
-# Optimizers that run on fake tensors (bitsandbytes kernels read real data: SIMULATION.md point 8).
-_OPTIMIZERS = ("adam", "sgd", "adamw")
+# Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
+# real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit.
+_OPTIMIZERS = ("adam", "sgd", "adamw", *optimizers.EIGHT_BIT)
+
+
+def _eight_bit_layout() -> Any:
+    """The installed bitsandbytes' 8-bit layout (read on real CPU tensors), or UsageError with the reason."""
+    from memclaims.optim_state import eight_bit_layout
+
+    try:
+        return eight_bit_layout()
+    except Exception as error:  # ImportError, or a bitsandbytes whose init_state changed shape
+        raise UsageError(f"the sim device cannot model 8-bit optimizers here: bitsandbytes' layout is "
+                         f"unreadable ({type(error).__name__}: {error})") from None
 
 
 def check(recipe: Recipe) -> None:
@@ -500,6 +529,8 @@ def check(recipe: Recipe) -> None:
     if recipe.optimizer not in _OPTIMIZERS:
         raise UsageError(f"the sim device cannot run {recipe.id}: optimizer {recipe.optimizer!r} does not run "
                          f"on fake tensors; simulated optimizers: {', '.join(_OPTIMIZERS)}")
+    if recipe.optimizer in optimizers.EIGHT_BIT:
+        _eight_bit_layout()
     if recipe.precision not in PARAM_DTYPE:
         raise UsageError(f"the sim device cannot run precision {recipe.precision!r}; "
                          f"simulated precisions: {', '.join(PARAM_DTYPE)}")

@@ -50,6 +50,10 @@ class DeviceMemory(TorchDispatchMode):
         self.tensor_bytes = 0
         self.peak_tensor_bytes = 0
         self.breakdown_at_peak: dict[str, int] = dict(self.live)
+        # Where reserved memory last grew to its peak: the evidence for "which allocation, which
+        # phase" sets a row's figure (the op, its request, and whether the optimizer step ran).
+        self.op = "?"
+        self.reserved_peak_site: dict[str, object] = {}
 
     # --- phases -----------------------------------------------------------------------------
 
@@ -72,6 +76,7 @@ class DeviceMemory(TorchDispatchMode):
             # (output layout, copies, scratch) are added here.
             kernel = self.profile.kernel(_dtype_name(args[0].dtype))
             scratch = self._attention_copies(func, kernel, args)
+        self.op = str(func)
         out = func(*args, **(kwargs or {}))
         if kernel in _BLHD_KERNELS:
             out = _blhd_outputs(func, out)
@@ -93,9 +98,14 @@ class DeviceMemory(TorchDispatchMode):
         if self.in_optimizer and tensor.numel() <= 1:
             return
         nbytes = storage.nbytes()
+        reserved_before = self.allocator.stats.reserved
         handle = self.allocator.malloc(nbytes)
         if handle == 0:
             return
+        if self.allocator.stats.reserved > reserved_before and \
+                self.allocator.stats.reserved >= self.allocator.stats.peak_reserved:
+            self.reserved_peak_site = {"op": self.op, "request_bytes": nbytes, "in_optimizer_step": self.in_optimizer,
+                                       "reserved_bytes": self.allocator.stats.reserved}
         self._handles[storage] = handle
         self._refs[handle] = weakref.ref(storage, self._finalizer(handle))
         self._bytes[handle] = nbytes
