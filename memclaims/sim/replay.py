@@ -439,6 +439,9 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         notes.append("one optimizer step only: the peak of the second step (gradients and optimizer "
                      "state alive during the forward) is not reached")
 
+    if recipe.sharded:
+        return _simulate_sharded(recipe, chosen, steps, notes)
+
     reference = None
     if recipe.init_on_device:
         reference = simulate_load("build-then-convert", profile=chosen.name, workload=recipe.workload.name,
@@ -496,14 +499,62 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     return record
 
 
+def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str]) -> Record:
+    """Rank 0 of the recipe's FSDP1 run (memclaims.sim.sharded): per-rank accounting on fake tensors."""
+    from memclaims.sim import sharded
+
+    build, inputs_fn = _model_fns(recipe)
+    world = sharded.WORLD_SIZE
+    shard_dtype = PARAM_DTYPE[recipe.precision]
+    param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision)
+    notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
+                 f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} (installed Lightning's "
+                 f"FSDPPrecision); not modelled: " + "; ".join(sharded.UNMODELLED.values()))
+    if recipe.delayed_init:
+        notes.append("init_module(empty_init=False) under FSDPStrategy builds on the host (no device context): "
+                     "the load replays as without it")
+    session = _Session(chosen)
+    phases: dict[str, PhaseResult] = {}
+    torch.manual_seed(0)
+    with session.active():
+        with session.phase(phases, "load"):
+            with session.host():
+                # Fabric converts true precisions on the host; the unsharded (compute) copy is param_dtype.
+                with _default_dtype(param_dtype):
+                    model = build(recipe.scale.name, recipe.workload.num_classes)
+            wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=world,
+                                   shard_dtype=shard_dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                   offload=recipe.cpu_offload, checkpointing=recipe.activation_checkpointing,
+                                   auto_wrap=recipe.workload.fsdp_auto_wrap)
+        param_count = sum(p.numel() for p in model.parameters())
+        param_tensors = len(list(model.parameters()))
+        precision = _Precision(recipe)
+        attention = _attention_context(chosen, precision.compute)
+        with session.phase(phases, "train"):
+            states = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
+        breakdown = dict(session.memory.breakdown_at_peak)
+        site = dict(session.memory.reserved_peak_site)
+        del model, wrapped
+    if site:
+        where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
+        notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
+                     f"reserved memory to {site['reserved_bytes']} B)")
+    load, train = phases["load"], phases["train"]
+    return Record(
+        **recipe.record_fields(), device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
+        precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,
+        load_peak_bytes=load.allocated_bytes,
+        peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
+        peak_reserved_bytes=max(load.reserved_bytes, train.reserved_bytes),
+        peak_reserved_total_bytes=session.allocator.stats.reserved, reference_load_peak_bytes=None,
+        accuracy=None, final_loss=None, nan_loss=False, nan_step=None, step_time_s=None, weights="random",
+        data="none (fake tensors)", versions=library_versions(), devices=world, rank=0,
+        phases={"load": load.as_dict(), "train": train.as_dict()}, breakdown=breakdown, notes=notes, **states,
+    )
+
+
 # Recipe flags the sim cannot replay, with the reason.
-_UNSUPPORTED_FLAGS = {
-    "sharded": "sharded recipes need several GPUs and a process group; the sim models one GPU",
-    "cpu_offload": "CPU offload is an FSDP feature; the sim models one GPU without FSDP",
-    "delayed_init": "delayed initialisation is an FSDP feature; the sim models one GPU without FSDP",
-    "activation_checkpointing": "activation checkpointing comes with FSDP in this suite; the sim models "
-                                "one GPU without FSDP",
-}
+_UNSUPPORTED_FLAGS: dict[str, str] = {}
 # Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
 # real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit.
 _OPTIMIZERS = ("adam", "sgd", "adamw", *optimizers.EIGHT_BIT)
@@ -523,6 +574,10 @@ def _eight_bit_layout() -> Any:
 def check(recipe: Recipe) -> None:
     """Raise UsageError, with the reason, for a recipe the sim cannot replay."""
     _model_fns(recipe)
+    if recipe.sharded:
+        from memclaims.sim import sharded
+
+        sharded.check(recipe)
     for flag, reason in _UNSUPPORTED_FLAGS.items():
         if getattr(recipe, flag):
             raise UsageError(f"the sim device cannot run {recipe.id}: {reason}")

@@ -41,6 +41,9 @@ class DeviceMemory(TorchDispatchMode):
         self.allocator, self.profile = allocator, profile
         self.counting = True
         self.in_optimizer = False
+        # The stream new storages are allocated on (0: the default stream); the sharded replay
+        # switches it around FSDP's all-gathers and reduce-scatters.
+        self.stream = 0
         self._handles: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> handle
         self._refs: dict[int, weakref.ref] = {}
         self._bytes: dict[int, int] = {}
@@ -99,7 +102,7 @@ class DeviceMemory(TorchDispatchMode):
             return
         nbytes = storage.nbytes()
         reserved_before = self.allocator.stats.reserved
-        handle = self.allocator.malloc(nbytes)
+        handle = self.allocator.malloc(nbytes, self.stream)
         if handle == 0:
             return
         if self.allocator.stats.reserved > reserved_before and \
