@@ -520,12 +520,18 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         with session.phase(phases, "load"):
             with session.host():
                 # Fabric converts true precisions on the host; the unsharded (compute) copy is param_dtype.
-                with _default_dtype(param_dtype):
+                with _default_dtype(shard_dtype):
                     model = build(recipe.scale.name, recipe.workload.num_classes)
+            moved = not recipe.cpu_offload  # Fabric.setup moves the model before the strategy wraps it
+            if moved:
+                _move(model)
             wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=world,
                                    shard_dtype=shard_dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                                    offload=recipe.cpu_offload, checkpointing=recipe.activation_checkpointing,
-                                   auto_wrap=recipe.workload.fsdp_auto_wrap)
+                                   auto_wrap=recipe.workload.fsdp_auto_wrap, moved=moved)
+            if param_dtype != shard_dtype:  # the compute copies the units all-gather (host fakes, uncounted)
+                with session.host():
+                    _move(model, param_dtype)
         param_count = sum(p.numel() for p in model.parameters())
         param_tensors = len(list(model.parameters()))
         precision = _Precision(recipe)

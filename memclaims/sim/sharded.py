@@ -107,15 +107,18 @@ class _Unit:
         finally:
             self.memory.stream = previous
 
-    def shard_up(self) -> None:
-        """FSDP1's wrap of one unit: move its parameters to the device, flatten them (a cat), keep
-        rank 0's padded/W slice (a clone) and free the rest. With offload all of it stays on the host."""
+    def shard_up(self, on_device: bool) -> None:
+        """FSDP1's wrap of one unit: flatten its parameters (a cat), keep rank 0's padded/W slice (a
+        clone) and free the rest. ``on_device``: Fabric's ``setup`` already moved the whole model to
+        the device (``move_to_device=True``, rows 08 and the ViT-H/14 FSDP bars), so the originals are
+        freed as their unit flattens; with offload (``move_to_device=False``) all of it stays on the host."""
         if self.offload:
             self.memory.counting = False
         try:
-            moved = torch.empty(self.numel, dtype=self.shard_dtype)  # _move_module_to_device
             flat = torch.empty(self.padded, dtype=self.shard_dtype)  # flatten_tensors: cat
-            del moved
+            if on_device:
+                for p in self.params:  # the originals' storage, replaced by views into the flat parameter
+                    self.memory.forget(p)
             self.shard = nn.Parameter(torch.empty(self.padded // self.world, dtype=self.shard_dtype))
             del flat  # flat_param.set_(shard): the full flat storage is released
         finally:
@@ -220,7 +223,7 @@ class ShardedModel:
 
 def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *, world: int,
          shard_dtype: torch.dtype, param_dtype: torch.dtype, reduce_dtype: torch.dtype, offload: bool,
-         checkpointing: bool, auto_wrap: bool) -> ShardedModel:
+         checkpointing: bool, auto_wrap: bool, moved: bool) -> ShardedModel:
     """Wrap ``model`` (built on the host) as FSDP1 would; allocate rank 0's shards."""
     order: list[_Unit] = []
     units: list[_Unit] = []
@@ -244,7 +247,7 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
     root = unit("root", [p for p in model.parameters() if id(p) not in wrapped], root=True)
     # Wrapping is bottom-up (blocks first, the root last), and so is the flatten-and-shard.
     for u in units:
-        u.shard_up()
+        u.shard_up(on_device=moved)
     return ShardedModel(model, units, root, order)
 
 
