@@ -201,14 +201,10 @@ def test_unknown_profile_lists_the_valid_ones():
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("techniques", [("fsdp",)])
-def test_recipes_it_cannot_simulate_say_why(techniques):
-    try:
-        recipe = resolve("vit", "article", techniques)
-    except UsageError as error:
-        pytest.skip(f"not a valid recipe here: {error}")
+@pytest.mark.parametrize("workload, techniques", [("vit", ("fsdp", "grad-accum")), ("distilbert", ())])
+def test_recipes_it_cannot_simulate_say_why(workload, techniques):
     with pytest.raises(UsageError, match="sim device cannot run"):
-        simulate(recipe)
+        simulate(resolve(workload, "article", techniques))
 
 
 def test_bad_load_mode_names_the_valid_ones():

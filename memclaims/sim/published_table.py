@@ -143,17 +143,19 @@ def _course(kind: str) -> Callable[[], float]:
 
 
 _FSDP_RESIDUAL = (
-    "FSDP1 rank 0 replayed by per-rank accounting (memclaims.sim.sharded): shards, all-gathers with "
-    "backward prefetch, flat-gradient concat and reduce-scatter, checkpointed blocks' recompute, three "
-    "allocator streams. The shortfall is not explained without a GPU; what the model leaves out is bounded "
-    "well below it (NCCL buffers: outside the caching allocator, 0; delayed cross-stream frees: <= 2 "
-    "unsharded blocks ~0.1-0.2 GB). Candidates: the 2023 nightly's FSDP1 internals (its all-gather/"
-    "reduce-scatter padding and stream handoffs in torch 2.1.0.dev), and the rate limiter's pending "
-    "all-gathers; the published 09 = 11 equality is reproduced")
+    "FSDP1 rank 0 by per-rank accounting (memclaims.sim.sharded): Fabric's move of the whole model before "
+    "wrapping, flatten-and-shard, all-gathers with backward prefetch, flat-gradient concat, reduce-scatter, "
+    "checkpointed blocks' recompute, per-stream allocator pools. The shortfall (1.2-2.2 GB here, about 1-2 x "
+    "the fp32 model) is not explained without a GPU; what the model leaves out is bounded well below it: "
+    "NCCL buffers are outside the caching allocator (0 in max_memory_reserved), delayed cross-stream frees "
+    "(record_stream) hold at most 2 unsharded blocks (~0.1 GB). Candidates: the 2023 nightly's FSDP1 "
+    "internals (torch 2.1.0.dev: all-gather/reduce-scatter buffers, the rate limiter) and the CPU-offload "
+    "H2D/D2H staging. The replay reproduces the published 09 = 11 equality and the ordering 08 > 09")
 _VIT_H14_FSDP_RESIDUAL = (
     "software of the ViT-H/14 series is not stated (replayed with the torch 2.1 release profile and the "
     "installed Lightning's FSDP mixed precision: 16-mixed all-gathers in fp16); bars read off a figure "
-    "(+-0.1 GB); FSDP1 per-rank accounting as for rows 08/09, same unexplained shortfall")
+    "(+-0.1 GB); FSDP1 per-rank accounting as for rows 08/09 with the same kind of shortfall, here 3.4-5 GB "
+    "(1.3-2 x the fp32 model): not explained without a GPU")
 
 SPECS: tuple[Spec, ...] = (
     Spec("article", "01", ("peak_reserved_gb", "01_pytorch-vit"), "plain PyTorch, fp32", "GB",
