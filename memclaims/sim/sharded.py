@@ -283,8 +283,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
         precision.backward(loss)
         sharded.root.reshard()
         loss.detach().float()
-        if not offload:
-            grad_bytes = sum(s.grad.untyped_storage().nbytes() for s in shards if s.grad is not None)
+        grad_bytes = memory.device_bytes(s.grad for s in shards if s.grad is not None)
         memory.in_optimizer = True
         from memclaims.sim.eras import optimizer_era
 
@@ -302,11 +301,12 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
                     memory.tag(value, "optimizer_state")
         if scheduler is not None:
             scheduler.step()
+    # What lives on the device, as the tracker saw it (with offload: nothing of these).
     state = (v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-    device_state = 0 if offload else sum(v.untyped_storage().nbytes() for v in state if v.numel() > 1)
+    device_state = memory.device_bytes(state)
     del inputs, targets, logits, loss
-    return {"param_bytes": 0 if offload else sum(s.untyped_storage().nbytes() for s in shards),
-            "grad_bytes": grad_bytes, "optimizer_state_bytes": device_state}
+    return {"param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
+            "optimizer_state_bytes": device_state}
 
 
 def check(recipe: Recipe) -> None:

@@ -130,6 +130,15 @@ class DeviceMemory(TorchDispatchMode):
         self.live[category] += nbytes
         self._category[handle] = category
 
+    def device_bytes(self, tensors: Any) -> int:
+        """Bytes of the distinct storages behind ``tensors`` that live on the simulated device."""
+        seen: dict[int, int] = {}
+        for tensor in tensors:
+            handle = self._handles.get(tensor.untyped_storage())
+            if handle is not None:
+                seen[handle] = self._bytes[handle]
+        return sum(seen.values())
+
     def forget(self, tensor: torch.Tensor) -> None:
         """Stop counting a storage that a GPU run keeps on the host."""
         handle = self._handles.pop(tensor.untyped_storage(), None)
