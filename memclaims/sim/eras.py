@@ -4,9 +4,12 @@ The article ran a torch nightly of 2023-06-23. Its foreach Adam (``torch.optim.a
 which AdamW's ``_multi_tensor_adamw`` mirrored) kept two parameter-sized temporaries alive at
 once in the update: ``exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)`` and then the out-of-place
 ``denom = _foreach_add(exp_avg_sq_sqrt, eps)``, both bound to locals until the function returned.
-In July 2023 the "[foreach] minimize intermediates to save peak memory" stack (pytorch issue
-#97712; PRs #104779/#104780 for Adam, #104898 for AdamW, up to #105193) made the add in place,
-leaving one temporary (``torch/optim/adam.py`` of today, whose step the ``current`` profile replays).
+In July 2023 the "[foreach] minimize intermediates to save peak memory" work (pytorch issue
+#97712: "a minimum budget of 1 intermediate" for the Adam family, 2023-07-12; PR #104898 for
+AdamW, 2023-07-10; the last, #105193, closed the issue on 2023-07-31; the Adam change sits in the
+ghstack above PR #104669 of 2023-07-05, i.e. #104779/#104780, whose titles were not retrievable
+here) made the add in place, leaving one temporary (``torch/optim/adam.py`` of today, whose step
+the ``current`` profile replays).
 
 Sources of the reconstruction (read through the search tool; the pytorch git mirror, 4 GB, was
 too large to fetch here, so no commit hash of torch itself is quoted):
