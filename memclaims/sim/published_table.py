@@ -207,7 +207,8 @@ SPECS: tuple[Spec, ...] = (
                   "memclaims.sim.replay._model_fns)"),
     Spec("article", "bonus_bigbird-after", ("peak_reserved_gb", "bonus_bigbird-after"),
          "BigBird, FSDP x4 (no wrap) + offload, bf16-true, 1 x 12", "GB", None,
-         residual=f"{TEXT_PENDING} (and gradient accumulation under FSDP: no_sync)"),
+         residual=f"{TEXT_PENDING} (the FSDP replay, accumulation included, takes any model with a block class; "
+                  "fsdp_auto_wrap=False makes one unit)"),
     Spec("course", "Adam8bit state", ("adam8bit", "adam8bit_state_reported_mib"),
          "bitsandbytes Adam8bit state, distilbert-base-cased", "MiB", _course("adam8bit_mib"),
          residual="the slides round to 128"),

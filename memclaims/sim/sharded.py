@@ -264,8 +264,13 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     for group in optimizer.param_groups:
         group["foreach"] = True
     grad_bytes = 0
+    accumulation = recipe.accumulation_steps
     inputs = targets = logits = loss = None
-    for step in range(memory_steps):
+    done = 0
+    # 01-2 (08/09/11): zero_grad after the forward pass. With accumulation (the bonus "after"
+    # scripts): step at batch 0 and every accum-th batch, zero_grad after the step, and no
+    # ``no_backward_sync``, so every micro-batch reduce-scatters into the sharded gradient.
+    for batch_index in range(memory_steps * accumulation + 1):
         inputs, targets = inputs_fn(recipe.scale.name, recipe.micro_batch_size)
         sharded.root.unshard()  # the root's pre-forward; FSDP1 keeps the root unsharded after forward
         with attention:
@@ -275,14 +280,19 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
             del x
             logits = precision.convert_output(out)
             del out
-        if step == 0:  # backward visits units in reverse forward order; prefetch the next one
+        if batch_index == 0:  # backward visits units in reverse forward order; prefetch the next one
             for later, earlier in zip(sharded.order[1:], sharded.order[:-1]):
                 later.next_in_backward = earlier
         loss = F.cross_entropy(logits, targets)
-        optimizer.zero_grad()
+        if accumulation == 1:
+            optimizer.zero_grad()
+        else:
+            loss = loss / accumulation
         precision.backward(loss)
         sharded.root.reshard()
         loss.detach().float()
+        if batch_index % accumulation != 0:
+            continue
         grad_bytes = memory.device_bytes(s.grad for s in shards if s.grad is not None)
         memory.in_optimizer = True
         from memclaims.sim.eras import optimizer_era
@@ -299,8 +309,13 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     memory.tag(value, "optimizer_state")
+        if accumulation > 1:
+            optimizer.zero_grad()
         if scheduler is not None:
             scheduler.step()
+        done += 1
+        if done == memory_steps:
+            break
     # What lives on the device, as the tracker saw it (with offload: nothing of these).
     state = (v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
     device_state = memory.device_bytes(state)
@@ -313,6 +328,3 @@ def check(recipe: Recipe) -> None:
     if recipe.optimizer not in ("adam", "sgd", "adamw"):
         raise UsageError(f"the sim device cannot run {recipe.id}: sharded recipes replay torch optimizers "
                          f"only (got {recipe.optimizer!r})")
-    if recipe.accumulation_steps != 1:
-        raise UsageError(f"the sim device cannot run {recipe.id}: gradient accumulation under FSDP "
-                         f"(no_sync) is not replayed yet")
