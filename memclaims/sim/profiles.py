@@ -35,6 +35,9 @@ class Profile:
     # the sequence rounded to 128, softmax_d): a kernel detail meta kernels do not allocate.
     flash_backward_scratch: bool = True
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    # Whose optimizer step is replayed (``memclaims.sim.eras``): "installed" (this torch), or
+    # "2023-06" (the article's nightly: foreach Adam held two parameter-sized temporaries).
+    optimizer_era: str = "installed"
 
     def kernel(self, dtype_name: str) -> str:
         return self.attention.get(dtype_name, "math")
@@ -50,11 +53,12 @@ PROFILES: dict[str, Profile] = {
             name="article",
             summary="A100 with torch 2.1 (the article's era): memory-efficient attention for fp32, "
                     "flash attention v1 for fp16/bf16 (v2 shipped in torch 2.2), cuBLAS workspaces "
-                    "2 x 8.125 MiB",
+                    "2 x 8.125 MiB, the 2023-06 foreach Adam step (two parameter-sized temporaries)",
             gpu="NVIDIA A100 (sm80)",
             torch_era="2.1.0 nightly 2023-06-23, cu118",
             attention={"float32": "efficient", "float16": "flash-v1", "bfloat16": "flash-v1"},
             cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
+            optimizer_era="2023-06",
         ),
         Profile(
             name="current",
@@ -67,6 +71,17 @@ PROFILES: dict[str, Profile] = {
             cublas_workspace_bytes=(32 * MiB, 32 * MiB),
         ),
         Profile(
+            name="torch-2.1",
+            summary="A100 with the torch 2.1.0 release (2023-10): the article profile's kernels and "
+                    "workspaces, with the foreach Adam after the July 2023 'minimize intermediates' "
+                    "stack (one parameter-sized temporary): for the repo's later ViT-H/14 series",
+            gpu="NVIDIA A100 (sm80)",
+            torch_era="2.1.0 release, cu118/cu121",
+            attention={"float32": "efficient", "float16": "flash-v1", "bfloat16": "flash-v1"},
+            cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
+            optimizer_era="installed",
+        ),
+        Profile(
             name="article-math",
             summary="the article profile with the math attention kernel everywhere (what a CPU-only "
                     "torch picks): the ablation of SIMULATION.md point 2",
@@ -74,6 +89,7 @@ PROFILES: dict[str, Profile] = {
             torch_era="2.1.0 nightly 2023-06-23, cu118",
             attention={"float32": "math", "float16": "math", "bfloat16": "math"},
             cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
+            optimizer_era="2023-06",
         ),
         Profile(
             name="cpu-kernels",

@@ -40,6 +40,7 @@ from memclaims.errors import UsageError
 from memclaims.recipe import Recipe
 from memclaims.record import Record, library_versions
 from memclaims.sim.allocator import CachingAllocator
+from memclaims.sim.eras import optimizer_era
 from memclaims.sim.profiles import Profile, profile as find_profile
 from memclaims.sim.tracker import DeviceMemory
 
@@ -359,7 +360,14 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     """``runner._Session.train``'s loop, statement for statement, on fake tensors."""
     memory = session.memory
     precision = _Precision(recipe)
-    optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
+    if recipe.optimizer in optimizers.EIGHT_BIT:
+        from memclaims.optim_state import eight_bit_layout
+        from memclaims.sim import eight_bit
+
+        # The layout was read outside the fake mode (simulate): it runs bitsandbytes for real.
+        optimizer, scheduler = eight_bit.build(recipe.optimizer, model, recipe.learning_rate, eight_bit_layout()), None
+    else:
+        optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
     for group in optimizer.param_groups:
         group["foreach"] = True  # the GPU default; fake parameters would take the single-tensor path
     for p in model.parameters():
@@ -398,7 +406,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
             if grad_bytes is None:
                 grad_bytes = _storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
             memory.in_optimizer = True
-            optimizer.step()
+            with optimizer_era(session.profile.optimizer_era):
+                optimizer.step()
             memory.in_optimizer = False
             for state in optimizer.state.values():
                 for value in state.values():
@@ -430,12 +439,18 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         notes.append("one optimizer step only: the peak of the second step (gradients and optimizer "
                      "state alive during the forward) is not reached")
 
+    if recipe.sharded:
+        return _simulate_sharded(recipe, chosen, steps, notes)
+
     reference = None
     if recipe.init_on_device:
         reference = simulate_load("build-then-convert", profile=chosen.name, workload=recipe.workload.name,
                                   scale=recipe.scale.name, num_classes=recipe.workload.num_classes,
                                   precision=recipe.precision if recipe.precision.endswith("-true") else "32-true")
 
+    if recipe.optimizer in optimizers.EIGHT_BIT:
+        notes.append(f"{recipe.optimizer}: state from bitsandbytes {_eight_bit_layout().version}'s layout "
+                     f"(memclaims.sim.eight_bit); the fused step allocates no temporaries")
     session = _Session(chosen)
     phases: dict[str, PhaseResult] = {}
     torch.manual_seed(0)
@@ -447,7 +462,12 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         with session.phase(phases, "train"):
             states = _train(session, recipe, model, steps, inputs_fn)
         breakdown = dict(session.memory.breakdown_at_peak)
+        site = dict(session.memory.reserved_peak_site)
         del model
+    if site:
+        where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
+        notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
+                     f"reserved memory to {site['reserved_bytes']} B)")
     load, train = phases["load"], phases["train"]
     record = Record(
         **recipe.record_fields(),
@@ -479,27 +499,99 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     return record
 
 
+def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str]) -> Record:
+    """Rank 0 of the recipe's FSDP1 run (memclaims.sim.sharded): per-rank accounting on fake tensors."""
+    from memclaims.sim import sharded
+
+    build, inputs_fn = _model_fns(recipe)
+    world = sharded.WORLD_SIZE
+    shard_dtype = PARAM_DTYPE[recipe.precision]
+    param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision)
+    notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
+                 f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} (installed Lightning's "
+                 f"FSDPPrecision); not modelled: " + "; ".join(sharded.UNMODELLED.values()))
+    if recipe.delayed_init:
+        notes.append("init_module(empty_init=False) under FSDPStrategy builds on the host (no device context): "
+                     "the load replays as without it")
+    session = _Session(chosen)
+    phases: dict[str, PhaseResult] = {}
+    torch.manual_seed(0)
+    with session.active():
+        with session.phase(phases, "load"):
+            with session.host():
+                # Fabric converts true precisions on the host; the unsharded (compute) copy is param_dtype.
+                with _default_dtype(shard_dtype):
+                    model = build(recipe.scale.name, recipe.workload.num_classes)
+            moved = not recipe.cpu_offload  # Fabric.setup moves the model before the strategy wraps it
+            if moved:
+                _move(model)
+            wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=world,
+                                   shard_dtype=shard_dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                   offload=recipe.cpu_offload, checkpointing=recipe.activation_checkpointing,
+                                   auto_wrap=recipe.workload.fsdp_auto_wrap, moved=moved)
+            if param_dtype != shard_dtype:  # the compute copies the units all-gather (host fakes, uncounted)
+                with session.host():
+                    _move(model, param_dtype)
+        param_count = sum(p.numel() for p in model.parameters())
+        param_tensors = len(list(model.parameters()))
+        precision = _Precision(recipe)
+        attention = _attention_context(chosen, precision.compute)
+        with session.phase(phases, "train"):
+            states = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
+        breakdown = dict(session.memory.breakdown_at_peak)
+        site = dict(session.memory.reserved_peak_site)
+        del model, wrapped
+    if site:
+        where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
+        notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
+                     f"reserved memory to {site['reserved_bytes']} B)")
+    load, train = phases["load"], phases["train"]
+    return Record(
+        **recipe.record_fields(), device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
+        precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,
+        load_peak_bytes=load.allocated_bytes,
+        peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
+        peak_reserved_bytes=max(load.reserved_bytes, train.reserved_bytes),
+        peak_reserved_total_bytes=session.allocator.stats.reserved, reference_load_peak_bytes=None,
+        accuracy=None, final_loss=None, nan_loss=False, nan_step=None, step_time_s=None, weights="random",
+        data="none (fake tensors)", versions=library_versions(), devices=world, rank=0,
+        phases={"load": load.as_dict(), "train": train.as_dict()}, breakdown=breakdown, notes=notes, **states,
+    )
+
+
 # Recipe flags the sim cannot replay, with the reason.
-_UNSUPPORTED_FLAGS = {
-    "sharded": "sharded recipes need several GPUs and a process group; the sim models one GPU",
-    "cpu_offload": "CPU offload is an FSDP feature; the sim models one GPU without FSDP",
-    "delayed_init": "delayed initialisation is an FSDP feature; the sim models one GPU without FSDP",
-    "activation_checkpointing": "activation checkpointing comes with FSDP in this suite; the sim models "
-                                "one GPU without FSDP",
-}
-# Optimizers that run on fake tensors (bitsandbytes kernels read real data: SIMULATION.md point 8).
-_OPTIMIZERS = ("adam", "sgd", "adamw")
+_UNSUPPORTED_FLAGS: dict[str, str] = {}
+# Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
+# real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit.
+_OPTIMIZERS = ("adam", "sgd", "adamw", *optimizers.EIGHT_BIT)
+
+
+def _eight_bit_layout() -> Any:
+    """The installed bitsandbytes' 8-bit layout (read on real CPU tensors), or UsageError with the reason."""
+    from memclaims.optim_state import eight_bit_layout
+
+    try:
+        return eight_bit_layout()
+    except Exception as error:  # ImportError, or a bitsandbytes whose init_state changed shape
+        raise UsageError(f"the sim device cannot model 8-bit optimizers here: bitsandbytes' layout is "
+                         f"unreadable ({type(error).__name__}: {error})") from None
 
 
 def check(recipe: Recipe) -> None:
     """Raise UsageError, with the reason, for a recipe the sim cannot replay."""
     _model_fns(recipe)
+    if recipe.sharded:
+        from memclaims.sim import sharded
+
+        sharded.check(recipe)
     for flag, reason in _UNSUPPORTED_FLAGS.items():
         if getattr(recipe, flag):
             raise UsageError(f"the sim device cannot run {recipe.id}: {reason}")
     if recipe.optimizer not in _OPTIMIZERS:
         raise UsageError(f"the sim device cannot run {recipe.id}: optimizer {recipe.optimizer!r} does not run "
                          f"on fake tensors; simulated optimizers: {', '.join(_OPTIMIZERS)}")
+    if recipe.optimizer in optimizers.EIGHT_BIT:
+        _eight_bit_layout()
     if recipe.precision not in PARAM_DTYPE:
         raise UsageError(f"the sim device cannot run precision {recipe.precision!r}; "
                          f"simulated precisions: {', '.join(PARAM_DTYPE)}")
