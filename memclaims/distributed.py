@@ -336,7 +336,8 @@ class CpuShardedRun(TrainingLoop):
 
         probe.track(model, optimizer)
         with probe.phase("train"):
-            self.train(model, optimizer, scheduler, iter(train_loader), memory_steps, on_step=probe.step_begin)
+            self.train(model, optimizer, scheduler, iter(train_loader), memory_steps, on_step=probe.step_begin,
+                       phase=probe.step_phase)
         memory_losses = list(self.losses)
         timed = self.step_times[1:] or self.step_times  # the first step warms up
 
@@ -363,7 +364,8 @@ class CpuShardedRun(TrainingLoop):
             **self.loss_fields(memory_losses),
             step_time_s=statistics.median(timed) if timed else None,
             weights=weights, data=bundle.name, versions=library_versions(),
-            phases={n: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": None} for n, p in probe.phases.items()},
+            phases=probes.phase_entries(probe.phases),
+            step_peaks={name: list(peaks) for name, peaks in probe.step_peaks.items()},
             breakdown=dict(train.breakdown), notes=self.notes,
         )
 

@@ -3,18 +3,34 @@
 The loop decides the peak, so it exists once: ``zero_grad`` after the forward pass (scripts 01-04,
 06), or a scaled loss with a step on every accumulation-th batch and ``zero_grad`` after it (05).
 Subclasses say how a loss is computed, back-propagated and read.
+
+The loop also names the phases of a step (``STEP_PHASES``) and opens each through the ``phase``
+callback that ``train`` takes, so that the probes measure the same boundaries on every engine.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from memclaims.probes import storage_bytes
+
+
+# The phases of a training step, in the order of scripts 01-04 and 06 (05 zeroes after the step).
+# The loss (and its scaling under accumulation) belongs to ``forward``; reading its value, the
+# scheduler step and fetching the next batch belong to no step phase, only to the enclosing one.
+STEP_PHASES = ("forward", "backward", "optimizer_step", "zero_grad")
+
+PhaseCallback = Callable[[str], AbstractContextManager[Any]]
+
+
+def no_phase(name: str) -> AbstractContextManager[Any]:
+    return nullcontext()
 
 
 def json_number(value: float) -> float | None:
@@ -50,8 +66,10 @@ class TrainingLoop:
     # --- the loop -----------------------------------------------------------------------------
 
     def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
-              optimizer_steps: int, on_step: Callable[[], None] | None = None) -> None:
-        """``optimizer_steps`` optimizer steps (or until ``batches`` runs out when negative)."""
+              optimizer_steps: int, on_step: Callable[[], None] | None = None,
+              phase: PhaseCallback = no_phase) -> None:
+        """``optimizer_steps`` optimizer steps (or until ``batches`` runs out when negative);
+        ``phase(name)`` wraps each of the ``STEP_PHASES`` (a probe's ``step_phase``)."""
         accumulation = self.accumulation_steps
         done = 0
         started = time.perf_counter()
@@ -59,23 +77,30 @@ class TrainingLoop:
             if on_step is not None:
                 on_step()
             model.train()
-            loss = self.forward_loss(model, inputs, targets)
+            with phase("forward"):
+                loss = self.forward_loss(model, inputs, targets)
+                if accumulation > 1:
+                    loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
             if accumulation == 1:
-                optimizer.zero_grad()  # 01..04, 06: after the forward pass
-                self.backward(loss)
+                with phase("zero_grad"):
+                    optimizer.zero_grad()  # 01..04, 06: after the forward pass
+                with phase("backward"):
+                    self.backward(loss)
                 stepping = True
             else:
-                loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
-                self.backward(loss)
+                with phase("backward"):
+                    self.backward(loss)
                 stepping = batch_index % accumulation == 0
             self._watch(self.loss_value(loss))
             if not stepping:
                 continue
             if self.grad_bytes is None:
                 self.grad_bytes = storage_bytes(self.gradients(model))
-            optimizer.step()
+            with phase("optimizer_step"):
+                optimizer.step()
             if accumulation > 1:
-                optimizer.zero_grad()
+                with phase("zero_grad"):
+                    optimizer.zero_grad()
             if scheduler is not None:
                 scheduler.step()
             self.synchronize()

@@ -76,7 +76,13 @@ class Record:
     # Processes (CPU) or GPUs of the run, and this Record's rank among them.
     devices: int = 1
     rank: int = 0
+    # Per phase (load, train, forward, backward, optimizer_step, zero_grad, evaluation, ...):
+    # allocated_bytes (absolute peak), above_start_bytes (peak minus what was live when the phase
+    # began), reserved_bytes (CUDA and sim, else null). Step phases: the largest over the steps.
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Each step phase's absolute peak, one entry per occurrence in the measured steps (forward and
+    # backward once per micro-batch), so that growth from step to step (a leak) is visible.
+    step_peaks: dict[str, list[int]] = field(default_factory=dict)
     breakdown: dict[str, int] = field(default_factory=dict)  # by category, at the training peak
     memory_losses: list[float | None] = field(default_factory=list)  # null once diverged
     notes: list[str] = field(default_factory=list)

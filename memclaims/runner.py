@@ -145,13 +145,15 @@ class _Session(TrainingLoop):
     # --- evaluate --------------------------------------------------------------------------
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: DataLoader) -> float:
+    def accuracy(self, model: nn.Module, loader: DataLoader, on_batch: Any = None) -> float:
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
         metric = metric.to(self.device)
         model.eval()
         for inputs, targets in self.micro_batches(loader):
+            if on_batch is not None:
+                on_batch()
             predicted = torch.argmax(self.recipe.workload.logits(model, inputs), 1)
             metric.update(predicted, targets)
         return float(metric.compute())
@@ -258,7 +260,7 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
     probe.track(model, optimizer)
     with probe.phase("train"):
         session.train(model, optimizer, scheduler, session.micro_batches(train_loader), memory_steps,
-                      on_step=probe.step_begin)
+                      on_step=probe.step_begin, phase=probe.step_phase)
     states = probe_module.model_state_bytes(model, optimizer)
     states["grad_bytes"] = session.grad_bytes or 0
     memory_losses = list(session.losses)
@@ -270,7 +272,9 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
             for _ in range(session.accuracy_epochs):
                 session.train(model, optimizer, scheduler, session.micro_batches(train_loader), -1)
-            accuracy = session.accuracy(model, test_loader)
+            probe.track(model, optimizer)  # the model states count as live from the start
+            with probe.phase("evaluation"):
+                accuracy = session.accuracy(model, test_loader, on_batch=probe.step_begin)
         timed = session.step_times
     else:
         timed = memory_step_times[1:] or memory_step_times  # the first step warms up
@@ -299,8 +303,8 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         weights=weights,
         data=bundle.name,
         versions=library_versions(),
-        phases={name: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": p.reserved_bytes}
-                for name, p in probe.phases.items()},
+        phases=probe_module.phase_entries(probe.phases),
+        step_peaks={name: list(peaks) for name, peaks in probe.step_peaks.items()},
         breakdown=dict(train.breakdown),
         notes=session.notes,
         **states,
