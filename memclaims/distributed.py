@@ -331,7 +331,8 @@ class CpuShardedRun(TrainingLoop):
                 model = model.to(TRUE_HALF[recipe.precision])
             model = self.shard(model)
             optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate,
-                                                    epochs * steps_per_epoch)
+                                                    epochs * steps_per_epoch,
+                                                    min_8bit_size=recipe.scale.min_8bit_size)
         params = list(model.parameters())
 
         probe.track(model, optimizer)
@@ -340,6 +341,9 @@ class CpuShardedRun(TrainingLoop):
                        phase=probe.step_phase)
         memory_losses = list(self.losses)
         timed = self.step_times[1:] or self.step_times  # the first step warms up
+        from memclaims.runner import _observed
+
+        observed = _observed(self, model, optimizer, recipe, local=_local)
 
         accuracy = None
         if options.evaluate:
@@ -366,7 +370,7 @@ class CpuShardedRun(TrainingLoop):
             weights=weights, data=bundle.name, versions=library_versions(),
             phases=probes.phase_entries(probe.phases),
             step_peaks={name: list(peaks) for name, peaks in probe.step_peaks.items()},
-            breakdown=dict(train.breakdown), notes=self.notes,
+            breakdown=dict(train.breakdown), notes=self.notes, **observed,
         )
 
     def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:

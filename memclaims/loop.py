@@ -45,6 +45,13 @@ class TrainingLoop:
         self.step_times: list[float] = []
         self.nan_step: int | None = None  # index into ``losses`` of the first NaN/inf
         self.grad_bytes: int | None = None  # read while the gradients exist, before the first step
+        # What the last optimizer step really consumed, counted from the batches (not the recipe),
+        # so that a batch-size or accumulation technique that does nothing shows.
+        self.step_examples: int | None = None
+        self.step_micro_batches: int | None = None
+        # Output dtypes of the model's linear layers in the first forward pass: the precision the
+        # matmuls really ran in (autocast's half dtype, or the parameters' own).
+        self.compute_dtypes: list[str] = []
 
     # --- what a subclass provides -------------------------------------------------------------
 
@@ -72,15 +79,21 @@ class TrainingLoop:
         ``phase(name)`` wraps each of the ``STEP_PHASES`` (a probe's ``step_phase``)."""
         accumulation = self.accumulation_steps
         done = 0
+        examples = micro_batches = 0
         started = time.perf_counter()
         for batch_index, (inputs, targets) in enumerate(batches):
             if on_step is not None:
                 on_step()
             model.train()
+            watch = _watch_linear_outputs(model) if not self.compute_dtypes else None
             with phase("forward"):
                 loss = self.forward_loss(model, inputs, targets)
                 if accumulation > 1:
                     loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
+            if watch is not None:
+                self.compute_dtypes = watch()
+            examples += int(targets.shape[0])
+            micro_batches += 1
             if accumulation == 1:
                 with phase("zero_grad"):
                     optimizer.zero_grad()  # 01..04, 06: after the forward pass
@@ -96,6 +109,8 @@ class TrainingLoop:
                 continue
             if self.grad_bytes is None:
                 self.grad_bytes = storage_bytes(self.gradients(model))
+            self.step_examples, self.step_micro_batches = examples, micro_batches
+            examples = micro_batches = 0
             with phase("optimizer_step"):
                 optimizer.step()
             if accumulation > 1:
@@ -111,6 +126,11 @@ class TrainingLoop:
             if done == optimizer_steps:
                 return
 
+    def measured_fields(self) -> dict[str, Any]:
+        """The Record's fields of what the loop observed (batch, accumulation, compute dtype)."""
+        return dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
+                    compute_dtypes=list(self.compute_dtypes))
+
     def loss_fields(self, memory_losses: list[float]) -> dict[str, Any]:
         """The Record's loss fields: the last loss, where it diverged, and the measured steps' losses."""
         return dict(final_loss=json_number(self.losses[-1]) if self.losses else None,
@@ -121,3 +141,21 @@ class TrainingLoop:
         self.losses.append(value)
         if self.nan_step is None and not math.isfinite(value):
             self.nan_step = len(self.losses) - 1
+
+
+def _watch_linear_outputs(model: nn.Module) -> Callable[[], list[str]]:
+    """Hooks every ``nn.Linear``; the returned function removes them and names the output dtypes seen."""
+    seen: dict[str, None] = {}
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            seen[str(output.dtype).removeprefix("torch.")] = None
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
+
+    def done() -> list[str]:
+        for handle in handles:
+            handle.remove()
+        return sorted(seen)
+
+    return done

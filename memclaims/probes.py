@@ -202,6 +202,22 @@ def storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
     return total
 
 
+def bytes_by(tensors: Iterator[torch.Tensor], key: Callable[[torch.Tensor], str]) -> dict[str, int]:
+    """Bytes of the distinct storages behind ``tensors``, grouped by ``key`` (dtype, device type)."""
+    groups: dict[str, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(key(tensor), []).append(tensor)
+    return {name: storage_bytes(iter(members)) for name, members in sorted(groups.items())}
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def device_type(tensor: torch.Tensor) -> str:
+    return tensor.device.type
+
+
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
     for state in optimizer.state.values():
         for value in state.values():

@@ -83,6 +83,16 @@ class Record:
     # Each step phase's absolute peak, one entry per occurrence in the measured steps (forward and
     # backward once per micro-batch), so that growth from step to step (a leak) is visible.
     step_peaks: dict[str, list[int]] = field(default_factory=dict)
+    # What the techniques really did, observed rather than configured (memclaims.active checks it):
+    # examples and micro-batches of the last measured optimizer step, the dtypes the linear layers
+    # computed in, optimizer state bytes by dtype (uint8: 8-bit state), parameter bytes by device
+    # type after setup (CPU offload: none on cuda), and bitsandbytes' 8-bit threshold used.
+    step_examples: int | None = None
+    step_micro_batches: int | None = None
+    compute_dtypes: list[str] = field(default_factory=list)
+    optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
+    param_bytes_by_device: dict[str, int] = field(default_factory=dict)
+    min_8bit_size: int | None = None
     breakdown: dict[str, int] = field(default_factory=dict)  # by category, at the training peak
     memory_losses: list[float | None] = field(default_factory=list)  # null once diverged
     notes: list[str] = field(default_factory=list)

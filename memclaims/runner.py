@@ -115,7 +115,8 @@ class _Session(TrainingLoop):
 
     def make_optimizer(self, model: nn.Module, steps_per_epoch: int) -> tuple[torch.optim.Optimizer, Any]:
         epochs = self.accuracy_epochs if self.options.evaluate else 1
-        return optimizers.build(self.recipe.optimizer, model, self.recipe.learning_rate, epochs * steps_per_epoch)
+        return optimizers.build(self.recipe.optimizer, model, self.recipe.learning_rate, epochs * steps_per_epoch,
+                                min_8bit_size=self.recipe.scale.min_8bit_size)
 
     @property
     def accuracy_epochs(self) -> int:
@@ -263,6 +264,7 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
                       on_step=probe.step_begin, phase=probe.step_phase)
     states = probe_module.model_state_bytes(model, optimizer)
     states["grad_bytes"] = session.grad_bytes or 0
+    observed = _observed(session, model, optimizer, recipe)
     memory_losses = list(session.losses)
     memory_step_times = list(session.step_times)
 
@@ -308,4 +310,29 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         breakdown=dict(train.breakdown),
         notes=session.notes,
         **states,
+        **observed,
     )
+
+
+def _observed(loop: TrainingLoop, model: nn.Module, optimizer: Any, recipe: Recipe,
+              local: Any = None) -> dict[str, Any]:
+    """The Record's observed-technique fields, read right after the measured steps; ``local``
+    maps a sharded tensor to this rank's shard."""
+    local = local or (lambda tensor: tensor)
+    return dict(
+        **loop.measured_fields(),
+        optimizer_state_by_dtype=probe_module.bytes_by(
+            (local(t) for t in probe_module.optimizer_state_tensors(optimizer)), probe_module.dtype_name),
+        param_bytes_by_device=probe_module.bytes_by((local(p) for p in model.parameters()),
+                                                    probe_module.device_type),
+        min_8bit_size=(recipe.scale.min_8bit_size or _bnb_default_min_8bit_size())
+        if recipe.optimizer in optimizers.EIGHT_BIT else None,
+    )
+
+
+def _bnb_default_min_8bit_size() -> int:
+    import inspect
+
+    import bitsandbytes as bnb
+
+    return int(inspect.signature(bnb.optim.Adam8bit.__init__).parameters["min_8bit_size"].default)
