@@ -192,6 +192,41 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_accept(args: argparse.Namespace) -> int:
+    from memclaims.baselines import BaselineStore
+
+    path, keys = BaselineStore(args.baselines_dir).accept(args.environment)
+    for key in keys:
+        print(f"accepted {key}")
+    print(f"{len(keys)} baselines stored in {path}; review and commit it", file=sys.stderr)
+    return 0
+
+
+def cmd_spread(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from memclaims import spread
+    from memclaims.environment import cpu_class
+
+    baseline_class = cpu_class()
+    recipes = args.recipe or spread.cpu_recipes()
+    classes = [c for c in args.classes.split(",") if c]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    print(f"memclaims: {len(recipes)} recipes x seeds {seeds} as {baseline_class}, then seed 123 as "
+          f"{', '.join(classes)}", file=sys.stderr)
+    by_seed = spread.measure_as(spread.NATIVE, recipes, [123, *[s for s in seeds if s != 123]])
+    by_class = {c: spread.measure_as(c, recipes, [123]) for c in classes}
+    results = [spread.Spread(recipe=r, baseline_accuracy=by_seed[r]["123"],
+                             by_class={c: by_class[c][r]["123"] for c in classes}, by_seed=by_seed[r])
+               for r in recipes]
+    path = Path(args.baselines_dir) / "tolerances.json"
+    spread.write_atomically(path, spread.tolerances_document(results, classes, seeds, baseline_class))
+    for s in results:
+        print(f"{s.recipe:<64} tolerance {s.tolerance * 100:5.2f} points")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memclaims", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -237,6 +272,17 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     cal.add_argument("--baselines-dir", default="baselines")
     cal.set_defaults(handler=cmd_calibrate)
+    acc = base_commands.add_parser("accept", help="store a first run's obtained Records as the baselines")
+    acc.add_argument("environment", help="the environment id the failing cases printed, e.g. cpu-x86_64-avx2-cu130")
+    acc.add_argument("--baselines-dir", default="baselines")
+    acc.set_defaults(handler=cmd_accept)
+    spr = base_commands.add_parser("spread", help="accuracy tolerances of the cpu tier from the spread over "
+                                   "seeds and CPU classes (writes baselines/tolerances.json)")
+    spr.add_argument("--seeds", default="1,2,3,4", help="seeds besides the article's 123")
+    spr.add_argument("--classes", default="default", help="ATEN_CPU_CAPABILITY classes to run as, e.g. default,avx2")
+    spr.add_argument("--recipe", action="append", help="recipe id (default: every cpu case of the default matrix)")
+    spr.add_argument("--baselines-dir", default="baselines")
+    spr.set_defaults(handler=cmd_spread)
     return parser
 
 

@@ -29,7 +29,7 @@ from memclaims import launcher
 from memclaims.errors import UsageError
 from memclaims.loop import TrainingLoop
 from memclaims.recipe import Recipe, parse_id
-from memclaims.record import Record, device_name, library_versions
+from memclaims.record import Record, device_name, environment_facts, library_versions
 from memclaims.runner import TRUE_HALF, RunOptions, check_device, resolve_memory_steps
 
 CPU_DEFAULT_DEVICES = 2
@@ -356,6 +356,7 @@ class CpuShardedRun(TrainingLoop):
         load, train = probe.phases["load"], probe.phases["train"]
         return Record(
             **recipe.record_fields(), device="cpu", device_name=device_name("cpu"),
+            environment=environment_facts("cpu"),
             probe=probe.name, precision=self.precision_ran, memory_steps=memory_steps,
             param_count=sum(p.numel() for p in params),  # the whole model's, as single-process
             param_tensor_count=len(params),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="store the Records of the cases that ran as their baselines, instead of comparing")
     add("strict", "fail when a metric is better than its baseline beyond tolerance (stale baseline)",
         default="false", action="store_const", const="true")
+    add("accept-regressions", "with --update-baselines: store a Record even where it is worse than its "
+        "baseline (otherwise the case fails and nothing is stored)", default="false",
+        action="store_const", const="true")
+    add("summary", "end-of-run baseline table: 'problems' (what is not ok, worst first; the default) or "
+        "'all' (every metric; also with -v)", default="problems", choices=("problems", "all"))
     add("time-threshold", "fail when the step time grows by more than PCT percent over its baseline "
         "(default: step time is only reported)", default="", metavar="PCT")
     add("summary-json", "write the end-of-run baseline comparison table as JSON to PATH", default="",
@@ -152,6 +158,46 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 SUMMARY_KEY = pytest.StashKey["Summary"]()
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The baseline options, parsed and checked once in pytest_configure (a typo fails the run
+    before anything is measured), then read by the fixtures from the config's stash."""
+
+    baselines_dir: Path
+    artifacts: Path
+    strict: bool
+    accept_regressions: bool
+    time_threshold: float | None
+    summary_all: bool
+
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+
+
+def _build_settings(config: pytest.Config) -> Settings:
+    return Settings(baselines_dir=baselines_dir(config), artifacts=artifacts_dir(config),
+                    strict=flag(config, "strict"), accept_regressions=flag(config, "accept-regressions"),
+                    time_threshold=time_threshold(config),
+                    summary_all=option(config, "summary") == "all" or config.getoption("verbose") > 0)
+
+
+def settings(config: pytest.Config) -> Settings:
+    if SETTINGS_KEY not in config.stash:
+        config.stash[SETTINGS_KEY] = _build_settings(config)
+    return config.stash[SETTINGS_KEY]
+
+
+def accept_command(config: pytest.Config, environment: str) -> str:
+    """The command that accepts a first run's obtained Records, as a user would type it."""
+    folder = settings(config).baselines_dir
+    try:
+        shown = folder.relative_to(Path.cwd())
+    except ValueError:
+        shown = folder
+    extra = "" if shown == Path("baselines") else f" --baselines-dir {shown}"
+    return f"memclaims baselines accept {environment}{extra}"
+
+
 def flag(config: pytest.Config, name: str) -> bool:
     return option(config, name).strip().lower() in ("1", "true", "yes", "on")
 
@@ -189,7 +235,7 @@ def artifacts_dir(config: pytest.Config) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     # Malformed values are usage errors before anything runs (a typo must not cost a night's run).
-    time_threshold(config)
+    config.stash[SETTINGS_KEY] = _build_settings(config)
     for name in ("steps", "accuracy-epochs"):
         count_option(config, name)
     from memclaims import diagnosis
@@ -223,10 +269,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     oom = config.stash.get(OOM_KEY, [])
     if not rows and not oom:
         return
-    if rows:
-        terminalreporter.write_sep("=", "memclaims baselines")
-        for line in table.table():
+    lines = table.table(everything=settings(config).summary_all) if table is not None else []
+    if lines:
+        shown = "every comparison" if settings(config).summary_all else \
+            "what is not ok, worst first (every comparison: -v or --memclaims-summary all)"
+        terminalreporter.write_sep("=", f"memclaims baselines: {shown}")
+        for line in lines:
             terminalreporter.write_line(line)
+    elif rows:
+        terminalreporter.write_line(f"memclaims baselines: {len(rows)} comparisons, all within tolerance")
     if oom:
         terminalreporter.write_sep("=", "memclaims: out of memory")
         for entry in oom:

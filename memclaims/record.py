@@ -29,6 +29,15 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
+def environment_facts(device: str) -> dict[str, Any]:
+    """The facts behind a real device's baseline environment id (memclaims.environment)."""
+    from memclaims import environment
+
+    if device == "cuda":
+        return environment.cuda_description()
+    return environment.cpu_class_description()
+
+
 def device_name(device: str) -> str:
     import torch
 
@@ -76,6 +85,9 @@ class Record:
     # Processes (CPU) or GPUs of the run, and this Record's rank among them.
     devices: int = 1
     rank: int = 0
+    # What decides the numbers besides the versions: CPU capability class and bf16/AMX features,
+    # torch's build; or GPU model, CUDA and cuDNN (memclaims.environment). Names the baseline file.
+    environment: dict[str, Any] = field(default_factory=dict)
     # Per phase (load, train, forward, backward, optimizer_step, zero_grad, evaluation, ...):
     # allocated_bytes (absolute peak), above_start_bytes (peak minus what was live when the phase
     # began), reserved_bytes (CUDA and sim, else null). Step phases: the largest over the steps.

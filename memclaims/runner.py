@@ -22,7 +22,7 @@ from memclaims import optimizers, probes as probe_module
 from memclaims.errors import OutOfMemory, UsageError
 from memclaims.loop import TrainingLoop
 from memclaims.recipe import Recipe
-from memclaims.record import Record, device_name, library_versions
+from memclaims.record import Record, device_name, environment_facts, library_versions
 from memclaims.techniques import FP32
 from memclaims.workloads import SEED
 
@@ -207,6 +207,7 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
     try:
         record = _run(recipe, options, probe, memory_steps)
         record.host_peak_bytes = host.peak_bytes()
+        record.environment = environment_facts(options.device)
         return record
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
         requested = out_of_memory_request(error)
