@@ -350,7 +350,9 @@ class CpuShardedRun(TrainingLoop):
             self.step_times.clear()
             for _ in range(epochs):
                 self.train(model, optimizer, scheduler, iter(train_loader), -1)
-            accuracy = self.accuracy(model, test_loader)
+            probe.track(model, optimizer)  # the model states count as live from the start
+            with probe.phase("evaluation"):
+                accuracy = self.accuracy(model, test_loader, on_batch=probe.step_begin)
             timed = self.step_times
 
         load, train = probe.phases["load"], probe.phases["train"]
@@ -402,13 +404,15 @@ class CpuShardedRun(TrainingLoop):
         return (_local(p.grad) for p in model.parameters() if p.grad is not None)
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: Any) -> float:
+    def accuracy(self, model: nn.Module, loader: Any, on_batch: Any = None) -> float:
         """Every rank evaluates the whole test set (each forward needs all ranks' shards)."""
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
         model.eval()
         for inputs, targets in loader:
+            if on_batch is not None:
+                on_batch()
             metric.update(torch.argmax(self.logits(model, inputs), 1), targets)
         # Every rank saw every example: nothing to gather (torchmetrics would all-gather otherwise).
         return float(metric.compute())
