@@ -85,7 +85,7 @@ class TrainingLoop:
             if on_step is not None:
                 on_step()
             model.train()
-            watch = _watch_linear_outputs(model) if not self.compute_dtypes else None
+            watch = watch_linear_outputs(model) if not self.compute_dtypes else None
             with phase("forward"):
                 loss = self.forward_loss(model, inputs, targets)
                 if accumulation > 1:
@@ -143,7 +143,7 @@ class TrainingLoop:
             self.nan_step = len(self.losses) - 1
 
 
-def _watch_linear_outputs(model: nn.Module) -> Callable[[], list[str]]:
+def watch_linear_outputs(model: nn.Module) -> Callable[[], list[str]]:
     """Hooks every ``nn.Linear``; the returned function removes them and names the output dtypes seen."""
     seen: dict[str, None] = {}
 

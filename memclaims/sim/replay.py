@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from memclaims import optimizers
+from memclaims.loop import watch_linear_outputs
 from memclaims.probes import PhaseRecorder, Reading, phase_entries
 from memclaims.errors import UsageError
 from memclaims.recipe import Recipe
@@ -368,7 +369,7 @@ def _default_memory_steps(recipe: Recipe) -> int:
 
 
 def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: int,
-           inputs_fn: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, int]:
+           inputs_fn: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
     """``runner._Session.train``'s loop, statement for statement, on fake tensors."""
     memory = session.memory
     precision = _Precision(recipe)
@@ -383,10 +384,15 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     grad_bytes: int | None = None
     done = 0
     inputs = targets = logits = loss = None
+    # What memclaims.active checks, observed as the loop does: the batch of a step, the linear
+    # layers' compute dtype (the autocast emulation's result).
+    observed: dict[str, Any] = {"compute_dtypes": []}
+    examples = micro_batches = 0
     for batch_index in range(memory_steps * accumulation + 1):
         # The loader's next batch is moved to the device while the previous one is still bound.
         inputs, targets = inputs_fn(recipe.scale.name, recipe.micro_batch_size)
         model.train()
+        watch = watch_linear_outputs(model) if not observed["compute_dtypes"] else None
         with session.step_phase("forward"):
             with attention:
                 if recipe.plain_pytorch:
@@ -401,6 +407,9 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
             loss = F.cross_entropy(logits, targets)
             if accumulation > 1:
                 loss = loss / accumulation  # 05
+        if watch is not None:
+            observed["compute_dtypes"] = watch()
+        examples, micro_batches = examples + int(targets.shape[0]), micro_batches + 1
         if accumulation == 1:
             with session.step_phase("zero_grad"):
                 optimizer.zero_grad()  # 01..04, 06: after the forward pass
@@ -415,6 +424,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
         if stepping:
             if grad_bytes is None:
                 grad_bytes = _storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
+            observed.update(step_examples=examples, step_micro_batches=micro_batches)
+            examples = micro_batches = 0
             with session.step_phase("optimizer_step"):
                 memory.in_optimizer = True
                 optimizer.step()
@@ -431,8 +442,9 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
             done += 1
             if done == memory_steps:
                 break
-    states = _state_bytes(model, optimizer)
+    states: dict[str, Any] = dict(_state_bytes(model, optimizer))
     states["grad_bytes"] = grad_bytes or 0
+    states.update(observed)
     del inputs, targets, logits, loss
     return states
 
