@@ -216,7 +216,9 @@ def cmd_spread(args: argparse.Namespace) -> int:
           f"{', '.join(classes)}", file=sys.stderr)
     by_seed = spread.measure_as(spread.NATIVE, recipes, [123, *[s for s in seeds if s != 123]])
     by_class = {c: spread.measure_as(c, recipes, [123]) for c in classes}
-    results = [spread.Spread(recipe=r, baseline_accuracy=by_seed[r]["123"],
+    from memclaims.recipe import parse_id
+
+    results = [spread.Spread(recipe=r, precision=parse_id(r).precision, baseline_accuracy=by_seed[r]["123"],
                              by_class={c: by_class[c][r]["123"] for c in classes}, by_seed=by_seed[r])
                for r in recipes]
     path = Path(args.baselines_dir) / "tolerances.json"
