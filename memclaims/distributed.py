@@ -331,21 +331,28 @@ class CpuShardedRun(TrainingLoop):
                 model = model.to(TRUE_HALF[recipe.precision])
             model = self.shard(model)
             optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate,
-                                                    epochs * steps_per_epoch)
+                                                    epochs * steps_per_epoch,
+                                                    min_8bit_size=recipe.scale.min_8bit_size)
         params = list(model.parameters())
 
         probe.track(model, optimizer)
         with probe.phase("train"):
-            self.train(model, optimizer, scheduler, iter(train_loader), memory_steps, on_step=probe.step_begin)
+            self.train(model, optimizer, scheduler, iter(train_loader), memory_steps, on_step=probe.step_begin,
+                       phase=probe.step_phase)
         memory_losses = list(self.losses)
         timed = self.step_times[1:] or self.step_times  # the first step warms up
+        from memclaims.runner import _observed
+
+        observed = _observed(self, model, optimizer, recipe, local=_local)
 
         accuracy = None
         if options.evaluate:
             self.step_times.clear()
             for _ in range(epochs):
                 self.train(model, optimizer, scheduler, iter(train_loader), -1)
-            accuracy = self.accuracy(model, test_loader)
+            probe.track(model, optimizer)  # the model states count as live from the start
+            with probe.phase("evaluation"):
+                accuracy = self.accuracy(model, test_loader, on_batch=probe.step_begin)
             timed = self.step_times
 
         load, train = probe.phases["load"], probe.phases["train"]
@@ -364,8 +371,9 @@ class CpuShardedRun(TrainingLoop):
             **self.loss_fields(memory_losses),
             step_time_s=statistics.median(timed) if timed else None,
             weights=weights, data=bundle.name, versions=library_versions(),
-            phases={n: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": None} for n, p in probe.phases.items()},
-            breakdown=dict(train.breakdown), notes=self.notes,
+            phases=probes.phase_entries(probe.phases),
+            step_peaks={name: list(peaks) for name, peaks in probe.step_peaks.items()},
+            breakdown=dict(train.breakdown), notes=self.notes, **observed,
         )
 
     def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
@@ -396,13 +404,15 @@ class CpuShardedRun(TrainingLoop):
         return (_local(p.grad) for p in model.parameters() if p.grad is not None)
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: Any) -> float:
+    def accuracy(self, model: nn.Module, loader: Any, on_batch: Any = None) -> float:
         """Every rank evaluates the whole test set (each forward needs all ranks' shards)."""
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
         model.eval()
         for inputs, targets in loader:
+            if on_batch is not None:
+                on_batch()
             metric.update(torch.argmax(self.logits(model, inputs), 1), targets)
         # Every rank saw every example: nothing to gather (torchmetrics would all-gather otherwise).
         return float(metric.compute())

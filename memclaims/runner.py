@@ -115,7 +115,8 @@ class _Session(TrainingLoop):
 
     def make_optimizer(self, model: nn.Module, steps_per_epoch: int) -> tuple[torch.optim.Optimizer, Any]:
         epochs = self.accuracy_epochs if self.options.evaluate else 1
-        return optimizers.build(self.recipe.optimizer, model, self.recipe.learning_rate, epochs * steps_per_epoch)
+        return optimizers.build(self.recipe.optimizer, model, self.recipe.learning_rate, epochs * steps_per_epoch,
+                                min_8bit_size=self.recipe.scale.min_8bit_size)
 
     @property
     def accuracy_epochs(self) -> int:
@@ -145,13 +146,15 @@ class _Session(TrainingLoop):
     # --- evaluate --------------------------------------------------------------------------
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: DataLoader) -> float:
+    def accuracy(self, model: nn.Module, loader: DataLoader, on_batch: Any = None) -> float:
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
         metric = metric.to(self.device)
         model.eval()
         for inputs, targets in self.micro_batches(loader):
+            if on_batch is not None:
+                on_batch()
             predicted = torch.argmax(self.recipe.workload.logits(model, inputs), 1)
             metric.update(predicted, targets)
         return float(metric.compute())
@@ -259,9 +262,10 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
     probe.track(model, optimizer)
     with probe.phase("train"):
         session.train(model, optimizer, scheduler, session.micro_batches(train_loader), memory_steps,
-                      on_step=probe.step_begin)
+                      on_step=probe.step_begin, phase=probe.step_phase)
     states = probe_module.model_state_bytes(model, optimizer)
     states["grad_bytes"] = session.grad_bytes or 0
+    observed = _observed(session, model, optimizer, recipe)
     memory_losses = list(session.losses)
     memory_step_times = list(session.step_times)
 
@@ -271,7 +275,9 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
             for _ in range(session.accuracy_epochs):
                 session.train(model, optimizer, scheduler, session.micro_batches(train_loader), -1)
-            accuracy = session.accuracy(model, test_loader)
+            probe.track(model, optimizer)  # the model states count as live from the start
+            with probe.phase("evaluation"):
+                accuracy = session.accuracy(model, test_loader, on_batch=probe.step_begin)
         timed = session.step_times
     else:
         timed = memory_step_times[1:] or memory_step_times  # the first step warms up
@@ -300,9 +306,34 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         weights=weights,
         data=bundle.name,
         versions=library_versions(),
-        phases={name: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": p.reserved_bytes}
-                for name, p in probe.phases.items()},
+        phases=probe_module.phase_entries(probe.phases),
+        step_peaks={name: list(peaks) for name, peaks in probe.step_peaks.items()},
         breakdown=dict(train.breakdown),
         notes=session.notes,
         **states,
+        **observed,
     )
+
+
+def _observed(loop: TrainingLoop, model: nn.Module, optimizer: Any, recipe: Recipe,
+              local: Any = None) -> dict[str, Any]:
+    """The Record's observed-technique fields, read right after the measured steps; ``local``
+    maps a sharded tensor to this rank's shard."""
+    local = local or (lambda tensor: tensor)
+    return dict(
+        **loop.measured_fields(),
+        optimizer_state_by_dtype=probe_module.bytes_by(
+            (local(t) for t in probe_module.optimizer_state_tensors(optimizer)), probe_module.dtype_name),
+        param_bytes_by_device=probe_module.bytes_by((local(p) for p in model.parameters()),
+                                                    probe_module.device_type),
+        min_8bit_size=(recipe.scale.min_8bit_size or _bnb_default_min_8bit_size())
+        if recipe.optimizer in optimizers.EIGHT_BIT else None,
+    )
+
+
+def _bnb_default_min_8bit_size() -> int:
+    import inspect
+
+    import bitsandbytes as bnb
+
+    return int(inspect.signature(bnb.optim.Adam8bit.__init__).parameters["min_8bit_size"].default)

@@ -32,6 +32,10 @@ class Scale:
     # Micro-batches per optimizer step under grad-accum: 4 in script 05 and DistilBERT "after",
     # 12 (micro-batch 1) in BigBird "after".
     accumulation_steps: int = 4
+    # bitsandbytes keeps tensors under ``min_8bit_size`` elements (default 4096) in 32-bit state;
+    # no smoke ViT tensor reaches that, so its smoke scales lower it and the 8-bit state is real.
+    # None: bitsandbytes' default (article scale, where every weight matrix is far larger).
+    min_8bit_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,13 @@ def _vit_block() -> type[nn.Module]:
     return EncoderBlock
 
 
+# Five measured steps: step 1 creates the optimizer state, step 2 is the first steady step, and
+# steps 3-5 must repeat its per-phase peaks exactly (memclaims.steady); a few seconds at smoke scale.
+SMOKE_MEMORY_STEPS = 5
+# Smoke ViT tensors: attention in/out projections 3072/1024, MLP 2048, patch embedding 1536 (vit)
+# elements; 1024 quantizes all of them (91 % of the parameters), norms, biases and embeddings stay fp32.
+SMOKE_MIN_8BIT_SIZE = 1024
+
 VIT_L16 = VitFamily("vit_l_16", "ViT_L_16_Weights.IMAGENET1K_V1", 224, 1024,
                     smoke=dict(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64))
 # The repo's later series: ViT-H/14 fine-tuned end to end at 518 px (torchvision's SWAG weights).
@@ -133,7 +144,8 @@ VIT = Workload(
     num_classes=10,
     scales={
         "smoke": Scale("smoke", "ViT 2 layers x 32 wide, 16 px patches of 4, batch 32", batch_size=32,
-                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=3, accuracy_epochs=1),
+                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=SMOKE_MEMORY_STEPS,
+                       accuracy_epochs=1, min_8bit_size=SMOKE_MIN_8BIT_SIZE),
         "article": Scale("article", "ViT-L/16, 224 px, batch 64, Adam lr 5e-5", batch_size=64,
                          learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1),
     },
@@ -151,7 +163,8 @@ VIT_H14_WORKLOAD = Workload(
         # Batch 16, not 4: with 2 images per CPU rank the activations would not set the peak,
         # and checkpointing (the series' third bar) would have nothing to show.
         "smoke": Scale("smoke", "ViT 2 layers x 32 wide, 56 px patches of 14, batch 16", batch_size=16,
-                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=3, accuracy_epochs=1),
+                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=SMOKE_MEMORY_STEPS,
+                       accuracy_epochs=1, min_8bit_size=SMOKE_MIN_8BIT_SIZE),
         "article": Scale("article", "ViT-H/14, 518 px, batch 4 per GPU, Adam lr 5e-5", batch_size=4,
                          learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1),
     },

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from memclaims import active, steady
 from memclaims.techniques import TRUE_HALF_PRECISIONS
 from fixtures.baselines import BaselineCheck
 from fixtures.records import RecordCache
@@ -46,6 +47,13 @@ def test_case(tier: str, techniques: tuple[str, ...], record_cache: RecordCache,
         record_property("nan_step", record.nan_step)
         assert record.nan_loss == (record.nan_step is not None)
         assert record.nan_loss == (record.final_loss is None)
+
+    # Every technique visibly at work (8-bit state quantized, batch really smaller, ...), and every
+    # step after the second peaking where step 2 did (no per-step leak).
+    inactive = active.problems(recipe, record)
+    assert not inactive, "\n".join(inactive)
+    leaked = steady.leak(record)
+    assert leaked is None, leaked
 
     # Then the numbers against this environment's stored baseline (memclaims.compare).
     baseline_check.check(request.node.callspec.id, record, record_property)

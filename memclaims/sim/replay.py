@@ -36,6 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from memclaims import optimizers
+from memclaims.loop import watch_linear_outputs
+from memclaims.probes import PhaseRecorder, Reading, phase_entries
 from memclaims.errors import UsageError
 from memclaims.recipe import Recipe
 from memclaims.record import Record, library_versions
@@ -208,6 +210,18 @@ class _Session:
         self.allocator = CachingAllocator(profile.allocator)
         self.memory = DeviceMemory(self.allocator, profile)
         self.fake = FakeTensorMode()
+        # The probes' nested phases over the allocator model's peak counters.
+        self.recorder = PhaseRecorder(self._read, self.memory.reset_peaks)
+
+    def _read(self) -> Reading:
+        stats = self.allocator.stats
+        return Reading(now=stats.allocated, peak=stats.peak_allocated, reserved_peak=stats.peak_reserved,
+                       breakdown=dict(self.memory.breakdown_at_peak),
+                       extra={"live_bytes": self.memory.peak_tensor_bytes})
+
+    def step_phase(self, name: str) -> Any:
+        """A phase of a training step (``memclaims.loop.STEP_PHASES``, the same boundaries), as the probes measure it."""
+        return self.recorder.measure(name, per_step=True)
 
     @contextmanager
     def active(self) -> Iterator["_Session"]:
@@ -224,10 +238,10 @@ class _Session:
 
     @contextmanager
     def phase(self, results: dict[str, PhaseResult], name: str) -> Iterator[None]:
-        self.memory.reset_peaks()
-        yield
-        stats = self.allocator.stats
-        results[name] = PhaseResult(stats.peak_allocated, stats.peak_reserved, self.memory.peak_tensor_bytes)
+        with self.recorder.measure(name):
+            yield
+        peak = self.recorder.phases[name]
+        results[name] = PhaseResult(peak.allocated_bytes, peak.reserved_bytes or 0, peak.extra.get("live_bytes", 0))
 
     @contextmanager
     def host(self) -> Iterator[None]:
@@ -356,7 +370,7 @@ def _default_memory_steps(recipe: Recipe) -> int:
 
 
 def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: int,
-           inputs_fn: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, int]:
+           inputs_fn: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
     """``runner._Session.train``'s loop, statement for statement, on fake tensors."""
     memory = session.memory
     precision = _Precision(recipe)
@@ -378,50 +392,68 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     grad_bytes: int | None = None
     done = 0
     inputs = targets = logits = loss = None
+    # What memclaims.active checks, observed as the loop does: the batch of a step, the linear
+    # layers' compute dtype (the autocast emulation's result).
+    observed: dict[str, Any] = {"compute_dtypes": []}
+    examples = micro_batches = 0
     for batch_index in range(memory_steps * accumulation + 1):
         # The loader's next batch is moved to the device while the previous one is still bound.
         inputs, targets = inputs_fn(recipe.scale.name, recipe.micro_batch_size)
         model.train()
-        with attention:
-            if recipe.plain_pytorch:
-                logits = model(inputs)
-            else:
-                x = precision.convert_input(inputs)
-                with precision.forward_context():
-                    out = model(x)
-                del x
-                logits = precision.convert_output(out)
-                del out
-        loss = F.cross_entropy(logits, targets)
+        watch = watch_linear_outputs(model) if not observed["compute_dtypes"] else None
+        with session.step_phase("forward"):
+            with attention:
+                if recipe.plain_pytorch:
+                    logits = model(inputs)
+                else:
+                    x = precision.convert_input(inputs)
+                    with precision.forward_context():
+                        out = model(x)
+                    del x
+                    logits = precision.convert_output(out)
+                    del out
+            loss = F.cross_entropy(logits, targets)
+            if accumulation > 1:
+                loss = loss / accumulation  # 05
+        if watch is not None:
+            observed["compute_dtypes"] = watch()
+        examples, micro_batches = examples + int(targets.shape[0]), micro_batches + 1
         if accumulation == 1:
-            optimizer.zero_grad()  # 01..04, 06: after the forward pass
-            precision.backward(loss)
+            with session.step_phase("zero_grad"):
+                optimizer.zero_grad()  # 01..04, 06: after the forward pass
+            with session.step_phase("backward"):
+                precision.backward(loss)
             stepping = True
         else:
-            loss = loss / accumulation  # 05
-            precision.backward(loss)
+            with session.step_phase("backward"):
+                precision.backward(loss)
             stepping = batch_index % accumulation == 0
         loss.detach().float()  # watch_loss reads the value (.item()): a temporary at most
         if stepping:
             if grad_bytes is None:
                 grad_bytes = _storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
-            memory.in_optimizer = True
-            with optimizer_era(session.profile.optimizer_era):
-                optimizer.step()
-            memory.in_optimizer = False
+            observed.update(step_examples=examples, step_micro_batches=micro_batches)
+            examples = micro_batches = 0
+            with session.step_phase("optimizer_step"):
+                memory.in_optimizer = True
+                with optimizer_era(session.profile.optimizer_era):
+                    optimizer.step()
+                memory.in_optimizer = False
             for state in optimizer.state.values():
                 for value in state.values():
                     if isinstance(value, torch.Tensor):
                         memory.tag(value, "optimizer_state")
             if accumulation > 1:
-                optimizer.zero_grad()
+                with session.step_phase("zero_grad"):
+                    optimizer.zero_grad()
             if scheduler is not None:
                 scheduler.step()
             done += 1
             if done == memory_steps:
                 break
-    states = _state_bytes(model, optimizer)
+    states: dict[str, Any] = dict(_state_bytes(model, optimizer))
     states["grad_bytes"] = grad_bytes or 0
+    states.update(observed)
     del inputs, targets, logits, loss
     return states
 
@@ -461,7 +493,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         param_tensors = len(list(model.parameters()))
         with session.phase(phases, "train"):
             states = _train(session, recipe, model, steps, inputs_fn)
-        breakdown = dict(session.memory.breakdown_at_peak)
+        breakdown = dict(session.recorder.phases["train"].breakdown)
         site = dict(session.memory.reserved_peak_site)
         del model
     if site:
@@ -469,6 +501,9 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
                      f"reserved memory to {site['reserved_bytes']} B)")
     load, train = phases["load"], phases["train"]
+    # The contract's keys per phase, plus the sim's live tensor bytes for load and train.
+    phases_out = phase_entries(session.recorder.phases)
+    phases_out["load"]["live_bytes"], phases_out["train"]["live_bytes"] = load.live_bytes, train.live_bytes
     record = Record(
         **recipe.record_fields(),
         device="sim",
@@ -491,7 +526,9 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         weights="random",
         data="none (fake tensors)",
         versions=library_versions(),
-        phases={"load": load.as_dict(), "train": train.as_dict()},
+        # The contract's keys per phase, plus the sim's live tensor bytes for load and train.
+        phases=phases_out,
+        step_peaks={name: list(peaks) for name, peaks in session.recorder.step_peaks.items()},
         breakdown=breakdown,
         notes=notes,
         **states,

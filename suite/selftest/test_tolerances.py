@@ -81,12 +81,12 @@ def _smoke_record(technique: str, lr_factor: float = 1.0, break_accumulation: bo
 
         original = loop.TrainingLoop.train
 
-        def every_micro_batch(self, model, optimizer, scheduler, batches, steps, on_step=None):  # type: ignore[no-untyped-def]
+        def every_micro_batch(self, model, optimizer, scheduler, batches, steps, on_step=None, **phases):  # type: ignore[no-untyped-def]
             self.accumulation_steps, count = 1, self.accumulation_steps
             scaled = ((inputs, targets) for inputs, targets in batches)
             forward = self.forward_loss
             self.forward_loss = lambda m, i, t: forward(m, i, t) / count  # type: ignore[method-assign]
-            return original(self, model, optimizer, scheduler, scaled, steps, on_step)
+            return original(self, model, optimizer, scheduler, scaled, steps, on_step, **phases)
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(loop.TrainingLoop, "train", every_micro_batch)
@@ -106,6 +106,8 @@ def test_training_faults_that_accuracy_misses_at_smoke_scale_fail_the_baseline(f
     faulty = (_smoke_record(technique, break_accumulation=True) if fault == "broken accumulation" else
               _smoke_record(technique, lr_factor=10.0 if fault == "lr x10" else 0.1))
     result = compare(faulty, clean, case_id=f"cpu:{clean.recipe}")
-    assert [r.metric for r in result.failures] == ["memory_losses"], result.message()
+    # Broken accumulation also moves phases.zero_grad.* (zero_grad now runs after the forward pass,
+    # with the activations alive): per-phase peaks catch it too.
+    assert "memory_losses" in [r.metric for r in result.failures], result.message()
     assert f"cpu:{clean.recipe}: memory_losses (step " in result.message()
     assert not compare(_smoke_record(technique), clean).failures  # the control: a rerun is identical
