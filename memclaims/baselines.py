@@ -330,10 +330,13 @@ class BaselineStore:
         self._cache.pop(environment + OBTAINED, None)
         return self.path(environment), sorted(obtained)
 
-    def accuracy_tolerance(self, recipe_id: str) -> float | None:
-        """The recipe's measured accuracy tolerance (``tolerances.json``), None when not measured."""
+    def accuracy_tolerance(self, recipe_id: str, *, across_classes: bool = False) -> float | None:
+        """The recipe's measured accuracy tolerance (``tolerances.json``) against a baseline of this
+        machine's class or, ``across_classes``, of a sibling class; None when not measured."""
         entry = self.tolerances().get("accuracy", {}).get("recipes", {}).get(recipe_id)
-        return None if entry is None else float(entry["tolerance"])
+        if entry is None:
+            return None
+        return float(entry["cross_class_tolerance" if across_classes else "tolerance"])
 
     def tolerances(self) -> dict[str, Any]:
         if self._tolerances is None:

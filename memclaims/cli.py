@@ -246,7 +246,8 @@ def cmd_spread(args: argparse.Namespace) -> int:
     path = Path(args.baselines_dir) / "tolerances.json"
     spread.write_atomically(path, spread.tolerances_document(results, classes, seeds, baseline_class))
     for s in results:
-        print(f"{s.recipe:<64} tolerance {s.tolerance * 100:5.2f} points")
+        print(f"{s.recipe:<64} tolerance {s.tolerance * 100:5.2f} points, across classes "
+              f"{s.cross_class_tolerance * 100:5.2f} points")
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -1,22 +1,25 @@
 """Where the cpu tier's accuracy tolerances come from: the measured spread over CPU classes and seeds.
 
-A baseline compares the article's seed (123) on one machine with the same seed on another. Two
-CPU capability classes (ATen's AVX2 and AVX-512 kernels, bf16 hardware or not) round differently,
-and one epoch of training amplifies a rounding difference into a few test images. So each
-recipe's accuracy tolerance is the larger of
+A baseline compares the article's seed (123) with the same seed, on this machine's CPU class when
+the baseline file has it, else on a sibling class (memclaims.baselines). Within a class a run is
+deterministic, so the same-class tolerance is the floor: 2 points (7 of the 359 test images).
 
-* its precision family's floor: 2 points for fp32 (the tolerance that held for every fp32 case on
-  a second x86_64 machine, issue 11) and ``HALF_FLOOR`` for half-precision recipes (2 x the 3.62
-  points that ``bf16-true+small-batch+grad-accum`` moved on a machine without AVX512-BF16), and
+Across classes it is not: ATen's default and AVX2 kernels round bf16 differently, and one epoch
+of training amplifies that into a different trajectory. Measured at smoke scale, a half-precision
+recipe moved by up to 9.7 points between the two classes, as much as a change of seed does (a
+seed's standard deviation is 2-7 points), while fp32 recipes did not move at all. So the
+cross-class tolerance of a recipe is the largest of
+
+* the floor,
 * ``CLASS_FACTOR`` x the largest deviation seen under the classes this machine can run as
-  (``ATEN_CPU_CAPABILITY``).
+  (``ATEN_CPU_CAPABILITY``), and
+* for half precision, ``SEED_FACTOR`` x the standard deviation over seeds: on a class no machine
+  here has, a bf16 recipe's accuracy is as good as a reseeded run.
 
-Seeds are measured and stored beside, not used: a seed changes the initialisation and the data
-order, and moved accuracy by up to 18 points at smoke scale, far more than a CPU class does; a
-tolerance that absorbed it would absorb real regressions too. What a tolerance this wide cannot
-see (Adam's learning rate 10x off, broken accumulation) the loss trajectory catches (compare.py).
-The result is written to ``baselines/tolerances.json`` with the raw accuracies, and
-``memclaims baselines spread`` measures it again on any machine.
+What so wide a tolerance cannot see (Adam's learning rate 10x off, broken accumulation) the loss
+trajectory catches (memclaims.compare). Everything measured is written to
+``baselines/tolerances.json`` beside the tolerances; ``memclaims baselines spread`` measures it
+again on any machine.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 CLASS_FACTOR = 1.5
+SEED_FACTOR = 2.0
 TEST_IMAGES = 359  # scikit-learn digits, the smoke scale's seeded 20 % test split
 FLOOR = 0.02
-HALF_FLOOR = 2 * 13 / TEST_IMAGES  # 13 test images = the 3.62 points seen across machines
 HALF_PRECISIONS = ("bf16-mixed", "bf16-true", "16-true", "16-mixed")
 NATIVE = "native"
 
@@ -98,8 +101,14 @@ class Spread:
 
     @property
     def tolerance(self) -> float:
-        floor = HALF_FLOOR if self.precision in HALF_PRECISIONS else FLOOR
-        return round(max(floor, CLASS_FACTOR * self.class_deviation), 4)
+        """Against a baseline of this machine's own class: runs are deterministic there."""
+        return FLOOR
+
+    @property
+    def cross_class_tolerance(self) -> float:
+        """Against a baseline of a sibling class."""
+        reseeded = SEED_FACTOR * self.seed_deviation if self.precision in HALF_PRECISIONS else 0.0
+        return round(max(FLOOR, CLASS_FACTOR * self.class_deviation, reseeded), 4)
 
 
 def tolerances_document(spreads: Iterable[Spread], classes: Sequence[str], seeds: Sequence[int],
@@ -110,14 +119,14 @@ def tolerances_document(spreads: Iterable[Spread], classes: Sequence[str], seeds
         "schema": 1,
         "accuracy": {
             "how": (f"memclaims baselines spread: each cpu recipe at seed 123 under the CPU classes "
-                    f"{', '.join(classes)} (ATEN_CPU_CAPABILITY) and at seeds {', '.join(map(str, seeds))} "
-                    f"under the baseline class {baseline_class}; tolerance = max(floor, {CLASS_FACTOR:g} x "
-                    f"largest deviation across classes), floor {FLOOR} for fp32 and {HALF_FLOOR:.4f} "
-                    f"(2 x 13 of {TEST_IMAGES} test images, the deviation seen across machines) for half "
-                    f"precision; seeds are reported, not used (see memclaims/spread.py); fractions "
-                    f"(0.02 = 2 points)"),
+                    f"{', '.join(classes)} (ATEN_CPU_CAPABILITY) and at seeds 123, {', '.join(map(str, seeds))} "
+                    f"under the baseline class {baseline_class}. tolerance (same class; runs are "
+                    f"deterministic) = {FLOOR}; cross_class_tolerance = max({FLOOR}, {CLASS_FACTOR:g} x the "
+                    f"largest deviation across classes, and for half precision {SEED_FACTOR:g} x the standard "
+                    f"deviation over seeds); fractions (0.02 = 2 points); see memclaims/spread.py"),
             "measured_on": cpu_class_description(),
-            "recipes": {s.recipe: {"tolerance": s.tolerance, "baseline_accuracy": s.baseline_accuracy,
+            "recipes": {s.recipe: {"tolerance": s.tolerance, "cross_class_tolerance": s.cross_class_tolerance,
+                                   "baseline_accuracy": s.baseline_accuracy,
                                    "by_class": s.by_class, "by_seed": s.by_seed}
                         for s in sorted(spreads, key=lambda s: s.recipe)},
         },
