@@ -35,7 +35,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
     add("matrix", "which combinations become cases: singles, default (singles + the article's "
         "chain + a pairwise cover) or full", default="default", choices=SELECTIONS)
-    add("gpu-scale", "scale of the gpu tier: article or smoke", default="article", choices=("article", "smoke"))
+    add("gpu-scale", "scale of the gpu tier: article, or smoke (each workload's gpusmoke scale where it "
+        "has one: ViT-B/16 width at 128 px for vit)", default="article", choices=("article", "smoke"))
     add("steps", "optimizer steps measured per case (default: the scale's)", default="")
     add("accuracy-epochs", "epochs of the accuracy phase per case (default: the scale's; 1 at article "
         "scale, as the article)", default="")
@@ -90,9 +91,12 @@ def selection(config: pytest.Config) -> list[tuple[str, ...]]:
     raise pytest.UsageError(f"memclaims_matrix = {name!r} in pytest.ini; valid values: {', '.join(SELECTIONS)}")
 
 
-def tier_scale(config: pytest.Config, tier: str) -> str:
-    """cpu trains at smoke scale; sim predicts the article's scale; gpu runs what it is asked."""
-    return {"cpu": "smoke", "sim": "article"}.get(tier) or option(config, "gpu-scale")
+def tier_scale(config: pytest.Config, tier: str, workload: str = "vit") -> str:
+    """cpu trains at smoke scale; sim predicts the article's scale; gpu runs what it is asked, and
+    its smoke is the workload's ``gpusmoke`` scale where it has one (memclaims.workloads)."""
+    from memclaims.workloads import gpu_tier_scale
+
+    return {"cpu": "smoke", "sim": "article"}.get(tier) or gpu_tier_scale(workload, option(config, "gpu-scale"))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -110,7 +114,7 @@ def case_params(config: pytest.Config, workload: str = "vit") -> list[Any]:
     params = []
     for tier in TIERS:
         for techniques in selection(config):
-            recipe = resolve(workload, tier_scale(config, tier), techniques)
+            recipe = resolve(workload, tier_scale(config, tier, workload), techniques)
             params.append(pytest.param(tier, techniques, id=f"{tier}:{recipe.id}",
                                        marks=getattr(pytest.mark, tier)))
     return params
