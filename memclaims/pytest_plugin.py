@@ -40,6 +40,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("steps", "optimizer steps measured per case (default: the scale's)", default="")
     add("accuracy-epochs", "epochs of the accuracy phase per case (default: the scale's; 1 at article "
         "scale, as the article)", default="")
+    add("accuracy-full-epochs", "accuracy from whole epochs and the whole test set even where the scale has a "
+        "budgeted schedule (article scale: 50 steps, 2,000 test images); the weekly run",
+        default="false", action="store_const", const="true")
     add("vit-h14", "also run the ViT-H/14 series (518 px, 16-mixed, batch 4 per GPU) in the gpu tier",
         default="false", action="store_const", const="true")
     add("sim-profile", "the simulated GPU of the sim tier (memclaims list shows the profiles)", default="article")
@@ -106,7 +109,34 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     chosen = option(config, "matrix")
     return [f"memclaims: matrix {chosen!r}: {counts[chosen]} cases per workload and tier "
             f"(singles {counts['singles']}, default {counts['default']}, full {counts['full']}); "
-            f"gpu tier at {option(config, 'gpu-scale')!r} scale"]
+            f"gpu tier at {option(config, 'gpu-scale')!r} scale", gpu_budget_line(config)]
+
+
+def gpu_budget_line(config: pytest.Config) -> str:
+    """The gpu tier's estimated cost for this selection (memclaims.budget's per-case model)."""
+    from memclaims import budget
+    from memclaims.errors import UsageError
+    from memclaims.runner import RunOptions
+
+    cifar = bool(option(config, "data-dir") or os.environ.get("MEMCLAIMS_DATA_DIR"))
+    cases = []
+    for techniques in selection(config):
+        recipe = resolve("vit", tier_scale(config, "gpu", "vit"), techniques)
+        cases.append((recipe, RunOptions(device="cuda", memory_steps=count_option(config, "steps"),
+                                          accuracy_epochs=count_option(config, "accuracy-epochs"),
+                                          accuracy_full_epochs=flag(config, "accuracy-full-epochs"))))
+    for techniques in (("fsdp",), ("fsdp", "activation-checkpointing"),
+                       ("fsdp", "activation-checkpointing", "cpu-offload"),
+                       ("fsdp", "activation-checkpointing", "cpu-offload", "delayed-init")):
+        try:
+            recipe = resolve("vit", tier_scale(config, "gpu", "vit"), techniques)
+        except UsageError:
+            continue
+        cases.append((recipe, RunOptions(device="cuda", evaluate=False, memory_steps=count_option(config, "steps"))))
+    minutes = budget.total_minutes(cases, cifar=cifar)
+    return (f"memclaims: gpu tier estimate {minutes:.1f} GPU-minutes on one H100-class GPU for {len(cases)} "
+            f"vit cases ({'CIFAR-10' if cifar else 'offline digits'}; memclaims.budget's per-case model, "
+            "not a measurement)")
 
 
 def case_params(config: pytest.Config, workload: str = "vit") -> list[Any]:

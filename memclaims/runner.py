@@ -40,6 +40,34 @@ class RunOptions:
     seed: int = SEED  # the article's; other seeds measure the spread that tolerances come from
     # Processes (CPU) or GPUs of a sharded recipe's run; None: memclaims.distributed's default.
     devices: int | None = None
+    # Whole epochs for accuracy even where the scale has a budgeted schedule (the weekly run).
+    accuracy_full_epochs: bool = False
+
+
+def accuracy_schedule(recipe: Recipe, options: RunOptions) -> dict[str, Any]:
+    """What the accuracy phase trains and tests; the Record declares it (``accuracy_schedule``).
+
+    ``epochs``: whole epochs and the whole test set (the article's way; asked for with
+    accuracy_epochs or accuracy_full_epochs, or where the scale has no budget). ``steps``: the
+    scale's budget, a fixed number of optimizer steps and at most so many test examples.
+    """
+    scale = recipe.scale
+    if options.accuracy_epochs or options.accuracy_full_epochs or scale.accuracy_steps is None:
+        return {"kind": "epochs", "epochs": options.accuracy_epochs or scale.accuracy_epochs,
+                "optimizer_steps": None, "test_examples": None}
+    return {"kind": "steps", "epochs": None, "optimizer_steps": scale.accuracy_steps,
+            "test_examples": scale.accuracy_test_examples}
+
+
+def _cycle(batches: Any) -> Iterator[Any]:
+    """The loader's batches over and over (a budget may be longer than an epoch of a small set)."""
+    while True:
+        yielded = False
+        for batch in batches():
+            yielded = True
+            yield batch
+        if not yielded:
+            return
 
 
 def resolve_memory_steps(recipe: Recipe, options: RunOptions) -> int:
@@ -115,7 +143,11 @@ class _Session(TrainingLoop):
 
     def make_optimizer(self, model: nn.Module, steps_per_epoch: int) -> tuple[torch.optim.Optimizer, Any]:
         epochs = self.accuracy_epochs if self.options.evaluate else 1
-        return optimizers.build(self.recipe.optimizer, model, self.recipe.learning_rate, epochs * steps_per_epoch)
+        schedule = accuracy_schedule(self.recipe, self.options)
+        total = epochs * steps_per_epoch
+        if self.options.evaluate and schedule["kind"] == "steps":
+            total = schedule["optimizer_steps"] + resolve_memory_steps(self.recipe, self.options)
+        return optimizers.build(self.recipe.optimizer, model, self.recipe.learning_rate, total)
 
     @property
     def accuracy_epochs(self) -> int:
@@ -233,7 +265,13 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
     collate = getattr(bundle, "collate_fn", None)  # text bundles pad each batch to its longest row
     train_loader = DataLoader(bundle.train, batch_size=recipe.micro_batch_size, shuffle=True,
                               drop_last=True, generator=generator, collate_fn=collate)
-    test_loader = DataLoader(bundle.test, batch_size=recipe.micro_batch_size, collate_fn=collate)
+    schedule = accuracy_schedule(recipe, options)
+    test_set = bundle.test
+    if schedule["test_examples"] is not None and len(test_set) > schedule["test_examples"]:  # type: ignore[arg-type]
+        from torch.utils.data import Subset
+
+        test_set = Subset(test_set, range(schedule["test_examples"]))
+    test_loader = DataLoader(test_set, batch_size=recipe.micro_batch_size, collate_fn=collate)
     if session.fabric is not None:
         train_loader, test_loader = session.fabric.setup_dataloaders(train_loader, test_loader)
     steps_per_epoch = len(train_loader) // recipe.accumulation_steps
@@ -268,8 +306,12 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
     if options.evaluate:
         session.step_times.clear()
         with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
-            for _ in range(session.accuracy_epochs):
-                session.train(model, optimizer, scheduler, session.micro_batches(train_loader), -1)
+            if schedule["kind"] == "steps":
+                session.train(model, optimizer, scheduler,
+                              _cycle(lambda: session.micro_batches(train_loader)), schedule["optimizer_steps"])
+            else:
+                for _ in range(session.accuracy_epochs):
+                    session.train(model, optimizer, scheduler, session.micro_batches(train_loader), -1)
             accuracy = session.accuracy(model, test_loader)
         timed = session.step_times
     else:
@@ -303,5 +345,7 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
                 for name, p in probe.phases.items()},
         breakdown=dict(train.breakdown),
         notes=session.notes,
+        accuracy_schedule=({**schedule, "test_examples": len(test_set)}  # type: ignore[arg-type]
+                           if options.evaluate else {}),
         **states,
     )

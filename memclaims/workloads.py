@@ -143,6 +143,8 @@ GPUSMOKE_IMAGE = 128  # 8 x 8 patches of 16 + the class token: 65 tokens
 GPUSMOKE_IMAGE_H14 = 112  # 8 x 8 patches of 14 + the class token: 65 tokens
 GPUSMOKE_LAYERS = 6
 GPUSMOKE_ACCURACY_STEPS = 100  # digits: ~4.5 epochs at batch 64; CIFAR-10: a fixed budget
+ARTICLE_ACCURACY_STEPS = 50
+ARTICLE_TEST_EXAMPLES = 2_000
 
 VIT_L16 = VitFamily("vit_l_16", "ViT_L_16_Weights.IMAGENET1K_V1", 224, 1024,
                     smoke=dict(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64),
@@ -163,12 +165,16 @@ VIT = Workload(
     scales={
         "smoke": Scale("smoke", "ViT 2 layers x 32 wide, 16 px patches of 4, batch 32", batch_size=32,
                        learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=3, accuracy_epochs=1),
+        # The nightly budget (memclaims.budget): 50 optimizer steps and 2,000 test images per case
+        # instead of the article's epoch (703 steps, 10,000 images); --memclaims-accuracy-full-epochs
+        # runs the article's epoch (weekly).
         "article": Scale("article", "ViT-L/16, 224 px, batch 64, Adam lr 5e-5", batch_size=64,
-                         learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1),
+                         learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
+                         accuracy_steps=ARTICLE_ACCURACY_STEPS, accuracy_test_examples=ARTICLE_TEST_EXAMPLES),
         GPU_SMOKE: Scale(GPU_SMOKE, f"the gpu tier's smoke: ViT-B/16 width (768, 12 heads, MLP 3072), "
                          f"{GPUSMOKE_LAYERS} layers, {GPUSMOKE_IMAGE} px, batch 64", batch_size=64,
                          learning_rate=1e-4, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
-                         accuracy_steps=GPUSMOKE_ACCURACY_STEPS),
+                         accuracy_steps=GPUSMOKE_ACCURACY_STEPS, accuracy_test_examples=ARTICLE_TEST_EXAMPLES),
     },
     build_model=VIT_L16.build,
     load_data=VIT_L16.data,
