@@ -62,6 +62,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(default: memclaims-results/ in the rootdir)", default="", metavar="DIR")
     add("memory-history", "CUDA allocator events recorded per case for the snapshot saved on a memory "
         "failure; 0 turns recording off", default="100000", metavar="N")
+    add("snapshot-max-mb", "largest CUDA snapshot file kept per case, in decimal MB (oldest events, then "
+        "stack frames, are dropped to fit)", default="50", metavar="MB")
 
 
 def option(config: pytest.Config, name: str) -> str:
@@ -215,6 +217,8 @@ def summary(config: pytest.Config) -> "Summary":
 
 
 _HISTORY_BEFORE = pytest.StashKey[int]()
+_SNAPSHOTS_BEFORE = pytest.StashKey[tuple[Any, int]]()
+_SNAPSHOTS_HERE = pytest.StashKey[Any]()
 
 
 def artifacts_dir(config: pytest.Config) -> Path:
@@ -234,12 +238,31 @@ def pytest_configure(config: pytest.Config) -> None:
     # Restored at unconfigure: a pytester session nested in this one must not change ours.
     config.stash[_HISTORY_BEFORE] = diagnosis.history_entries()
     diagnosis.set_history_entries(int(text))
+    limit = option(config, "snapshot-max-mb").strip() or "50"
+    try:
+        limit_bytes = int(float(limit) * 10**6)
+    except ValueError:
+        raise pytest.UsageError(f"--memclaims-snapshot-max-mb expects a size in MB, got {limit!r}") from None
+    if limit_bytes < 1:
+        raise pytest.UsageError(f"--memclaims-snapshot-max-mb must be positive, got {limit!r}")
+    import tempfile
+
+    config.stash[_SNAPSHOTS_BEFORE] = (diagnosis.snapshot_dir(), diagnosis.snapshot_max_bytes())
+    config.stash[_SNAPSHOTS_HERE] = tempfile.TemporaryDirectory(prefix="memclaims-snapshots-")
+    diagnosis.set_snapshot_dir(Path(config.stash[_SNAPSHOTS_HERE].name))
+    diagnosis.set_snapshot_max_bytes(limit_bytes)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     from memclaims import diagnosis
 
     diagnosis.set_history_entries(config.stash.get(_HISTORY_BEFORE, 0))
+    directory, limit = config.stash.get(_SNAPSHOTS_BEFORE, (None, diagnosis.DEFAULT_SNAPSHOT_MAX_BYTES))
+    diagnosis.set_snapshot_dir(directory)
+    diagnosis.set_snapshot_max_bytes(limit)
+    here = config.stash.get(_SNAPSHOTS_HERE, None)
+    if here is not None:
+        here.cleanup()  # snapshots of passing cases: nobody needs them
 
 
 OOM_KEY = pytest.StashKey[list[dict[str, Any]]]()

@@ -297,6 +297,8 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
     with probe.phase("train"):
         session.train(model, optimizer, scheduler, session.micro_batches(train_loader), memory_steps,
                       on_step=probe.step_begin)
+    if isinstance(probe, probe_module.CudaProbe):  # the snapshot of this recipe, at its peak
+        probe.capture_snapshot(recipe.id)
     states = probe_module.model_state_bytes(model, optimizer)
     states["grad_bytes"] = session.grad_bytes or 0
     memory_losses = list(session.losses)
