@@ -234,7 +234,11 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
     host = probe_module.HostMemory()
     host.start()
     try:
-        record = _run(recipe, options, probe, memory_steps)
+        from memclaims.determinism import deterministic
+
+        with deterministic(options.device) as determinism_notes:  # CUDA only: accuracy run to run
+            record = _run(recipe, options, probe, memory_steps)
+        record.notes.extend(determinism_notes)
         record.host_peak_bytes = host.peak_bytes()
         return record
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
