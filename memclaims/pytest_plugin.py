@@ -47,6 +47,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="false", action="store_const", const="true")
     add("sim-profile", "the simulated GPU of the sim tier (memclaims list shows the profiles)", default="article")
     add("data-dir", "folder holding CIFAR-10 / IMDb (default: $MEMCLAIMS_DATA_DIR, else offline data)", default="")
+    add("download", "download CIFAR-10 into <data-dir>/images and IMDb into <data-dir>/text before the "
+        "session, where missing (needs internet and a data dir; off by default)", default="false",
+        action="store_const", const="true")
     # Baselines (memclaims.baselines / memclaims.compare).
     group.addoption("--update-baselines", action="store_true", default=False,
                     help="store the Records of the cases that ran as their baselines, instead of comparing")
@@ -235,6 +238,8 @@ def pytest_configure(config: pytest.Config) -> None:
     text = option(config, "memory-history").strip() or "0"
     if not text.isdigit():
         raise pytest.UsageError(f"--memclaims-memory-history expects a number of events, got {text!r}")
+    if flag(config, "download"):
+        download_data(config)
     # Restored at unconfigure: a pytester session nested in this one must not change ours.
     config.stash[_HISTORY_BEFORE] = diagnosis.history_entries()
     diagnosis.set_history_entries(int(text))
@@ -251,6 +256,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SNAPSHOTS_HERE] = tempfile.TemporaryDirectory(prefix="memclaims-snapshots-")
     diagnosis.set_snapshot_dir(Path(config.stash[_SNAPSHOTS_HERE].name))
     diagnosis.set_snapshot_max_bytes(limit_bytes)
+
+
+def download_data(config: pytest.Config) -> None:
+    """--memclaims-download: fetch the data sets the data dir lacks, before anything runs."""
+    from memclaims import download
+
+    chosen = option(config, "data-dir") or os.environ.get("MEMCLAIMS_DATA_DIR", "")
+    if not chosen:
+        raise pytest.UsageError("--memclaims-download needs a folder to download into: set --memclaims-data-dir "
+                                "or $MEMCLAIMS_DATA_DIR")
+    root = Path(chosen).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        lines = download.download(root)
+    except (OSError, RuntimeError) as error:  # no network, checksum mismatch
+        raise pytest.UsageError(f"--memclaims-download failed: {error}") from None
+    for line in lines:
+        print(f"memclaims: {line}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
