@@ -11,7 +11,8 @@ the same placeholder accuracy, and the detail says so); recipes the sim cannot r
 optimizers, sharding) leave their claim "not simulated" with the sim's reason.
 
 Cost: one simulation per (recipe, scale, simulated device). Profiles that differ only in capacity
-(h100 and h200) share one simulation: capacity changes no allocation, it only decides "fits".
+share one simulation: capacity changes no allocation, it only decides "fits". With the gpu tier's
+deterministic cuBLAS setting (32 MiB workspaces everywhere) a100, h100 and h200 all share one.
 """
 
 from __future__ import annotations

@@ -44,6 +44,9 @@ class RunOptions:
     accuracy_full_epochs: bool = False
 
 
+DIVERGING_RECIPE = ("16-true",)  # claim 3: the article's 16-true run went NaN near batch 300
+
+
 def accuracy_schedule(recipe: Recipe, options: RunOptions) -> dict[str, Any]:
     """What the accuracy phase trains and tests; the Record declares it (``accuracy_schedule``).
 
@@ -55,8 +58,10 @@ def accuracy_schedule(recipe: Recipe, options: RunOptions) -> dict[str, Any]:
     if options.accuracy_epochs or options.accuracy_full_epochs or scale.accuracy_steps is None:
         return {"kind": "epochs", "epochs": options.accuracy_epochs or scale.accuracy_epochs,
                 "optimizer_steps": None, "test_examples": None}
-    return {"kind": "steps", "epochs": None, "optimizer_steps": scale.accuracy_steps,
-            "test_examples": scale.accuracy_test_examples}
+    steps = scale.accuracy_steps
+    if recipe.techniques == DIVERGING_RECIPE and scale.divergence_steps:
+        steps = max(steps, scale.divergence_steps)
+    return {"kind": "steps", "epochs": None, "optimizer_steps": steps, "test_examples": scale.accuracy_test_examples}
 
 
 def _cycle(batches: Any) -> Iterator[Any]:

@@ -37,6 +37,9 @@ class Scale:
     # test set. The Record declares what ran (``accuracy_schedule``).
     accuracy_steps: int | None = None
     accuracy_test_examples: int | None = None
+    # The recipe the article saw diverge (16-true alone, NaN near batch 300, claim 3) trains at least
+    # this many steps under the budget, so the divergence claim can still be observed.
+    divergence_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,8 @@ VIT = Workload(
         # runs the article's epoch (weekly).
         "article": Scale("article", "ViT-L/16, 224 px, batch 64, Adam lr 5e-5", batch_size=64,
                          learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
-                         accuracy_steps=ARTICLE_ACCURACY_STEPS, accuracy_test_examples=ARTICLE_TEST_EXAMPLES),
+                         accuracy_steps=ARTICLE_ACCURACY_STEPS, accuracy_test_examples=ARTICLE_TEST_EXAMPLES,
+                         divergence_steps=400),
         GPU_SMOKE: Scale(GPU_SMOKE, f"the gpu tier's smoke: ViT-B/16 width (768, 12 heads, MLP 3072), "
                          f"{GPUSMOKE_LAYERS} layers, {GPUSMOKE_IMAGE} px, batch 64", batch_size=64,
                          learning_rate=1e-4, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,

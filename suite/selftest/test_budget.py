@@ -18,6 +18,9 @@ def test_article_scale_has_a_budgeted_schedule_and_full_epochs_on_request() -> N
     weekly = accuracy_schedule(recipe, RunOptions(accuracy_full_epochs=True))
     assert weekly["kind"] == "epochs" and weekly["epochs"] == 1 and weekly["test_examples"] is None
     assert accuracy_schedule(recipe, RunOptions(accuracy_epochs=2))["epochs"] == 2
+    # The recipe the article saw diverge near batch 300 trains long enough to show it.
+    assert accuracy_schedule(resolve("vit", "article", ("16-true",)), RunOptions())["optimizer_steps"] == 400
+    assert accuracy_schedule(resolve("vit", "article", ("16-true", "sgd")), RunOptions())["optimizer_steps"] == 50
     # The cpu tier's smoke scale keeps whole epochs, as before.
     assert accuracy_schedule(resolve("vit", "smoke", ("fabric",)), RunOptions())["kind"] == "epochs"
 

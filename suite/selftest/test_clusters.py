@@ -100,3 +100,29 @@ def test_cli_run_timeout_is_an_option_not_a_hidden_limit(monkeypatch, capsys) ->
     assert seen == [None, 90.0]
     assert cli.main(["run", "vit", "-t", "fsdp", "--timeout", "soon"]) == 2
     assert "expected seconds" in capsys.readouterr().err
+
+
+def test_sharded_fabric_is_given_the_environment_memclaims_chose(monkeypatch, in_slurm_job) -> None:
+    import lightning.fabric
+
+    from memclaims.recipe import resolve
+    from memclaims.runner import RunOptions
+
+    built: list[dict] = []
+
+    class Recorder:
+        def __init__(self, **kwargs) -> None:
+            built.append(kwargs)
+
+        def launch(self) -> None: ...
+
+    monkeypatch.setattr(lightning.fabric, "Fabric", Recorder)
+    recipe = resolve("vit", "smoke", ("fsdp",))
+    monkeypatch.setenv(launcher.SPAWNED_RANK_ENV, "1")
+    distributed.sharded_fabric(recipe, RunOptions(device="cuda", devices=2))
+    monkeypatch.delenv(launcher.SPAWNED_RANK_ENV)
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1",
+                        "TORCHELASTIC_RUN_ID": "x"}.items():
+        monkeypatch.setenv(name, value)
+    distributed.sharded_fabric(recipe, RunOptions(device="cuda", devices=2))
+    assert [type(kw["plugins"][0]).__name__ for kw in built] == ["LightningEnvironment", "TorchElasticEnvironment"]
