@@ -10,7 +10,8 @@ The model (the session header prints its result; scripts/gpu-check measures the 
 - Host time: 0.4 ms per CIFAR-10 example (decode, resize to 224 px, on the loader's one process),
   nothing for the offline digits (resized once, up front).
 - Fixed cost per case: 20 s at article scale (building ViT-L/16 on the host, Fabric setup, the
-  data set, cache flushes), 5 s at smaller scales; a sharded run adds 30 s of process start.
+  data set, cache flushes), 5 s at smaller scales; the sharded configurations add 30 s of process
+  start once (the suite starts their ranks once for all of them, run_distributed_many).
 """
 
 from __future__ import annotations
@@ -82,9 +83,11 @@ def estimate(recipe: Recipe, options: RunOptions, *, cifar: bool) -> Estimate:
             test = CIFAR_TEST if cifar else DIGITS_TEST
     compute = (train * per_example + test * per_example / 3) / flops
     host = (train + test) * HOST_S_PER_CIFAR_EXAMPLE if cifar else 0.0
-    fixed = CASE_OVERHEAD_S.get(recipe.scale.name, DEFAULT_OVERHEAD_S) + (SHARDED_START_S if recipe.sharded else 0)
+    fixed = CASE_OVERHEAD_S.get(recipe.scale.name, DEFAULT_OVERHEAD_S)
     return Estimate(recipe.id, compute + host + fixed, train, test)
 
 
 def total_minutes(recipes: Iterable[tuple[Recipe, RunOptions]], *, cifar: bool) -> float:
-    return sum(estimate(r, o, cifar=cifar).seconds for r, o in recipes) / 60
+    chosen = list(recipes)
+    start = SHARDED_START_S if any(r.sharded for r, _ in chosen) else 0.0
+    return (start + sum(estimate(r, o, cifar=cifar).seconds for r, o in chosen)) / 60

@@ -2,7 +2,7 @@
 
 Steps (each a subprocess with its own time limit, so one failure does not stop the rest):
 1. device facts: name, CUDA, memory, cuBLAS workspace bytes as the allocator sees them;
-2. the smoke gpu tier (``gpusmoke``) into a scratch baseline folder under OUTDIR;
+2. the smoke gpu tier (``gpusmoke``, singles selection) into a scratch baseline folder under OUTDIR;
 3. five article-scale rows with ``--steps 3 --no-eval``, beside the published GB and the sim's
    prediction (profile h100, same recipe; simulated on the host while the GPU steps run);
 4. FSDP + activation checkpointing + CPU offload on one GPU;
@@ -54,19 +54,22 @@ LIMIT_S = 480  # the whole run, caps included: under 8 minutes on one H200
 
 def steps(outdir: Path) -> list[Step]:
     """The GPU steps, run one after the other; ``sim_step`` runs beside them on the host."""
-    plan = [Step("facts", (sys.executable, "-m", "memclaims.gpucheck", "--facts"), 30),
+    plan = [Step("facts", (sys.executable, "-m", "memclaims.gpucheck", "--facts"), 20),
+            # singles: every technique once plus the claims' recipes (~2.5 min by memclaims.budget; the
+            # default selection's 37 cases would need ~5 of the 8 minutes).
             Step("smoke-tier", (sys.executable, "-m", "pytest", "-m", "gpu", "--memclaims-gpu-scale", "smoke",
+                                "--memclaims-matrix", "singles",
                                 "--update-baselines", "--memclaims-baselines-dir", str(outdir / "baselines"),
                                 "--memclaims-summary-json", str(outdir / "smoke-summary.json"),
                                 "--memclaims-artifacts", str(outdir / "artifacts"), "-p", "no:cacheprovider",
-                                "-q", "-rfE"), 200)]
+                                "-q", "-rfE"), 240)]
     for row, techniques, _ in ROWS:
         plan.append(Step(f"cuda-{row}", _memclaims("run", "vit", *_techniques(techniques), "--device", "cuda",
-                                                    "--scale", "article", "--steps", "3", "--no-eval", "--json"), 30))
+                                                    "--scale", "article", "--steps", "3", "--no-eval", "--json"), 28))
     plan.append(Step("fsdp-offload", _memclaims("run", "vit", *_techniques(OFFLOAD), "--device", "cuda", "--scale",
                                                 "article", "--steps", "3", "--no-eval", "--devices", "1",
-                                                "--timeout", "45", "--json"), 50))
-    plan.append(Step("history", (sys.executable, "-m", "memclaims.gpucheck", "--history-cost"), 50))
+                                                "--timeout", "35", "--json"), 40))
+    plan.append(Step("history", (sys.executable, "-m", "memclaims.gpucheck", "--history-cost"), 40))
     return plan
 
 
