@@ -22,7 +22,7 @@ def in_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.dist
 def test_spawned_ranks_under_slurm_are_distinct_lightning_ranks(in_slurm_job) -> None:
-    reports = launcher.launch(distributed.environment_report, 2, timeout_s=120)
+    reports = launcher.launch(distributed.environment_report, 2, timeout_s=300)  # a loaded 2-core CI box
     for rank, report in enumerate(reports):
         assert report["slurm"] == [], report
         assert report["environment"] == "LightningEnvironment", report
