@@ -110,14 +110,23 @@ def test_table_has_one_column_per_profile_and_scale() -> None:
 
 @pytest.mark.parametrize("techniques", [("fabric",), ("bf16-true", "small-batch", "grad-accum")], ids="+".join)
 def test_peak_settles_by_step_two_at_gpu_smoke_scale(flight, techniques) -> None:
+    """Live and reserved bytes reach their peak in step 2 and stay there; allocated bytes (block
+    sizes) can still move by a few hundred KiB in step 3 as freed blocks are split differently
+    (fabric: +384 KiB, 0.02 %), and not after: the scales measure 3 steps."""
     from memclaims.sim import simulate
 
     recipe = resolve("vit", gpu_tier_scale("vit", "smoke"), techniques)
     two = flight.record(techniques, recipe.scale.name, "h100")  # the sim's default: 2 steps
-    assert two.memory_steps == 2
-    four = simulate(recipe, profile="h100", memory_steps=4)
+    assert two.memory_steps == 2 and recipe.scale.memory_steps == 3
+    three, five = (simulate(recipe, profile="h100", memory_steps=n) for n in (3, 5))
+
+    def live(record):
+        return record.phases["train"]["live_bytes"]
+
+    assert live(two) == live(three) == live(five)
+    assert two.peak_reserved_total_bytes == three.peak_reserved_total_bytes == five.peak_reserved_total_bytes
+    assert three.peak_allocated_bytes == five.peak_allocated_bytes
+    assert abs(two.peak_allocated_bytes - five.peak_allocated_bytes) <= 0.001 * five.peak_allocated_bytes
+    # ...and a single step would not reach it (with accumulation only the block layout differs).
     one = simulate(recipe, profile="h100", memory_steps=1)
-    for metric in ("peak_allocated_bytes", "peak_reserved_total_bytes"):
-        assert getattr(four, metric) == getattr(two, metric), metric
-    # ...and a single step would not reach it: the second step is what the scale's 3 steps secure.
     assert one.peak_allocated_bytes < two.peak_allocated_bytes
