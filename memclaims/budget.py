@@ -1,7 +1,7 @@
 """GPU-minutes a selection of gpu-tier cases costs: a documented per-case model, no GPU needed.
 
 The model (the session header prints its result; scripts/gpu-check measures the real thing):
-- FLOPs per example, from the recipe's own model built on the meta device: a transformer trains in
+- FLOPs per example, from the recipe's own model sizes: a transformer trains in
   about 6 x parameters x tokens FLOPs per example (forward 2, backward 4) plus attention scores
   (12 x layers x tokens^2 x width); scoring a test example costs a third of that.
 - Sustained throughput of one H100-class GPU (assumed, not measured here): 25 TFLOP/s in float32
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from memclaims.recipe import Recipe
 from memclaims.runner import RunOptions, accuracy_schedule
@@ -47,16 +47,27 @@ def _shape(recipe: Recipe) -> tuple[int, int, int, int]:
 
 @functools.lru_cache(maxsize=None)
 def _vit_shape(workload: str, scale: str, num_classes: int) -> tuple[int, int, int, int]:
-    import torch
-
+    """Counted from the architecture's sizes, not by building it: the session header runs this,
+    and importing torchvision's models there (inside pytester's in-process sessions too) would load
+    torch libraries that cannot be loaded twice. suite/selftest/test_budget.py checks the count
+    against the model torchvision builds."""
     from memclaims.workloads import VIT_FAMILIES
 
     family = VIT_FAMILIES[workload]
-    with torch.device("meta"):
-        model: Any = family.architecture(scale, num_classes)
-    params = sum(p.numel() for p in model.parameters())
-    tokens = (model.image_size // model.patch_size) ** 2 + 1
-    return params, tokens, len(model.encoder.layers), model.hidden_dim
+    sizes = family._sizes(scale) or _ARTICLE_SIZES[family.builder]
+    image, patch, layers = family.image_size(scale), sizes["patch_size"], sizes["num_layers"]
+    width, mlp = sizes["hidden_dim"], sizes["mlp_dim"]
+    tokens = (image // patch) ** 2 + 1
+    block = 2 * width + (3 * width * width + 3 * width) + (width * width + width) + 2 * width \
+        + (width * mlp + mlp) + (mlp * width + width)
+    params = (3 * patch * patch * width + width) + width + tokens * width + layers * block + 2 * width \
+        + width * num_classes + num_classes
+    return params, tokens, layers, width
+
+
+# torchvision's vit_l_16 / vit_h_14 sizes (their builders' arguments).
+_ARTICLE_SIZES = {"vit_l_16": dict(patch_size=16, num_layers=24, hidden_dim=1024, mlp_dim=4096),
+                  "vit_h_14": dict(patch_size=14, num_layers=32, hidden_dim=1280, mlp_dim=5120)}
 
 
 def train_flops_per_example(recipe: Recipe) -> float:

@@ -64,3 +64,19 @@ def test_flops_per_example_is_six_n_t_plus_attention() -> None:
     params, tokens, layers, width = budget._shape(recipe)
     assert (tokens, layers, width) == (197, 24, 1024) and params == 303_311_882
     assert budget.train_flops_per_example(recipe) == pytest.approx(6 * params * 197 + 12 * 24 * 197**2 * 1024)
+
+
+@pytest.mark.parametrize(("workload", "scale"), [("vit", "article"), ("vit", "gpusmoke"), ("vit", "smoke"),
+                                                 ("vit-h14", "article"), ("vit-h14", "gpusmoke")])
+def test_parameter_count_from_sizes_matches_the_model(workload: str, scale: str) -> None:
+    import torch
+
+    recipe = resolve(workload, scale, ("fabric",))
+    from memclaims.workloads import VIT_FAMILIES
+
+    with torch.device("meta"):
+        model = VIT_FAMILIES[workload].architecture(scale, recipe.workload.num_classes)
+    params, tokens, layers, width = budget._shape(recipe)
+    assert params == sum(p.numel() for p in model.parameters())
+    assert (tokens, layers, width) == ((model.image_size // model.patch_size) ** 2 + 1, len(model.encoder.layers),
+                                       model.hidden_dim)
