@@ -65,10 +65,10 @@ def steps(outdir: Path) -> list[Step]:
                                 "-q", "-rfE"), 240)]
     for row, techniques, _ in ROWS:
         plan.append(Step(f"cuda-{row}", _memclaims("run", "vit", *_techniques(techniques), "--device", "cuda",
-                                                    "--scale", "article", "--steps", "3", "--no-eval", "--json"), 28))
+                                                    "--scale", "article", "--steps", "3", "--no-eval", "--json"), 26))
     plan.append(Step("fsdp-offload", _memclaims("run", "vit", *_techniques(OFFLOAD), "--device", "cuda", "--scale",
                                                 "article", "--steps", "3", "--no-eval", "--devices", "1",
-                                                "--timeout", "35", "--json"), 40))
+                                                "--timeout", "45", "--json"), 50))
     plan.append(Step("history", (sys.executable, "-m", "memclaims.gpucheck", "--history-cost"), 40))
     return plan
 
