@@ -12,7 +12,7 @@ from memclaims import claims as claim_registry
 from memclaims import techniques as registry
 from memclaims.errors import MemclaimsError, OutOfMemory, UsageError
 from memclaims.named_recipes import NAMED_RECIPES
-from memclaims.workloads import WORKLOADS
+from memclaims.workloads import GPU_SMOKE, WORKLOADS
 
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
@@ -32,6 +32,17 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A wall-clock limit in seconds; 0 means none."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (0 for no limit), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds (0 for no limit), got {text!r}")
     return value
 
 
@@ -127,7 +138,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                              data_dir=args.data_dir)
         devices = args.devices if args.devices > 1 else None
         print(f"memclaims: running {recipe.id} on {args.device}, sharded", file=sys.stderr)
-        text = distributed.run_distributed(recipe, options, devices=devices).to_json()
+        text = distributed.run_distributed(recipe, options, devices=devices,
+                                           timeout_s=args.timeout or None).to_json()
     else:
         from memclaims.runner import RunOptions, run
 
@@ -209,6 +221,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from memclaims.baselines import BaselineStore
     from memclaims.report import calibrate
 
+    from memclaims.recipe import parse_id
+
+    if parse_id(args.recipe).sharded:  # ranks launched here, one baseline key per rank
+        from memclaims.calibration import calibrate_ranks
+
+        tolerances = calibrate_ranks(args.recipe, args.runs, BaselineStore(args.baselines_dir), device=args.device,
+                                     devices=args.devices, timeout_s=args.timeout or None)
+        print(json.dumps(tolerances, indent=2, sort_keys=True))
+        return 0
     tolerances = calibrate(args.recipe, args.runs, BaselineStore(args.baselines_dir), device=args.device)
     print(json.dumps(tolerances, indent=2, sort_keys=True))
     return 0
@@ -265,7 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     running.add_argument("-t", "--technique", action="append", metavar="TECHNIQUE",
                          help="repeat to combine; none means the Fabric fp32 reference")
     running.add_argument("--device", default="cpu", choices=("cpu", "cuda", "sim"))
-    running.add_argument("--scale", default="smoke", choices=("smoke", "article"))
+    running.add_argument("--scale", default="smoke", choices=("smoke", "article", GPU_SMOKE),
+                         help=f"{GPU_SMOKE}: the gpu tier's smoke scale (vit, vit-h14)")
+    running.add_argument("--timeout", type=_seconds, default=0, metavar="SECONDS",
+                         help="wall-clock limit of a sharded run's ranks (default 0: none)")
     running.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps measured")
     running.add_argument("--no-eval", action="store_true", help="skip the accuracy phase")
     running.add_argument("--devices", type=_positive_int, default=1,
@@ -298,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--runs", type=_positive_int, default=3)
     cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     cal.add_argument("--baselines-dir", default="baselines")
+    cal.add_argument("--devices", type=_positive_int, default=None,
+                     help="ranks of a sharded recipe (default: 2 on the CPU, every GPU on CUDA)")
+    cal.add_argument("--timeout", type=_seconds, default=0, metavar="SECONDS",
+                     help="wall-clock limit of each sharded run (default 0: none)")
     cal.set_defaults(handler=cmd_calibrate)
     acc = base_commands.add_parser("accept", help="store a first run's obtained Records as the baselines")
     acc.add_argument("environment", help="the environment id the failing cases printed, e.g. cpu-x86_64-avx2-cu130")

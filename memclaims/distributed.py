@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -91,14 +92,14 @@ def default_devices(device: str) -> int:
 
 
 def run_distributed(recipe: Recipe, options: RunOptions, devices: int | None = None, *,
-                    timeout_s: float = launcher.DEFAULT_TIMEOUT_S) -> DistributedResult:
+                    timeout_s: float | None = launcher.DEFAULT_TIMEOUT_S) -> DistributedResult:
     """Run a sharded ``recipe`` on ``devices`` ranks (None: ``options.devices``, else 2 CPU
     processes or every visible GPU) and gather one Record per rank."""
     return run_distributed_many([recipe], options, devices, timeout_s=timeout_s)[0]
 
 
 def run_distributed_many(recipes: Sequence[Recipe], options: RunOptions, devices: int | None = None, *,
-                         timeout_s: float = launcher.DEFAULT_TIMEOUT_S) -> list[DistributedResult]:
+                         timeout_s: float | None = launcher.DEFAULT_TIMEOUT_S) -> list[DistributedResult]:
     """Several recipes, one after the other, in one process group: starting ranks costs seconds
     (every child imports torch), so a test module pays it once for all its configurations."""
     check_device(options.device)
@@ -183,12 +184,47 @@ def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
     world = options.devices or default_devices(options.device)
     # torchrun across nodes: Fabric counts devices per node.
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    environment = cluster_environment()
     fabric = Fabric(accelerator=options.device, devices=per_node, num_nodes=max(1, world // per_node),
-                    strategy=fsdp_strategy(recipe), precision=recipe.precision)
+                    strategy=fsdp_strategy(recipe), precision=recipe.precision,
+                    plugins=[environment] if environment is not None else None)
     # The processes exist already (LOCAL_RANK is set): launch() only joins the group and picks
     # this rank's GPU.
     fabric.launch()
     return fabric
+
+
+def cluster_environment(environ: Mapping[str, str] | None = None) -> Any:
+    """The Lightning cluster environment of a rank, chosen here rather than detected by Lightning.
+
+    Lightning tries SLURMEnvironment first; inside a SLURM allocation it would win for ranks that
+    memclaims spawned (every rank global rank 0) and for torchrun's workers (SLURM_PROCID is the
+    srun task, not the worker). Spawned ranks: LightningEnvironment (RANK/LOCAL_RANK set by
+    memclaims.launcher); torchrun: TorchElasticEnvironment; otherwise None (Lightning decides).
+    """
+    env = os.environ if environ is None else environ
+    if env.get(launcher.SPAWNED_RANK_ENV):
+        from lightning.fabric.plugins.environments import LightningEnvironment
+
+        return LightningEnvironment()
+    if env.get("TORCHELASTIC_RUN_ID") is not None or launcher.torchrun_env(env) is not None:
+        from lightning.fabric.plugins.environments import TorchElasticEnvironment
+
+        return TorchElasticEnvironment()
+    return None
+
+
+def environment_report(rank: int, world: int) -> dict[str, Any]:
+    """What one spawned rank sees: left-over SLURM variables, and the cluster environment and ranks
+    Lightning Fabric sets up with memclaims' choice (a rank function for launcher.launch)."""
+    from lightning.fabric import Fabric
+
+    chosen = cluster_environment()
+    fabric = Fabric(accelerator="cpu", devices=world, strategy="ddp",
+                    plugins=[chosen] if chosen is not None else None)
+    return {"rank": rank, "slurm": sorted(k for k in os.environ if k.startswith("SLURM_")),
+            "environment": type(fabric.strategy.cluster_environment).__name__,
+            "global_rank": fabric.global_rank, "local_rank": fabric.local_rank, "world_size": fabric.world_size}
 
 
 # --- CPU: FSDP2 over gloo ---------------------------------------------------------------------

@@ -398,6 +398,14 @@ class CudaProbe:
     def _reset_peak(self) -> None:
         self.cuda.reset_peak_memory_stats()
 
+    def capture_snapshot(self, recipe_id: str) -> None:
+        """The allocator history of this recipe's measured steps, saved now (memclaims.diagnosis)."""
+        if self.history_entries > 0:
+            from memclaims.diagnosis import capture_snapshot
+
+            self.cuda.synchronize()
+            capture_snapshot(self.cuda, recipe_id)
+
 
 def make_probe(device: str) -> Probe:
     return CudaProbe() if device == "cuda" else CpuProbe()

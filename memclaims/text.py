@@ -263,7 +263,7 @@ def synthetic_words(scale: Scale, max_length: int) -> tuple[int, int]:
 
 
 def text_data(model: TextModel, scale: Scale, data_dir: str | os.PathLike[str] | None) -> TextBundle:
-    root = data.resolve_data_dir(data_dir)
+    root = data.kind_dir(data.resolve_data_dir(data_dir), "text")
     max_length = SMOKE_SEQ if scale.name == "smoke" else model.max_length
     if root is None:
         train_size, test_size = SYNTHETIC_SIZES[scale.name]

@@ -36,6 +36,14 @@ class Scale:
     # no smoke ViT tensor reaches that, so its smoke scales lower it and the 8-bit state is real.
     # None: bitsandbytes' default (article scale, where every weight matrix is far larger).
     min_8bit_size: int | None = None
+    # The budgeted accuracy schedule (memclaims.budget): at most this many optimizer steps of
+    # training, then accuracy on at most this many test examples; None: whole epochs / the whole
+    # test set. The Record declares what ran (``accuracy_schedule``).
+    accuracy_steps: int | None = None
+    accuracy_test_examples: int | None = None
+    # The recipe the article saw diverge (16-true alone, NaN near batch 300, claim 3) trains at least
+    # this many steps under the budget, so the divergence claim can still be observed.
+    divergence_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,16 +86,26 @@ class VitFamily:
     article_image_size: int
     hidden_dim: int  # width of the article model, for the 10-class head
     smoke: dict[str, int]
+    # The gpu tier's smoke scale (``gpusmoke``): the article model's width at a reduced image size,
+    # large enough that every claim's difference is many 2 MiB allocator segments.
+    gpusmoke: dict[str, int] | None = None
+
+    def _sizes(self, scale_name: str) -> dict[str, int] | None:
+        if scale_name == GPU_SMOKE and self.gpusmoke is not None:
+            return self.gpusmoke
+        return self.smoke if scale_name == "smoke" else None
 
     def image_size(self, scale_name: str) -> int:
-        return self.smoke["image_size"] if scale_name == "smoke" else self.article_image_size
+        sizes = self._sizes(scale_name)
+        return sizes["image_size"] if sizes else self.article_image_size
 
     def architecture(self, scale_name: str, num_classes: int | None = 10) -> nn.Module:
         """Randomly initialised; ``num_classes=None`` keeps the stock 1000-class head (07 scripts)."""
         import torchvision.models as models
 
-        if scale_name == "smoke":
-            return models.VisionTransformer(num_classes=num_classes or 10, **self.smoke)
+        sizes = self._sizes(scale_name)
+        if sizes:
+            return models.VisionTransformer(num_classes=num_classes or 10, **sizes)
         model = getattr(models, self.builder)(weights=None, image_size=self.article_image_size)
         if num_classes is not None:
             model.heads.head = nn.Linear(in_features=self.hidden_dim, out_features=num_classes)
@@ -104,7 +122,7 @@ class VitFamily:
         return (Path(torch.hub.get_dir()) / "checkpoints" / filename).is_file()
 
     def build(self, scale: Scale) -> tuple[nn.Module, str]:
-        if scale.name == "smoke" or not self.weights_cached():
+        if self._sizes(scale.name) or not self.weights_cached():
             return self.architecture(scale.name), "random"
         import torchvision.models as models
 
@@ -129,12 +147,27 @@ SMOKE_MEMORY_STEPS = 5
 # Smoke ViT tensors: attention in/out projections 3072/1024, MLP 2048, patch embedding 1536 (vit)
 # elements; 1024 quantizes all of them (91 % of the parameters), norms, biases and embeddings stay fp32.
 SMOKE_MIN_8BIT_SIZE = 1024
+# The gpu tier's smoke scale. A scale of its own, not a per-device variant of ``smoke``: a recipe
+# id must name one model (baseline keys, ``recipe.parse_id``, ``memclaims run --scale``, the sim
+# replay of a cpu case all resolve it), and ``vit-smoke/fabric`` meaning two models by device
+# would break each of them. No '-' in the name: parse_id splits WORKLOAD-SCALE at the last '-'.
+GPU_SMOKE = "gpusmoke"
+GPUSMOKE_IMAGE = 128  # 8 x 8 patches of 16 + the class token: 65 tokens
+GPUSMOKE_IMAGE_H14 = 112  # 8 x 8 patches of 14 + the class token: 65 tokens
+GPUSMOKE_LAYERS = 6
+GPUSMOKE_ACCURACY_STEPS = 100  # digits: ~4.5 epochs at batch 64; CIFAR-10: a fixed budget
+ARTICLE_ACCURACY_STEPS = 50
+ARTICLE_TEST_EXAMPLES = 2_000
 
 VIT_L16 = VitFamily("vit_l_16", "ViT_L_16_Weights.IMAGENET1K_V1", 224, 1024,
-                    smoke=dict(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64))
+                    smoke=dict(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64),
+                    gpusmoke=dict(image_size=GPUSMOKE_IMAGE, patch_size=16, num_layers=GPUSMOKE_LAYERS,
+                                  num_heads=12, hidden_dim=768, mlp_dim=3072))
 # The repo's later series: ViT-H/14 fine-tuned end to end at 518 px (torchvision's SWAG weights).
 VIT_H14 = VitFamily("vit_h_14", "ViT_H_14_Weights.IMAGENET1K_SWAG_E2E_V1", 518, 1280,
-                    smoke=dict(image_size=56, patch_size=14, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64))
+                    smoke=dict(image_size=56, patch_size=14, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64),
+                    gpusmoke=dict(image_size=GPUSMOKE_IMAGE_H14, patch_size=14, num_layers=GPUSMOKE_LAYERS,
+                                  num_heads=16, hidden_dim=1280, mlp_dim=5120))
 VIT_FAMILIES = {"vit": VIT_L16, "vit-h14": VIT_H14}
 
 VIT = Workload(
@@ -146,8 +179,17 @@ VIT = Workload(
         "smoke": Scale("smoke", "ViT 2 layers x 32 wide, 16 px patches of 4, batch 32", batch_size=32,
                        learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=SMOKE_MEMORY_STEPS,
                        accuracy_epochs=1, min_8bit_size=SMOKE_MIN_8BIT_SIZE),
+        # The nightly budget (memclaims.budget): 50 optimizer steps and 2,000 test images per case
+        # instead of the article's epoch (703 steps, 10,000 images); --memclaims-accuracy-full-epochs
+        # runs the article's epoch (weekly).
         "article": Scale("article", "ViT-L/16, 224 px, batch 64, Adam lr 5e-5", batch_size=64,
-                         learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1),
+                         learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
+                         accuracy_steps=ARTICLE_ACCURACY_STEPS, accuracy_test_examples=ARTICLE_TEST_EXAMPLES,
+                         divergence_steps=400),
+        GPU_SMOKE: Scale(GPU_SMOKE, f"the gpu tier's smoke: ViT-B/16 width (768, 12 heads, MLP 3072), "
+                         f"{GPUSMOKE_LAYERS} layers, {GPUSMOKE_IMAGE} px, batch 64", batch_size=64,
+                         learning_rate=1e-4, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
+                         accuracy_steps=GPUSMOKE_ACCURACY_STEPS, accuracy_test_examples=ARTICLE_TEST_EXAMPLES),
     },
     build_model=VIT_L16.build,
     load_data=VIT_L16.data,
@@ -167,6 +209,10 @@ VIT_H14_WORKLOAD = Workload(
                        accuracy_epochs=1, min_8bit_size=SMOKE_MIN_8BIT_SIZE),
         "article": Scale("article", "ViT-H/14, 518 px, batch 4 per GPU, Adam lr 5e-5", batch_size=4,
                          learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1),
+        GPU_SMOKE: Scale(GPU_SMOKE, f"the gpu tier's smoke: ViT-H/14 width (1280, 16 heads, MLP 5120), "
+                         f"{GPUSMOKE_LAYERS} layers, {GPUSMOKE_IMAGE_H14} px, batch 16", batch_size=16,
+                         learning_rate=1e-4, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
+                         accuracy_steps=GPUSMOKE_ACCURACY_STEPS),
     },
     build_model=VIT_H14.build,
     load_data=VIT_H14.data,
@@ -178,6 +224,14 @@ WORKLOADS: dict[str, Workload] = {VIT.name: VIT, VIT_H14_WORKLOAD.name: VIT_H14_
 from memclaims.text import text_workloads  # noqa: E402 (text.py builds on Scale/Workload above)
 
 WORKLOADS.update(text_workloads())
+
+
+def gpu_tier_scale(workload_name: str, requested: str) -> str:
+    """The scale the gpu tier runs ``workload_name`` at when asked for ``requested`` (smoke or
+    article): its ``gpusmoke`` scale for smoke where it has one, else the scale asked for."""
+    if requested == "smoke" and GPU_SMOKE in workload(workload_name).scales:
+        return GPU_SMOKE
+    return requested
 
 
 def workload(name: str) -> Workload:

@@ -22,7 +22,9 @@ import torch
 from memclaims import active, distributed
 from memclaims.distributed import DistributedResult, expected_shard_bytes, run_distributed, run_distributed_many
 from memclaims.named_recipes import NAMED_RECIPES
-from memclaims.pytest_plugin import option, tier_scale
+from memclaims.claims import peak, peak_metric
+from memclaims.pytest_plugin import option
+from memclaims.workloads import gpu_tier_scale
 from memclaims.recipe import parse_id, resolve
 from memclaims.record import Record
 from memclaims.runner import RunOptions, run
@@ -259,20 +261,25 @@ def gpu_ids(name: str) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def gpu_scale(request: pytest.FixtureRequest) -> str:
-    return tier_scale(request.config, "gpu")
+    """What --memclaims-gpu-scale asks for (smoke or article); ``_at`` maps it per workload."""
+    return option(request.config, "gpu-scale")
+
+
+def _at(workload_name: str, requested: str) -> str:
+    return gpu_tier_scale(workload_name, requested)
 
 
 @pytest.fixture(scope="module")
 def gpu_single(record_cache, gpu_scale) -> Record:
     """The single-GPU fp32 Fabric run (01-2) the sharded scripts start from."""
-    return record_cache.get("gpu", resolve("vit", gpu_scale, ("fabric",)))
+    return record_cache.get("gpu", resolve("vit", _at("vit", gpu_scale), ("fabric",)))
 
 
 @pytest.fixture(scope="module")
 def gpu_sharded(gpu_scale) -> dict[tuple[str, ...], DistributedResult]:
     """FSDP alone, then 08, 09 and 11, on every GPU; the ranks are started once for all four."""
     configurations = [FSDP, *ARTICLE_08_11]
-    results = run_distributed_many([resolve("vit", gpu_scale, c) for c in configurations],
+    results = run_distributed_many([resolve("vit", _at("vit", gpu_scale), c) for c in configurations],
                                    RunOptions(device="cuda", evaluate=False), GPUS, timeout_s=600)
     return dict(zip(configurations, results))
 
@@ -296,8 +303,8 @@ def test_gpu_fsdp_with_checkpointing_below_single_gpu_peak(gpu_single, gpu_shard
     _report(record_property, result, PUBLISHED_08_11[FSDP_AC])
     assert result.devices == devices
     for record in result.records:
-        assert record.peak_reserved_total_bytes < gpu_single.peak_reserved_total_bytes, not_related(
-            record, "<", gpu_single, "peak_reserved_total_bytes")
+        assert peak(record) < peak(gpu_single), not_related(
+            record, "<", gpu_single, peak_metric(record))
 
 
 @pytest.mark.dist
@@ -320,8 +327,8 @@ def test_gpu_per_rank_model_state_about_one_over_n(gpu_single, gpu_sharded, devi
 @pytest.mark.parametrize("devices", gpu_ids("vit"))
 def test_gpu_activation_checkpointing_lowers_the_peak(gpu_sharded, devices) -> None:
     for plain, checkpointed in zip(gpu_sharded[FSDP].records, gpu_sharded[FSDP_AC].records):
-        assert checkpointed.peak_reserved_total_bytes < plain.peak_reserved_total_bytes, not_related(
-            checkpointed, "<", plain, "peak_reserved_total_bytes")
+        assert peak(checkpointed) < peak(plain), not_related(
+            checkpointed, "<", plain, peak_metric(checkpointed))
 
 
 @pytest.mark.dist
@@ -334,8 +341,8 @@ def test_gpu_cpu_offload_lowers_gpu_peak_raises_host_memory_and_time(gpu_sharded
     plain, offload = gpu_sharded[ARTICLE_08_11[0]], gpu_sharded[ARTICLE_08_11[1]]
     _report(record_property, offload, PUBLISHED_08_11[ARTICLE_08_11[1]])
     for before, after in zip(plain.records, offload.records):
-        assert after.peak_reserved_total_bytes < before.peak_reserved_total_bytes, not_related(
-            after, "<", before, "peak_reserved_total_bytes")
+        assert peak(after) < peak(before), not_related(
+            after, "<", before, peak_metric(after))
         assert after.host_peak_bytes > before.host_peak_bytes, not_related(after, ">", before, "host_peak_bytes")
         assert after.step_time_s > before.step_time_s, not_related(after, ">", before, "step_time_s")
         inactive = active.problems(parse_id(after.recipe), after)
@@ -379,7 +386,7 @@ BONUS_AFTER = {"distilbert-after": NAMED_RECIPES["distilbert-before"].published.
 @pytest.mark.parametrize("name", list(BONUS_AFTER), ids=[f"gpu:{n}@{GPUS}gpu" for n in BONUS_AFTER])
 def test_gpu_bonus_after_recipe(name, gpu_scale, request, baseline_check, record_property) -> None:
     named = NAMED_RECIPES[name]
-    recipe = resolve(named.workload, gpu_scale, named.techniques)
+    recipe = resolve(named.workload, _at(named.workload, gpu_scale), named.techniques)
     data_dir = option(request.config, "data-dir") or None  # IMDb, when the user has it
     result = run_distributed(recipe, RunOptions(device="cuda", evaluate=False, data_dir=data_dir), GPUS,
                              timeout_s=600)
@@ -404,8 +411,8 @@ def vit_h14_series(request: pytest.FixtureRequest, record_cache, gpu_scale) -> d
     if option(request.config, "vit-h14") != "true":
         pytest.skip("the ViT-H/14 series runs only when asked: add --memclaims-vit-h14 "
                     "(633M parameters at 518 px; the published bars used 4 GPUs)")
-    series: dict[tuple[str, ...], Any] = {H14_ONE_GPU: record_cache.get("gpu", resolve("vit-h14", gpu_scale, H14_ONE_GPU))}
-    results = run_distributed_many([resolve("vit-h14", gpu_scale, t) for t in H14_SERIES],
+    series: dict[tuple[str, ...], Any] = {H14_ONE_GPU: record_cache.get("gpu", resolve("vit-h14", _at("vit-h14", gpu_scale), H14_ONE_GPU))}
+    results = run_distributed_many([resolve("vit-h14", _at("vit-h14", gpu_scale), t) for t in H14_SERIES],
                                    RunOptions(device="cuda", evaluate=False), GPUS, timeout_s=600)
     series.update(zip(H14_SERIES, results))
     return series
@@ -426,8 +433,8 @@ def test_gpu_vit_h14_fsdp_below_one_gpu(vit_h14_series, devices, record_property
     record_property("one_gpu_gb", round(one.peak_reserved_total_bytes / GB, 3))
     _report(record_property, fsdp, _h14_published(H14_FSDP))
     for record in fsdp.records:
-        assert record.peak_reserved_total_bytes < one.peak_reserved_total_bytes, not_related(
-            record, "<", one, "peak_reserved_total_bytes")
+        assert peak(record) < peak(one), not_related(
+            record, "<", one, peak_metric(record))
 
 
 @pytest.mark.dist

@@ -38,6 +38,9 @@ class Profile:
     # Whose optimizer step is replayed (``memclaims.sim.eras``): "installed" (this torch), or
     # "2023-06" (the article's nightly: foreach Adam held two parameter-sized temporaries).
     optimizer_era: str = "installed"
+    # Device memory as torch.cuda.get_device_properties().total_memory reports it (bytes); None
+    # for profiles that name no single card. The gpu-tier preflight checks that a case fits.
+    total_memory_bytes: int | None = None
 
     def kernel(self, dtype_name: str) -> str:
         return self.attention.get(dtype_name, "math")
@@ -45,6 +48,36 @@ class Profile:
 
 # torch 2.1 default CUBLAS_WORKSPACE_CONFIG ":4096:2:16:8" = 2 x 4 MiB + 8 x 16 KiB per handle.
 _TORCH21_CUBLAS_WORKSPACE = 2 * 4096 * KIB + 8 * 16 * KIB  # 8.125 MiB
+# Today's defaults (ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize): the same 8.125 MiB
+# below sm90, ":4096:8" = 32 MiB on Hopper (sm90) and later. scripts/gpu-check prints the sizes a
+# lent card really uses.
+_SM80_CUBLAS_WORKSPACE = _TORCH21_CUBLAS_WORKSPACE
+_SM90_CUBLAS_WORKSPACE = 4096 * 8 * KIB  # 32 MiB
+GIB = 1024 * MiB
+# What SDPA picks with the installed torch on sm80/sm90 for the ViT's unmasked attention: flash
+# attention v2 for fp16/bf16, memory-efficient attention for fp32 (flash has no fp32 kernel).
+_TODAY_ATTENTION = {"float32": "efficient", "float16": "flash", "bfloat16": "flash"}
+
+
+def _gpu_tier_profile(name: str, gpu: str, workspace: int, total_memory: int) -> Profile:
+    """A card the nightly gpu tier targets, with the installed torch's kernel choices."""
+    return Profile(
+        name=name,
+        summary=f"{gpu} with the installed torch: flash v2 for fp16/bf16, memory-efficient attention "
+                f"for fp32, cuBLAS workspaces 2 x {workspace / MiB:g} MiB, {total_memory / GIB:g} GiB; "
+                "the gpu tier's preflight",
+        gpu=gpu,
+        torch_era="installed",
+        attention=dict(_TODAY_ATTENTION),
+        cublas_workspace_bytes=(workspace, workspace),
+        total_memory_bytes=total_memory,
+    )
+
+
+# The gpu tier's targets (memclaims.preflight). Capacities: the smallest common variant of each card,
+# about what torch.cuda.get_device_properties().total_memory reports (the box says 40 / 80 / 141 GB;
+# the driver keeps some), rounded down to 0.01 GiB.
+GPU_TIER_PROFILES = ("a100", "h100", "h200")
 
 PROFILES: dict[str, Profile] = {
     profile.name: profile
@@ -102,6 +135,11 @@ PROFILES: dict[str, Profile] = {
             cublas_workspace_bytes=(),
             flash_backward_scratch=False,
         ),
+        # The gpu tier sets CUBLAS_WORKSPACE_CONFIG=:4096:8 for deterministic accuracy
+        # (memclaims.determinism), so an A100 in the gpu tier has 32 MiB workspaces too.
+        _gpu_tier_profile("a100", "NVIDIA A100-SXM4-40GB (sm80)", _SM90_CUBLAS_WORKSPACE, int(39.58 * GIB)),
+        _gpu_tier_profile("h100", "NVIDIA H100 80GB HBM3 (sm90)", _SM90_CUBLAS_WORKSPACE, int(79.18 * GIB)),
+        _gpu_tier_profile("h200", "NVIDIA H200 (sm90)", _SM90_CUBLAS_WORKSPACE, int(139.8 * GIB)),
     )
 }
 
