@@ -110,10 +110,39 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def sizes_from(args: argparse.Namespace) -> Any:
+    """The size knobs of ``run`` / ``fit`` as a ``recipe.Sizes``."""
+    from memclaims.recipe import Sizes
+
+    return Sizes(batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size,
+                 accumulation_steps=args.accumulation_steps)
+
+
+def workload_from(args: argparse.Namespace) -> str:
+    """The workload name, with ``--config`` overrides folded into an ``hf:`` name."""
+    from memclaims.hf import with_config
+
+    return with_config(args.workload, args.config)
+
+
+def add_size_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-size", type=_positive_int, default=None,
+                        help="examples per optimizer step (before small-batch divides it)")
+    sized = parser.add_mutually_exclusive_group()
+    sized.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sequence (text workloads)")
+    sized.add_argument("--image-size", type=_positive_int, default=None,
+                       help="image side in pixels, a multiple of the patch (ViT workloads)")
+    parser.add_argument("--accumulation-steps", type=_positive_int, default=None,
+                        help="micro-batches per optimizer step under -t grad-accum")
+    parser.add_argument("--config", default=None, metavar="K=V,...",
+                        help="config overrides of an hf:<model_type> workload, e.g. hidden_size=4096,num_hidden_layers=32 "
+                             "(and head=causal-lm|classification, attn_implementation=sdpa|eager)")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from memclaims.recipe import resolve
 
-    recipe = resolve(args.workload, args.scale, args.technique or [])
+    recipe = resolve(workload_from(args), args.scale, args.technique or [], sizes_from(args))
     if args.device == "sim":
         from memclaims import sim
 
@@ -201,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=cmd_list)
 
     running = commands.add_parser("run", help="run one recipe and print its Record")
-    running.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
+    running.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}, hf:<model_type>, or a registered one")
     running.add_argument("-t", "--technique", action="append", metavar="TECHNIQUE",
                          help="repeat to combine; none means the Fabric fp32 reference")
     running.add_argument("--device", default="cpu", choices=("cpu", "cuda", "sim"))
@@ -213,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     running.add_argument("--profile", default="article", help="GPU profile of --device sim")
     running.add_argument("--data-dir", default=None, help="folder holding CIFAR-10 / IMDb (else offline data)")
     running.add_argument("--json", action="store_true", help="print the Record as JSON")
+    add_size_options(running)
     running.set_defaults(handler=cmd_run)
 
     bench = commands.add_parser("benchmark", help="time each CPU case of a selection")
