@@ -221,6 +221,27 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from memclaims import fit
+
+    if args.device != "sim":
+        raise UsageError(f"fit predicts on the sim only, got --device {args.device!r}; valid devices: sim")
+    budget = fit.parse_size(args.memory)
+    result = fit.fit(workload_from(args), budget, profile=args.profile, scale=args.scale, sizes=sizes_from(args),
+                     exact=args.exact, progress=None if args.json else
+                     (lambda recipe_id: print(f"memclaims: predicting {recipe_id}", file=sys.stderr, flush=True)))
+    if args.plot:
+        fit.plot(result, Path(args.plot))
+        print(f"wrote {args.plot}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, sort_keys=True))
+    else:
+        print("\n".join(fit.table(result)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memclaims", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -258,6 +279,20 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--out", default="reproduce", help="folder for reproduce.md, .json and .png")
     repro.add_argument("--baselines-dir", default="baselines", help="baseline folder for the baseline column")
     repro.set_defaults(handler=cmd_reproduce)
+
+    fitting = commands.add_parser("fit", help="which technique combinations fit a memory budget (predicted on the sim)")
+    fitting.add_argument("workload", help="a workload name, hf:<model_type>, or a registered one")
+    fitting.add_argument("--memory", required=True, metavar="SIZE",
+                         help="the budget: 24GB (decimal, 24e9 B) or 24GiB (binary, 24 x 2^30 B)")
+    fitting.add_argument("--device", default="sim", help="sim (the only device that predicts)")
+    fitting.add_argument("--profile", default="article", help="the simulated GPU (memclaims list shows them)")
+    fitting.add_argument("--scale", default="article", choices=("smoke", "article"))
+    fitting.add_argument("--exact", action="store_true",
+                         help="replay every layer of deep hf: models instead of extrapolating from 2 and 4 layers")
+    fitting.add_argument("--plot", default=None, metavar="PNG", help="bar chart of each prediction against the budget")
+    fitting.add_argument("--json", action="store_true")
+    add_size_options(fitting)
+    fitting.set_defaults(handler=cmd_fit)
 
     base = commands.add_parser("baselines", help="measured baselines")
     base_commands = base.add_subparsers(dest="baselines_command", required=True, parser_class=_Parser)
