@@ -242,6 +242,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from memclaims import fidelity
+
+    rows = fidelity.fidelity(args.profile, article=not args.hf_only, hf=not args.article_only,
+                             progress=None if args.json else
+                             (lambda recipe_id: print(f"memclaims: {recipe_id}", file=sys.stderr, flush=True)))
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2, sort_keys=True))
+    else:
+        print("\n".join(fidelity.table(rows)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memclaims", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -293,6 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
     fitting.add_argument("--json", action="store_true")
     add_size_options(fitting)
     fitting.set_defaults(handler=cmd_fit)
+
+    fid = commands.add_parser("fidelity", help="predictions vs published / measured peaks, beside the "
+                              "model-states-only estimate (accelerate, DeepSpeed)")
+    fid.add_argument("--profile", default="article", help="sim profile of the article rows")
+    only = fid.add_mutually_exclusive_group()
+    only.add_argument("--article-only", action="store_true", help="only the article's rows")
+    only.add_argument("--hf-only", action="store_true", help="only the hf: models (cpu tier vs sim)")
+    fid.add_argument("--json", action="store_true")
+    fid.set_defaults(handler=cmd_fidelity)
 
     base = commands.add_parser("baselines", help="measured baselines")
     base_commands = base.add_subparsers(dest="baselines_command", required=True, parser_class=_Parser)
