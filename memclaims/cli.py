@@ -230,7 +230,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise UsageError(f"fit predicts on the sim only, got --device {args.device!r}; valid devices: sim")
     budget = fit.parse_size(args.memory)
     result = fit.fit(workload_from(args), budget, profile=args.profile, scale=args.scale, sizes=sizes_from(args),
-                     exact=args.exact, progress=None if args.json else
+                     exact=args.exact, only=tuple(args.technique or ()), progress=None if args.json else
                      (lambda recipe_id: print(f"memclaims: predicting {recipe_id}", file=sys.stderr, flush=True)))
     if args.plot:
         fit.plot(result, Path(args.plot))
@@ -303,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     fitting.add_argument("--exact", action="store_true",
                          help="replay every layer of deep hf: models instead of extrapolating from 2 and 4 layers")
     fitting.add_argument("--plot", default=None, metavar="PNG", help="bar chart of each prediction against the budget")
+    fitting.add_argument("-t", "--technique", action="append", metavar="TECHNIQUE",
+                         help="consider combinations of these techniques only (repeat; default: all single-process ones)")
     fitting.add_argument("--json", action="store_true")
     add_size_options(fitting)
     fitting.set_defaults(handler=cmd_fit)

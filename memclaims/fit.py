@@ -64,7 +64,7 @@ def article_effects() -> dict[str, Effect]:
     effects: dict[str, Effect] = {}
     previous: dict[str, Any] | None = None
     for row in rows:
-        names = set(row["techniques"])
+        names = set(row["techniques"]) - {registry.REFERENCE}  # 01-2 (fabric) is the reference: no technique
         if row.get("nan"):
             for name in names:
                 effects[name] = Effect(None, None, diverged=True, source=row["script"])
@@ -81,16 +81,14 @@ def article_effects() -> dict[str, Effect]:
                 for name in removed:
                     gone = effects.get(name)
                     delta_acc += (gone.accuracy_change_points or 0.0) if gone else 0.0
+            if not names and before == {"pytorch"}:  # 01 -> 01-2: pytorch's effect is the inverse
+                effects["pytorch"] = Effect(previous["time_min"] / row["time_min"],
+                                            -delta_acc if delta_acc is not None else None, source=previous["script"])
             for name in added:
                 if name not in effects:
                     effects[name] = Effect(row["time_min"] / previous["time_min"] * replaced, delta_acc,
                                            source=row["script"])
         previous = row
-    if "fabric" in effects and effects["fabric"].time_ratio:  # 01-2 is timed against 01: invert for 01
-        through = effects.pop("fabric")
-        effects["pytorch"] = Effect(1 / through.time_ratio,
-                                    -through.accuracy_change_points if through.accuracy_change_points else None,
-                                    source="01_pytorch-vit")
     return effects
 
 
@@ -202,12 +200,14 @@ def predict(recipe: Recipe, profile: str, exact: bool) -> tuple[int, int, str]:
 
 
 def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scale: str = "article",
-        sizes: Sizes = Sizes(), exact: bool = False,
+        sizes: Sizes = Sizes(), exact: bool = False, only: tuple[str, ...] = (),
         progress: Callable[[str], None] | None = None) -> FitResult:
+    """``only``: consider combinations of these techniques only (default: every single-process one)."""
     from memclaims import sim
 
     sim.profile(profile)  # a bad profile name fails before any replay
-    combos = sorted(registry.full_matrix(), key=lambda c: (len(c), cost(c)[0] or float("inf")))
+    pool = tuple(registry.technique(name) for name in only) or None
+    combos = sorted(registry.full_matrix(pool), key=lambda c: (len(c), cost(c)[0] or float("inf")))
     reference = resolve(workload_name, scale, [], sizes)
     result = FitResult(reference.workload.name, scale, profile, memory_bytes,
                        "replayed" if exact or not (_layers(reference) or 0) > EXTRAPOLATION_LAYERS[1]
