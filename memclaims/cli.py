@@ -230,7 +230,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise UsageError(f"fit predicts on the sim only, got --device {args.device!r}; valid devices: sim")
     budget = fit.parse_size(args.memory)
     result = fit.fit(workload_from(args), budget, profile=args.profile, scale=args.scale, sizes=sizes_from(args),
-                     exact=args.exact, only=tuple(args.technique or ()), progress=None if args.json else
+                     exact=not args.extrapolate, only=tuple(args.technique or ()), progress=None if args.json else
                      (lambda recipe_id: print(f"memclaims: predicting {recipe_id}", file=sys.stderr, flush=True)))
     if args.plot:
         fit.plot(result, Path(args.plot))
@@ -300,8 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     fitting.add_argument("--device", default="sim", help="sim (the only device that predicts)")
     fitting.add_argument("--profile", default="article", help="the simulated GPU (memclaims list shows them)")
     fitting.add_argument("--scale", default="article", choices=("smoke", "article"))
-    fitting.add_argument("--exact", action="store_true",
-                         help="replay every layer of deep hf: models instead of extrapolating from 2 and 4 layers")
+    fitting.add_argument("--extrapolate", action="store_true",
+                         help="predict deep hf: models from 2- and 4-layer replays, linearly (fast, approximate: "
+                              "+1.1 %% at LLaMA-7B's shape, +10 %% at an 8-layer 1024-wide model)")
     fitting.add_argument("--plot", default=None, metavar="PNG", help="bar chart of each prediction against the budget")
     fitting.add_argument("-t", "--technique", action="append", metavar="TECHNIQUE",
                          help="consider combinations of these techniques only (repeat; default: all single-process ones)")

@@ -57,9 +57,12 @@ def test_every_prediction_is_compared_with_the_budget(result: fit.FitResult) -> 
 
 
 def test_the_matrix_is_pruned_where_a_subset_already_fits(result: fit.FitResult) -> None:
-    fitting = [set(r.techniques) for r in result.rows if r.status == "fits"]
+    def chosen(row: fit.FitRow) -> set[str]:
+        return set(row.techniques) - {"fabric"}  # the reference is no technique: a subset of all
+
+    fitting = [chosen(r) for r in result.rows if r.status == "fits"]
     for row in result.rows:
-        has_fitting_subset = any(f < set(row.techniques) for f in fitting)
+        has_fitting_subset = any(f < chosen(row) for f in fitting)
         if row.status == "pruned":
             assert has_fitting_subset, row
         elif row.status in ("fits", "too big"):
@@ -68,7 +71,7 @@ def test_the_matrix_is_pruned_where_a_subset_already_fits(result: fit.FitResult)
     # Every combination of the full matrix has a row.
     from memclaims import techniques
 
-    assert len(result.rows) == len(techniques.full_matrix(tuple(techniques.BY_NAME[n] for n in POOL)))
+    assert len(result.rows) == len(techniques.full_matrix(tuple(techniques.BY_NAME[n] for n in POOL))) + 1  # + fabric
 
 
 def test_ranking_puts_fitting_combinations_first(result: fit.FitResult) -> None:
@@ -83,13 +86,14 @@ def test_plot_is_written(result: fit.FitResult, tmp_path: Path) -> None:
     assert (tmp_path / "fit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_deep_models_are_extrapolated_within_two_percent_of_a_full_replay() -> None:
+def test_extrapolation_is_opt_in_and_over_predicts_within_its_documented_bound() -> None:
     deep = TINY.replace("(", "(num_hidden_layers=8,")
     recipe = resolve(deep, "smoke", ["bf16-true"], SIZES)
     extrapolated, _, how = fit.predict(recipe, "article", exact=False)
     replayed, _, exact_how = fit.predict(recipe, "article", exact=True)
     assert how == "extrapolated from 2 and 4 layers" and exact_how == "replayed"
-    assert extrapolated == pytest.approx(replayed, rel=0.02)
+    # fit.py's docstring and --extrapolate's help state +10 % for this shape: an upper bound, never under.
+    assert replayed <= extrapolated <= 1.12 * replayed
 
 
 def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -97,7 +101,7 @@ def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["fit", TINY, "--memory", "100GB", "--scale", "smoke", "--seq-len", "16", "--json",
                      *[f"-t{name}" for name in POOL]]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["memory_bytes"] == 10**10
+    assert data["memory_bytes"] == 100 * 10**9
     statuses = {r["status"] for r in data["rows"]}
     assert "fits" in statuses and "too big" not in statuses
-    assert sum(r["status"] == "fits" for r in data["rows"]) == 1
+    assert [r["techniques"] for r in data["rows"] if r["status"] == "fits"] == [["fabric"]]
