@@ -94,6 +94,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {w['name']:<26} {w['summary']}")
         for scale, summary in w["scales"].items():
             print(f"    {scale:<24} {summary}")
+    print(f"  {'hf:<model_type>':<26} any transformers model type with a causal-LM or classification head, built "
+          "offline from AutoConfig.for_model (--config key=value,... overrides)")
+    from memclaims import user_workloads
+
+    for name in user_workloads.names():
+        print(f"  {name:<26} registered by the user (entry point or memclaims_workloads)")
     print("\nClaims (name, tiers, source):")
     for c in data["claims"]:
         print(f"  {c['name']:<26} {','.join(c['tiers']):<13} {c['source']}: {c['statement']}")
