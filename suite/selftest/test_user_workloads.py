@@ -84,3 +84,15 @@ def test_registered_workloads_resolve_like_built_ins(tmp_path: Path, monkeypatch
         user_workloads.forget("clusters-mlp")
     with pytest.raises(UsageError, match="unknown workload 'clusters-mlp'"):
         workload("clusters-mlp")
+
+
+def test_the_cli_finds_workloads_named_in_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "envwork.py").write_text(readme_example())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(user_workloads.ENV, "envwork:make")
+    monkeypatch.setattr(user_workloads, "_env_specs_loaded", set())
+    try:
+        assert resolve("clusters-mlp", "smoke", []).id == "clusters-mlp-smoke/fabric"
+        assert "clusters-mlp" in user_workloads.names()
+    finally:
+        user_workloads.forget("clusters-mlp")
