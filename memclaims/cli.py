@@ -105,6 +105,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {w['name']:<26} {w['summary']}")
         for scale, summary in w["scales"].items():
             print(f"    {scale:<24} {summary}")
+    print(f"  {'hf:<model_type>':<26} any transformers model type with a causal-LM or classification head, built "
+          "offline from AutoConfig.for_model (--config key=value,... overrides)")
+    from memclaims import user_workloads
+
+    for name in user_workloads.names():
+        print(f"  {name:<26} registered by the user (entry point or memclaims_workloads)")
     print("\nClaims (name, tiers, source):")
     for c in data["claims"]:
         print(f"  {c['name']:<26} {','.join(c['tiers']):<13} {c['source']}: {c['statement']}")
@@ -121,10 +127,39 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def sizes_from(args: argparse.Namespace) -> Any:
+    """The size knobs of ``run`` / ``fit`` as a ``recipe.Sizes``."""
+    from memclaims.recipe import Sizes
+
+    return Sizes(batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size,
+                 accumulation_steps=args.accumulation_steps)
+
+
+def workload_from(args: argparse.Namespace) -> str:
+    """The workload name, with ``--config`` overrides folded into an ``hf:`` name."""
+    from memclaims.hf import with_config
+
+    return with_config(args.workload, args.config)
+
+
+def add_size_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-size", type=_positive_int, default=None,
+                        help="examples per optimizer step (before small-batch divides it)")
+    sized = parser.add_mutually_exclusive_group()
+    sized.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sequence (text workloads)")
+    sized.add_argument("--image-size", type=_positive_int, default=None,
+                       help="image side in pixels, a multiple of the patch (ViT workloads)")
+    parser.add_argument("--accumulation-steps", type=_positive_int, default=None,
+                        help="micro-batches per optimizer step under -t grad-accum")
+    parser.add_argument("--config", default=None, metavar="K=V,...",
+                        help="config overrides of an hf:<model_type> workload, e.g. hidden_size=4096,num_hidden_layers=32 "
+                             "(and head=causal-lm|classification, attn_implementation=sdpa|eager)")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from memclaims.recipe import resolve
 
-    recipe = resolve(args.workload, args.scale, args.technique or [])
+    recipe = resolve(workload_from(args), args.scale, args.technique or [], sizes_from(args))
     if args.device == "sim":
         from memclaims import sim
 
@@ -273,6 +308,40 @@ def cmd_spread(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from memclaims import fit
+
+    if args.device != "sim":
+        raise UsageError(f"fit predicts on the sim only, got --device {args.device!r}; valid devices: sim")
+    budget = fit.parse_size(args.memory)
+    result = fit.fit(workload_from(args), budget, profile=args.profile, scale=args.scale, sizes=sizes_from(args),
+                     exact=not args.extrapolate, only=tuple(args.technique or ()), progress=None if args.json else
+                     (lambda recipe_id: print(f"memclaims: predicting {recipe_id}", file=sys.stderr, flush=True)))
+    if args.plot:
+        fit.plot(result, Path(args.plot))
+        print(f"wrote {args.plot}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, sort_keys=True))
+    else:
+        print("\n".join(fit.table(result)))
+    return 0
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from memclaims import fidelity
+
+    rows = fidelity.fidelity(args.profile, article=not args.hf_only, hf=not args.article_only,
+                             progress=None if args.json else
+                             (lambda recipe_id: print(f"memclaims: {recipe_id}", file=sys.stderr, flush=True)))
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2, sort_keys=True))
+    else:
+        print("\n".join(fidelity.table(rows)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memclaims", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -282,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=cmd_list)
 
     running = commands.add_parser("run", help="run one recipe and print its Record")
-    running.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
+    running.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}, hf:<model_type>, or a registered one")
     running.add_argument("-t", "--technique", action="append", metavar="TECHNIQUE",
                          help="repeat to combine; none means the Fabric fp32 reference")
     running.add_argument("--device", default="cpu", choices=("cpu", "cuda", "sim"))
@@ -297,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     running.add_argument("--profile", default="article", help="GPU profile of --device sim")
     running.add_argument("--data-dir", default=None, help="folder holding CIFAR-10 / IMDb (else offline data)")
     running.add_argument("--json", action="store_true", help="print the Record as JSON")
+    add_size_options(running)
     running.set_defaults(handler=cmd_run)
 
     bench = commands.add_parser("benchmark", help="time each CPU case of a selection")
@@ -314,6 +384,32 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--all", action="store_true",
                        help="with --device sim: every published memory number of both documents, predicted")
     repro.set_defaults(handler=cmd_reproduce)
+
+    fitting = commands.add_parser("fit", help="which technique combinations fit a memory budget (predicted on the sim)")
+    fitting.add_argument("workload", help="a workload name, hf:<model_type>, or a registered one")
+    fitting.add_argument("--memory", required=True, metavar="SIZE",
+                         help="the budget: 24GB (decimal, 24e9 B) or 24GiB (binary, 24 x 2^30 B)")
+    fitting.add_argument("--device", default="sim", help="sim (the only device that predicts)")
+    fitting.add_argument("--profile", default="article", help="the simulated GPU (memclaims list shows them)")
+    fitting.add_argument("--scale", default="article", choices=("smoke", "article"))
+    fitting.add_argument("--extrapolate", action="store_true",
+                         help="predict deep hf: models from 2- and 4-layer replays, linearly (fast, approximate: "
+                              "+1.1 %% at LLaMA-7B's shape, +10 %% at an 8-layer 1024-wide model)")
+    fitting.add_argument("--plot", default=None, metavar="PNG", help="bar chart of each prediction against the budget")
+    fitting.add_argument("-t", "--technique", action="append", metavar="TECHNIQUE",
+                         help="consider combinations of these techniques only (repeat; default: all single-process ones)")
+    fitting.add_argument("--json", action="store_true")
+    add_size_options(fitting)
+    fitting.set_defaults(handler=cmd_fit)
+
+    fid = commands.add_parser("fidelity", help="predictions vs published / measured peaks, beside the "
+                              "model-states-only estimate (accelerate, DeepSpeed)")
+    fid.add_argument("--profile", default="article", help="sim profile of the article rows")
+    only = fid.add_mutually_exclusive_group()
+    only.add_argument("--article-only", action="store_true", help="only the article's rows")
+    only.add_argument("--hf-only", action="store_true", help="only the hf: models (cpu tier vs sim)")
+    fid.add_argument("--json", action="store_true")
+    fid.set_defaults(handler=cmd_fidelity)
 
     base = commands.add_parser("baselines", help="measured baselines")
     base_commands = base.add_subparsers(dest="baselines_command", required=True, parser_class=_Parser)

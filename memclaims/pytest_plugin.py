@@ -55,6 +55,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("vit-h14", "also run the ViT-H/14 series (518 px, 16-mixed, batch 4 per GPU) in the gpu tier",
         default="false", action="store_const", const="true")
     add("sim-profile", "the simulated GPU of the sim tier (memclaims list shows the profiles)", default="article")
+    add("workload", "the workload the technique matrix runs on: vit, another built-in, hf:<model_type>, or one "
+        "registered by an entry point (group memclaims.workloads) or memclaims_workloads", default="vit")
+    parser.addini("memclaims_workloads", "workload factories to register, one package.module:factory per line "
+                  "(each returns a memclaims Workload; see memclaims.user_workloads.define)", type="linelist",
+                  default=[])
     add("data-dir", "folder holding CIFAR-10 / IMDb (default: $MEMCLAIMS_DATA_DIR, else offline data)", default="")
     add("download", "download CIFAR-10 into <data-dir>/images and IMDb into <data-dir>/text before the "
         "session, where missing (needs internet and a data dir; off by default)", default="false",
@@ -169,9 +174,29 @@ def case_params(config: pytest.Config, workload: str = "vit") -> list[Any]:
     return params
 
 
+def selected_workload(config: pytest.Config) -> str:
+    """The workload of the technique matrix (``--memclaims-workload``; vit by default)."""
+    return option(config, "workload").strip() or "vit"
+
+
+def register_workloads(config: pytest.Config) -> None:
+    """Register the ini's ``memclaims_workloads`` factories and check the selected workload exists."""
+    from memclaims import user_workloads
+    from memclaims.errors import UsageError
+    from memclaims.workloads import workload
+
+    try:
+        for spec in config.getini("memclaims_workloads"):
+            made = user_workloads.register_spec(spec)
+            config.add_cleanup(lambda name=made.name: user_workloads.forget(name))
+        workload(selected_workload(config))
+    except UsageError as error:
+        raise pytest.UsageError(f"memclaims: {error}") from None
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if {"tier", "techniques"} <= set(metafunc.fixturenames):
-        metafunc.parametrize(("tier", "techniques"), case_params(metafunc.config))
+        metafunc.parametrize(("tier", "techniques"), case_params(metafunc.config, selected_workload(metafunc.config)))
 
 
 # --- pytest-xdist ------------------------------------------------------------------------------
@@ -289,6 +314,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {help_text}")
     for name in ("steps", "accuracy-epochs"):
         count_option(config, name)
+    register_workloads(config)
     from memclaims import diagnosis
 
     text = option(config, "memory-history").strip() or "0"

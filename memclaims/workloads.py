@@ -44,6 +44,9 @@ class Scale:
     # The recipe the article saw diverge (16-true alone, NaN near batch 300, claim 3) trains at least
     # this many steps under the budget, so the divergence claim can still be observed.
     divergence_steps: int | None = None
+    # Size knobs (memclaims.recipe.Sizes); None: the workload's own size at this scale.
+    image_size: int | None = None
+    seq_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,18 @@ class Workload:
     block_class: Callable[[], type[nn.Module]]
     # False: FSDP shards the model as one unit, as BigBird "after" (FSDPStrategy without a policy).
     fsdp_auto_wrap: bool = True
+    # Which size knob the model takes: "image" (--image-size) or "seq" (--seq-len); None: neither.
+    size_knob: str | None = None
+    # Raises UsageError for a size the model cannot take (image not a multiple of the patch, a
+    # sequence longer than the position embeddings); None: any size.
+    check_scale: Callable[[Scale], None] | None = None
+    # For the sim: the randomly initialised architecture (scale, num_classes or None for the stock
+    # head) and a micro-batch of synthetic inputs at full size (scale, batch) -> (inputs, targets).
+    architecture: Callable[[Scale, int | None], nn.Module] | None = None
+    fake_inputs: Callable[[Scale, int], tuple[Any, torch.Tensor]] | None = None
+    # (model, inputs) -> logits of shape (N, classes), when not ``model(**inputs).logits`` /
+    # ``model(inputs)`` (a causal LM flattens its next-token logits).
+    logits_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
 
     def scale(self, name: str) -> Scale:
         try:
@@ -70,6 +85,8 @@ class Workload:
             ) from None
 
     def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
+        if self.logits_fn is not None:
+            return self.logits_fn(model, inputs)
         return model(**inputs).logits if isinstance(inputs, dict) else model(inputs)
 
 
@@ -95,18 +112,32 @@ class VitFamily:
             return self.gpusmoke
         return self.smoke if scale_name == "smoke" else None
 
-    def image_size(self, scale_name: str) -> int:
-        sizes = self._sizes(scale_name)
+    def image_size(self, scale: Scale | str) -> int:
+        """The scale's image size: its ``--image-size`` knob, else the family's size at that scale."""
+        if isinstance(scale, Scale) and scale.image_size is not None:
+            return scale.image_size
+        sizes = self._sizes(scale.name if isinstance(scale, Scale) else scale)
         return sizes["image_size"] if sizes else self.article_image_size
 
-    def architecture(self, scale_name: str, num_classes: int | None = 10) -> nn.Module:
+    def patch_size(self, scale_name: str) -> int:
+        return self.smoke["patch_size"] if scale_name == "smoke" else int(self.builder.rsplit("_", 1)[1])
+
+    def check_scale(self, scale: Scale) -> None:
+        size, patch = self.image_size(scale), self.patch_size(scale.name)
+        if size % patch:
+            valid = ", ".join(str(patch * k) for k in range(max(1, size // patch - 1), size // patch + 3))
+            raise UsageError(f"image size {size} is not a multiple of the patch size {patch} of {self.builder} "
+                             f"at scale {scale.name!r}; valid image sizes are multiples of {patch}, e.g. {valid}")
+
+    def architecture(self, scale: Scale | str, num_classes: int | None = 10) -> nn.Module:
         """Randomly initialised; ``num_classes=None`` keeps the stock 1000-class head (07 scripts)."""
         import torchvision.models as models
 
-        sizes = self._sizes(scale_name)
+        sizes = self._sizes(scale.name if isinstance(scale, Scale) else scale)
         if sizes:
-            return models.VisionTransformer(num_classes=num_classes or 10, **sizes)
-        model = getattr(models, self.builder)(weights=None, image_size=self.article_image_size)
+            return models.VisionTransformer(num_classes=num_classes or 10,
+                                            **dict(sizes, image_size=self.image_size(scale)))
+        model = getattr(models, self.builder)(weights=None, image_size=self.image_size(scale))
         if num_classes is not None:
             model.heads.head = nn.Linear(in_features=self.hidden_dim, out_features=num_classes)
         return model
@@ -122,8 +153,9 @@ class VitFamily:
         return (Path(torch.hub.get_dir()) / "checkpoints" / filename).is_file()
 
     def build(self, scale: Scale) -> tuple[nn.Module, str]:
-        if self._sizes(scale.name) or not self.weights_cached():
-            return self.architecture(scale.name), "random"
+        if self._sizes(scale.name) or not self.weights_cached() or scale.image_size is not None:
+            # Another image size changes the position embedding: the hub weights do not fit it.
+            return self.architecture(scale), "random"
         import torchvision.models as models
 
         # Loading from the hub cache never downloads: the file is already there.
@@ -132,7 +164,7 @@ class VitFamily:
         return model, "pretrained"
 
     def data(self, scale: Scale, data_dir: str | os.PathLike[str] | None) -> data.DataBundle:
-        return data.images(self.image_size(scale.name), data_dir)
+        return data.images(self.image_size(scale), data_dir)
 
 
 def _vit_block() -> type[nn.Module]:
@@ -194,6 +226,8 @@ VIT = Workload(
     build_model=VIT_L16.build,
     load_data=VIT_L16.data,
     block_class=_vit_block,
+    size_knob="image",
+    check_scale=VIT_L16.check_scale,
 )
 
 VIT_H14_WORKLOAD = Workload(
@@ -217,6 +251,8 @@ VIT_H14_WORKLOAD = Workload(
     build_model=VIT_H14.build,
     load_data=VIT_H14.data,
     block_class=_vit_block,
+    size_knob="image",
+    check_scale=VIT_H14.check_scale,
 )
 
 WORKLOADS: dict[str, Workload] = {VIT.name: VIT, VIT_H14_WORKLOAD.name: VIT_H14_WORKLOAD}
@@ -235,7 +271,20 @@ def gpu_tier_scale(workload_name: str, requested: str) -> str:
 
 
 def workload(name: str) -> Workload:
-    try:
+    """A built-in workload, an ``hf:<model_type>[(key=value,...)]`` one, or one a user registered."""
+    if name.startswith(HF_PREFIX):
+        from memclaims import hf
+
+        return hf.workload(name)
+    if name in WORKLOADS:
         return WORKLOADS[name]
-    except KeyError:
-        raise UsageError(f"unknown workload {name!r}; valid workloads: {', '.join(WORKLOADS)}") from None
+    from memclaims import user_workloads
+
+    found = user_workloads.find(name)
+    if found is not None:
+        return found
+    valid = [*WORKLOADS, *user_workloads.names(), f"{HF_PREFIX}<model_type>"]
+    raise UsageError(f"unknown workload {name!r}; valid workloads: {', '.join(valid)}") from None
+
+
+HF_PREFIX = "hf:"

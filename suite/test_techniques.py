@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from memclaims import active, steady
+from memclaims.pytest_plugin import selected_workload
 from memclaims.techniques import TRUE_HALF_PRECISIONS
 from fixtures.baselines import BaselineCheck
 from fixtures.records import RecordCache
@@ -17,7 +18,7 @@ _FP16_MIXED_ON_CPU = ("Lightning runs 16-mixed as bf16-mixed on the CPU (no floa
 
 def test_case(tier: str, techniques: tuple[str, ...], record_cache: RecordCache,
               baseline_check: BaselineCheck, request: pytest.FixtureRequest, record_property: Any) -> None:
-    recipe = record_cache.recipe(tier, "vit", techniques)
+    recipe = record_cache.recipe(tier, selected_workload(request.config), techniques)
     if tier == "cpu" and recipe.precision == "16-mixed":
         pytest.skip(_FP16_MIXED_ON_CPU)
     record = record_cache.get(tier, recipe)

@@ -166,14 +166,26 @@ def _models() -> dict[str, tuple[Callable[[str, int | None], nn.Module],
     return {name: _vit_fns(family) for name, family in VIT_FAMILIES.items()}
 
 
-def _model_fns(recipe: Recipe) -> tuple[Callable[[str, int | None], nn.Module],
-                                         Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]]:
+def _workload_fns(workload: Any) -> tuple[Callable[[Any, int | None], nn.Module],
+                                          Callable[[Any, int], tuple[Any, torch.Tensor]]] | None:
+    """A workload's own fake-tensor model and inputs (text, hf: and user workloads that give them)."""
+    if workload.architecture is None or workload.fake_inputs is None:
+        return None
+    return workload.architecture, workload.fake_inputs
+
+
+def _model_fns(recipe: Recipe) -> tuple[Callable[[Any, int | None], nn.Module],
+                                         Callable[[Any, int], tuple[Any, torch.Tensor]]]:
     try:
         return _models()[recipe.workload.name]
     except KeyError:
+        fns = _workload_fns(recipe.workload)
+        if fns is not None:
+            return fns
         raise UsageError(
             f"the sim device cannot run workload {recipe.workload.name!r} yet (no fake-tensor model "
-            f"for it); simulated workloads: {', '.join(_models())}"
+            f"for it); simulated workloads: {', '.join(_models())}, the text and hf: workloads, and user "
+            "workloads that give an architecture and fake_inputs"
         ) from None
 
 
@@ -272,16 +284,16 @@ def _load(session: _Session, recipe: Recipe, build: Callable[[str, int | None], 
     if recipe.init_on_device:
         # fabric.init_module(): built on the device, in the half dtype for true precisions.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
-            return build(recipe.scale.name, classes)
+            return build(recipe.scale, classes)
     with session.host():
         # Fabric converts true precisions on the CPU (convert_module) before moving.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
-            model = build(recipe.scale.name, classes)
+            model = build(recipe.scale, classes)
     _move(model)
     return model
 
 
-def _load_only(session: _Session, mode: str, scale: str, num_classes: int | None,
+def _load_only(session: _Session, mode: str, scale: Any, num_classes: int | None,
                dtype: torch.dtype, build: Callable[[str, int | None], nn.Module]) -> nn.Module:
     if mode == "init-module":
         with _default_dtype(dtype):
@@ -294,7 +306,7 @@ def _load_only(session: _Session, mode: str, scale: str, num_classes: int | None
     return model
 
 
-def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit", scale: str = "article",
+def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit", scale: Any = "article",
                   num_classes: int | None = None, precision: str = "16-true") -> LoadResult:
     """Replay a model-load-only script on the simulated GPU.
 
@@ -310,8 +322,15 @@ def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit",
     try:
         build, _ = _models()[workload]
     except KeyError:
-        raise UsageError(f"the sim device cannot load workload {workload!r}; simulated workloads: "
-                         f"{', '.join(_models())}") from None
+        from memclaims.workloads import workload as find_workload
+
+        found = find_workload(workload)
+        fns = _workload_fns(found)
+        if fns is None:
+            raise UsageError(f"the sim device cannot load workload {workload!r}; simulated workloads: "
+                             f"{', '.join(_models())} and the text and hf: workloads") from None
+        build = fns[0]
+        scale = found.scale(scale) if isinstance(scale, str) else scale
     dtype = PARAM_DTYPE[precision]
     session = _Session(chosen)
     results: dict[str, PhaseResult] = {}
@@ -339,13 +358,18 @@ class _Precision:
         self.true_half = self.name.endswith("-true") and self.compute != torch.float32
         self.scale: torch.Tensor | None = None
 
-    def convert_input(self, inputs: torch.Tensor) -> torch.Tensor:
-        # MixedPrecision and HalfPrecision both cast floating inputs to the half dtype.
+    def convert_input(self, inputs: Any) -> Any:
+        # MixedPrecision and HalfPrecision both cast floating inputs to the half dtype (token ids
+        # and masks of text models are integers: unchanged).
+        if isinstance(inputs, dict):
+            return {k: self.convert_input(v) for k, v in inputs.items()}
         return inputs.to(self.compute) if (self.mixed or self.true_half) and inputs.is_floating_point() else inputs
 
     def forward_context(self) -> Any:
         if self.mixed:
-            return torch.autocast("cpu", dtype=self.compute)
+            from memclaims.sim.autocast import cuda_autocast
+
+            return cuda_autocast(self.compute)
         if self.true_half:
             return _default_dtype(self.compute)
         return nullcontext()
@@ -398,17 +422,17 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     examples = micro_batches = 0
     for batch_index in range(memory_steps * accumulation + 1):
         # The loader's next batch is moved to the device while the previous one is still bound.
-        inputs, targets = inputs_fn(recipe.scale.name, recipe.micro_batch_size)
+        inputs, targets = inputs_fn(recipe.scale, recipe.micro_batch_size)
         model.train()
         watch = watch_linear_outputs(model) if not observed["compute_dtypes"] else None
         with session.step_phase("forward"):
             with attention:
                 if recipe.plain_pytorch:
-                    logits = model(inputs)
+                    logits = recipe.workload.logits(model, inputs)
                 else:
                     x = precision.convert_input(inputs)
                     with precision.forward_context():
-                        out = model(x)
+                        out = recipe.workload.logits(model, x)
                     del x
                     logits = precision.convert_output(out)
                     del out
@@ -477,7 +501,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     reference = None
     if recipe.init_on_device:
         reference = simulate_load("build-then-convert", profile=chosen.name, workload=recipe.workload.name,
-                                  scale=recipe.scale.name, num_classes=recipe.workload.num_classes,
+                                  scale=recipe.scale, num_classes=recipe.workload.num_classes,
                                   precision=recipe.precision if recipe.precision.endswith("-true") else "32-true")
 
     if recipe.optimizer in optimizers.EIGHT_BIT:
