@@ -13,26 +13,14 @@ import pytest
 from memclaims.baselines import BaselineError, BaselineStore, environment_id
 from memclaims.compare import REGRESSION, STALE, compare
 from memclaims.record import Record
+from memclaims.testing import FAKE_PEAK, FAKE_VERSIONS, fake_record, make_project
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
 
 ENV = "cpu-x86_64"
-NOW_VERSIONS = {"torch": "2.14.1", "torchvision": "0.29.1", "lightning": "2.6.6", "transformers": None,
-                "bitsandbytes": None, "torchmetrics": "1.8.0", "python": "3.12.3", "cuda": None}
-PEAK = 10_485_760  # 10 MiB, so that the MiB figures in the messages are easy to read
-
-
-def fake_record(recipe: str = "vit-smoke/fake-a", **changes: Any) -> Record:
-    values: dict[str, Any] = dict(
-        recipe=recipe, workload="vit", scale="smoke", techniques=["bf16-true"], device="cpu",
-        device_name="cpu-x86_64", probe="cpu", precision="bf16-true", batch_size=32, accumulation_steps=1,
-        memory_steps=2, param_count=1000, param_tensor_count=4, param_bytes=2000, grad_bytes=2000,
-        optimizer_state_bytes=4000, load_peak_bytes=3000, peak_allocated_bytes=PEAK, peak_reserved_bytes=None,
-        accuracy=0.5, final_loss=1.0, nan_loss=False, nan_step=None, step_time_s=0.1, weights="random",
-        data="sklearn-digits", versions=dict(NOW_VERSIONS))
-    values.update(changes)
-    return Record(**values)
+NOW_VERSIONS = FAKE_VERSIONS
+PEAK = FAKE_PEAK
 
 
 def scaled(record: Record, factor: float, **changes: Any) -> Record:
@@ -62,10 +50,7 @@ def test_case(name, baseline_check, record_property):
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]')
-    pytester.syspathinsert(ROOT)
-    pytester.makepyfile(test_fake=INNER_TEST)
+    make_project(pytester, ROOT).makepyfile(test_fake=INNER_TEST)
     return pytester
 
 

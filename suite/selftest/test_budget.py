@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from memclaims import budget, techniques as registry
+from memclaims import budget
+from memclaims import techniques as registry
 from memclaims.recipe import resolve
 from memclaims.runner import RunOptions, accuracy_schedule, run
 

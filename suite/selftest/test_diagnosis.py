@@ -12,6 +12,7 @@ import pytest
 from memclaims import diagnosis
 from memclaims.probes import CudaProbe
 from memclaims.record import Record
+from memclaims.testing import make_project
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
@@ -117,9 +118,7 @@ def test_cuda_snapshot_of_the_failing_recipe_is_saved_on_memory_failure_only(pyt
 
     fake = FakeCudaMemory()
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", fake._dump_snapshot)
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]')
-    pytester.syspathinsert(ROOT)
+    make_project(pytester, ROOT)
     pytester.makepyfile(test_fake=FAKE_CASES)
     from memclaims.baselines import Baseline, BaselineStore
 
@@ -168,9 +167,7 @@ def training_imports() -> None:
 
 
 def test_cpu_case_failing_on_memory_saves_both_breakdowns(training_imports: None, pytester: pytest.Pytester) -> None:
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]')
-    pytester.syspathinsert(ROOT)
+    make_project(pytester, ROOT)
     # A basename of its own: the outer session may already have imported suite/test_techniques.py.
     pytester.makepyfile(test_memory_case=(ROOT / "suite" / "test_techniques.py").read_text())
     node = f"test_memory_case.py::test_case[{CASE}]"
@@ -226,9 +223,7 @@ def test_case(technique, record_cache):
 def test_out_of_memory_case_is_listed_and_the_session_goes_on(pytester: pytest.Pytester) -> None:
     import fixtures.records
 
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest(OOM_CONFTEST)
-    pytester.syspathinsert(ROOT)
+    make_project(pytester, ROOT, conftest=OOM_CONFTEST)
     pytester.makepyfile(test_oom=OOM_TESTS)
     real_run = fixtures.records.run
     try:

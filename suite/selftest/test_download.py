@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from memclaims import data, download
+from memclaims.testing import PLUGIN_CONFTEST, make_project
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
@@ -32,10 +33,7 @@ def fetched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Path]]:
 
 
 def _session(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin"]')
-    pytester.syspathinsert(ROOT)
-    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    make_project(pytester, ROOT, conftest=PLUGIN_CONFTEST).makepyfile(test_nothing="def test_nothing():\n    pass\n")
     return pytester.runpytest_inprocess("-p", "no:cacheprovider", "-s", *args)
 
 

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from memclaims import gpucheck
 
 ROOT = Path(__file__).resolve().parents[2]

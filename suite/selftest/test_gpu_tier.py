@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from memclaims import claims, techniques as registry
+from memclaims import claims
+from memclaims import techniques as registry
 from memclaims.recipe import parse_id, resolve
 from memclaims.workloads import GPU_SMOKE, WORKLOADS, gpu_tier_scale
 from suite.selftest.test_baselines import fake_record

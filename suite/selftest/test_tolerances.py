@@ -68,7 +68,7 @@ def test_loss_trajectory_moves_are_caught_both_ways_and_class_noise_is_not() -> 
     assert diverged.verdict == REGRESSION and diverged.detail == "step 1: diverged"
 
 
-def _smoke_record(technique: str, lr_factor: float = 1.0, break_accumulation: bool = False) -> "Record":
+def _smoke_record(technique: str, lr_factor: float = 1.0, break_accumulation: bool = False) -> Record:
     import dataclasses
 
     from memclaims.recipe import resolve

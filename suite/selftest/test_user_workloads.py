@@ -12,6 +12,7 @@ import pytest
 from memclaims import user_workloads
 from memclaims.errors import UsageError
 from memclaims.recipe import resolve
+from memclaims.testing import make_project
 from memclaims.workloads import workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,9 +32,7 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 
     Runs go through a subprocess: an in-process pytester session re-imports torch.distributed's
     operator library, which torch refuses to register twice."""
-    ini = (ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = .")
-    pytester.makeini(ini + "memclaims_workloads = mywork.workload:make\n")
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]')
+    make_project(pytester, ROOT, ini_extra="memclaims_workloads = mywork.workload:make\n")
     pytester.mkpydir("mywork")
     (pytester.path / "mywork" / "workload.py").write_text(readme_example())
     (pytester.path / "test_techniques.py").write_text((ROOT / "suite" / "test_techniques.py").read_text())
