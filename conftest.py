@@ -1,3 +1,17 @@
-"""Wires the pytest side: memclaims' options and hooks, and the fixtures of fixtures/."""
+"""Wires the pytest side: memclaims' options and hooks, and the fixtures of fixtures/.
 
-pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records", "fixtures.claim_runs"]
+The environment preflight runs first: with a broken or mismatched install the run stops with one
+line naming the packages, before any test module imports the training stack.
+"""
+
+import pytest
+
+from memclaims.preflight import message, problems
+
+_BROKEN = problems()
+
+if _BROKEN:
+    def pytest_configure(config: pytest.Config) -> None:
+        raise pytest.UsageError(message(_BROKEN))
+else:
+    pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records", "fixtures.claim_runs"]

@@ -29,10 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from memclaims.environment import slug
 from memclaims.errors import MemclaimsError
 from memclaims.record import Record
 
 SCHEMA = 1
+OBTAINED = ".obtained"  # <environment>.obtained.json: a first run's Records, waiting for `baselines accept`
+TOLERANCES = "tolerances.json"  # measured accuracy tolerances (memclaims.spread), beside measured/
 
 # Record fields a baseline must hold, with the JSON types they may take (bool is rejected for ints).
 _INT = "int"
@@ -80,17 +83,27 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9_.]+", "-", text.lower()).strip("-") or "unknown"
-
-
 def environment_id(record: Record, profile: str | None = None) -> str:
-    """The device class a baseline belongs to: ``cpu-x86_64``, ``nvidia-h200``, ``sim-article``."""
+    """The class of machine a baseline belongs to: ``cpu-x86_64-avx2-cu130``,
+    ``nvidia-h200-cuda13.0-cudnn91200``, ``sim-article`` (memclaims.environment says why)."""
     if record.device == "sim":
         # The sim profile decides the predicted numbers; the Record's probe names it ("sim:article").
         name = profile or record.probe.partition(":")[2] or "default"
         return f"sim-{slug(str(name))}"
-    return slug(record.device_name)
+    facts = record.environment
+    if record.device == "cpu" and "capability" in facts:
+        features = "".join(f"-{f}" for f in facts.get("half_features", []))
+        return f"cpu-{slug(facts['machine'])}-{facts['capability']}{features}-{facts['torch_build']}"
+    if record.device == "cuda" and "gpu" in facts:
+        return f"{slug(facts['gpu'])}-cuda{facts['cuda']}-cudnn{facts['cudnn']}"
+    return slug(record.device_name)  # a Record from before environments were recorded
+
+
+def _family(environment: str) -> str:
+    """What siblings share: ``cpu-x86_64`` for every x86_64 CPU class, the GPU model for CUDA."""
+    if environment.startswith("cpu-"):
+        return "-".join(environment.split("-")[:2])
+    return environment.split("-cuda")[0]
 
 
 def _type_ok(value: Any, kind: str) -> bool:
@@ -183,6 +196,7 @@ class BaselineStore:
         self.root = Path(root)
         self.measured = self.root / "measured"
         self._cache: dict[str, dict[str, Baseline]] = {}
+        self._tolerances: dict[str, Any] | None = None
 
     def path(self, environment: str) -> Path:
         return self.measured / f"{environment}.json"
@@ -257,17 +271,87 @@ class BaselineStore:
                 raise
             self._cache[environment] = current
 
+    def environments(self) -> list[str]:
+        """Every environment with a baseline file (obtained files excluded)."""
+        return sorted(p.stem for p in self.measured.glob("*.json") if not p.stem.endswith(OBTAINED))
+
+    def find(self, record: Record, profile: str | None = None) -> tuple[Baseline, str] | None:
+        """The record's baseline and the environment it was measured in.
+
+        This machine's own class first; else the closest sibling class of the same family (another
+        CPU capability class, another CUDA of the same GPU model), whose difference the
+        comparison then states. None when neither has the recipe.
+        """
+        environment = environment_id(record, profile)
+        own = self.get(environment, record.baseline_key)
+        if own is not None:
+            return own, environment
+        tokens = set(environment.split("-"))
+        siblings = [e for e in self.environments() if e != environment and _family(e) == _family(environment)]
+        for sibling in sorted(siblings, key=lambda e: (-len(tokens & set(e.split("-"))), e)):
+            found = self.get(sibling, record.baseline_key)
+            if found is not None:
+                return found, sibling
+        return None
+
     def store_record(self, record: Record, tolerances: Mapping[str, float | None] | None = None,
-                     profile: str | None = None) -> Path:
-        """Store one measured Record; tolerances default to the stored ones, else the tier's."""
+                     profile: str | None = None, *, obtained: bool = False) -> Path:
+        """Store one measured Record with its tolerance overrides (default: the stored ones).
+
+        Only overrides are written: a tolerance equal to the tier's default is left out, so that
+        changing a default in memclaims.compare reaches every existing baseline. ``obtained``
+        writes to the environment's obtained file instead (see :meth:`accept`).
+        """
         from memclaims.compare import default_tolerances
 
         environment = environment_id(record, profile)
         if tolerances is None:
             previous = self.load(environment, fresh=True).get(record.baseline_key)
-            tolerances = previous.tolerances if previous else default_tolerances(record.device)
-        self.update(environment, {record.baseline_key: Baseline(record=record, tolerances=dict(tolerances))})
-        return self.path(environment)
+            tolerances = previous.tolerances if previous else {}
+        defaults = default_tolerances(record.device)
+        overrides = {k: v for k, v in tolerances.items() if k not in defaults or defaults[k] != v}
+        target = environment + OBTAINED if obtained else environment
+        self.update(target, {record.baseline_key: Baseline(record=record, tolerances=overrides)})
+        return self.path(target)
+
+    def accept(self, environment: str) -> tuple[Path, list[str]]:
+        """Move the obtained Records of ``environment`` into its baseline file; returns the keys.
+
+        The first run on a new machine measures everything and stores it as obtained; accepting
+        it is a review step, not a rerun (the pytest-regressions pattern).
+        """
+        obtained_path = self.path(environment + OBTAINED)
+        obtained = self.load(environment + OBTAINED, fresh=True)
+        if not obtained:
+            raise BaselineError(f"nothing to accept: {obtained_path} does not exist or holds no records; "
+                                f"run the tier first (it writes the file when a case has no baseline)")
+        self.update(environment, obtained)
+        obtained_path.unlink()
+        self._cache.pop(environment + OBTAINED, None)
+        return self.path(environment), sorted(obtained)
+
+    def accuracy_tolerance(self, recipe_id: str, *, across_classes: bool = False) -> float | None:
+        """The recipe's measured accuracy tolerance (``tolerances.json``) against a baseline of this
+        machine's class or, ``across_classes``, of a sibling class; None when not measured."""
+        entry = self.tolerances().get("accuracy", {}).get("recipes", {}).get(recipe_id)
+        if entry is None:
+            return None
+        return float(entry["cross_class_tolerance" if across_classes else "tolerance"])
+
+    def tolerances(self) -> dict[str, Any]:
+        if self._tolerances is None:
+            path = self.root / TOLERANCES
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                data = {}
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise BaselineError(f"tolerance file {path}: cannot be read ({error}); fix it or "
+                                    f"measure it again with `memclaims baselines spread`") from None
+            if not isinstance(data, dict) or data.get("schema", SCHEMA) != SCHEMA:
+                raise BaselineError(f"tolerance file {path}: expected an object with schema {SCHEMA}")
+            self._tolerances = data
+        return self._tolerances
 
 
 def load_published(root: str | os.PathLike[str]) -> dict[str, Any]:

@@ -101,9 +101,25 @@ class Claim:
         return f"text {self.audit['text']}, logs {self.audit['logs']}, this run {this_run}"
 
 
+# Scales whose differences are hundreds of MiB or more (the article's own): claims compare the
+# article's figure, reserved memory. At any other scale a difference can be a few 2 MiB segments,
+# which reserved granularity (and cuBLAS workspaces) would hide, so claims compare allocated bytes.
+RESERVED_SCALES = frozenset({"article"})
+
+
+def peak_metric(record: Record) -> str:
+    """The Record field claims compare for ``record``, named in every verdict's detail."""
+    if record.scale in RESERVED_SCALES:
+        for name in ("peak_reserved_total_bytes", "peak_reserved_bytes"):
+            if getattr(record, name):
+                return name
+    return "peak_allocated_bytes"
+
+
 def peak(record: Record) -> int:
-    """The memory figure claims compare: reserved where the allocator reports it, else live bytes."""
-    return record.peak_reserved_total_bytes or record.peak_reserved_bytes or record.peak_allocated_bytes
+    """The memory figure claims compare (``peak_metric``): reserved at article scale where the
+    allocator reports it, else allocated (live) bytes."""
+    return getattr(record, peak_metric(record))
 
 
 def _mib(n: int | float) -> str:
@@ -210,12 +226,13 @@ class Ratio:
             return self._derived(get, num, den, measured, audit)
         if tier == "gpu" and num.scale != "article":
             ok = measured < 1.0 if expected_published < 1.0 else abs(measured - 1) <= PARITY_PEAK_TOLERANCE
-            return Verdict(ok, f"{tier} at smoke scale: ratio {measured:.3f} (published {expected_published:.3f} "
-                               f"at article scale); only the direction is asserted at this scale" + _sep(audit))
+            return Verdict(ok, f"{tier} at {num.scale} scale: ratio {measured:.3f} of {peak_metric(num)} (published "
+                               f"{expected_published:.3f} at article scale); only the direction is asserted at "
+                               f"this scale" + _sep(audit))
         low, high = SIM_BANDS.get(self.claim, SIM_BAND) if tier == "sim" else GPU_BAND
         fidelity = measured / expected_published
         return Verdict(low <= fidelity <= high,
-                       f"{_ids(num, den)}: ratio {measured:.3f} ({_gb(num)} / {_gb(den)}), published "
+                       f"{_ids(num, den)}: ratio {measured:.3f} of {peak_metric(num)} ({_gb(num)} / {_gb(den)}), published "
                        f"{expected_published:.3f}; {measured:.3f} / {expected_published:.3f} = {fidelity:.3f}, "
                        f"band [{low:g}, {high:g}] ({_within(fidelity, low, high)})" + _sep(audit))
 

@@ -99,6 +99,14 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
     return path
 
 
+def kind_dir(root: Path | None, kind: str) -> Path | None:
+    """``root/kind`` (``images`` or ``text``, where --memclaims-download puts them) when it exists,
+    else ``root`` itself (a folder holding the data set directly)."""
+    if root is None:
+        return None
+    return root / kind if (root / kind).is_dir() else root
+
+
 def images(image_size: int, data_dir: str | os.PathLike[str] | None) -> DataBundle:
-    root = resolve_data_dir(data_dir)
+    root = kind_dir(resolve_data_dir(data_dir), "images")
     return digits(image_size) if root is None else cifar10(root, image_size)

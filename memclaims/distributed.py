@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ from memclaims import launcher
 from memclaims.errors import UsageError
 from memclaims.loop import TrainingLoop
 from memclaims.recipe import Recipe, parse_id
-from memclaims.record import Record, device_name, library_versions
+from memclaims.record import Record, device_name, environment_facts, library_versions
 from memclaims.runner import TRUE_HALF, RunOptions, check_device, resolve_memory_steps
 
 CPU_DEFAULT_DEVICES = 2
@@ -91,14 +92,14 @@ def default_devices(device: str) -> int:
 
 
 def run_distributed(recipe: Recipe, options: RunOptions, devices: int | None = None, *,
-                    timeout_s: float = launcher.DEFAULT_TIMEOUT_S) -> DistributedResult:
+                    timeout_s: float | None = launcher.DEFAULT_TIMEOUT_S) -> DistributedResult:
     """Run a sharded ``recipe`` on ``devices`` ranks (None: ``options.devices``, else 2 CPU
     processes or every visible GPU) and gather one Record per rank."""
     return run_distributed_many([recipe], options, devices, timeout_s=timeout_s)[0]
 
 
 def run_distributed_many(recipes: Sequence[Recipe], options: RunOptions, devices: int | None = None, *,
-                         timeout_s: float = launcher.DEFAULT_TIMEOUT_S) -> list[DistributedResult]:
+                         timeout_s: float | None = launcher.DEFAULT_TIMEOUT_S) -> list[DistributedResult]:
     """Several recipes, one after the other, in one process group: starting ranks costs seconds
     (every child imports torch), so a test module pays it once for all its configurations."""
     check_device(options.device)
@@ -183,12 +184,47 @@ def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
     world = options.devices or default_devices(options.device)
     # torchrun across nodes: Fabric counts devices per node.
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    environment = cluster_environment()
     fabric = Fabric(accelerator=options.device, devices=per_node, num_nodes=max(1, world // per_node),
-                    strategy=fsdp_strategy(recipe), precision=recipe.precision)
+                    strategy=fsdp_strategy(recipe), precision=recipe.precision,
+                    plugins=[environment] if environment is not None else None)
     # The processes exist already (LOCAL_RANK is set): launch() only joins the group and picks
     # this rank's GPU.
     fabric.launch()
     return fabric
+
+
+def cluster_environment(environ: Mapping[str, str] | None = None) -> Any:
+    """The Lightning cluster environment of a rank, chosen here rather than detected by Lightning.
+
+    Lightning tries SLURMEnvironment first; inside a SLURM allocation it would win for ranks that
+    memclaims spawned (every rank global rank 0) and for torchrun's workers (SLURM_PROCID is the
+    srun task, not the worker). Spawned ranks: LightningEnvironment (RANK/LOCAL_RANK set by
+    memclaims.launcher); torchrun: TorchElasticEnvironment; otherwise None (Lightning decides).
+    """
+    env = os.environ if environ is None else environ
+    if env.get(launcher.SPAWNED_RANK_ENV):
+        from lightning.fabric.plugins.environments import LightningEnvironment
+
+        return LightningEnvironment()
+    if env.get("TORCHELASTIC_RUN_ID") is not None or launcher.torchrun_env(env) is not None:
+        from lightning.fabric.plugins.environments import TorchElasticEnvironment
+
+        return TorchElasticEnvironment()
+    return None
+
+
+def environment_report(rank: int, world: int) -> dict[str, Any]:
+    """What one spawned rank sees: left-over SLURM variables, and the cluster environment and ranks
+    Lightning Fabric sets up with memclaims' choice (a rank function for launcher.launch)."""
+    from lightning.fabric import Fabric
+
+    chosen = cluster_environment()
+    fabric = Fabric(accelerator="cpu", devices=world, strategy="ddp",
+                    plugins=[chosen] if chosen is not None else None)
+    return {"rank": rank, "slurm": sorted(k for k in os.environ if k.startswith("SLURM_")),
+            "environment": type(fabric.strategy.cluster_environment).__name__,
+            "global_rank": fabric.global_rank, "local_rank": fabric.local_rank, "world_size": fabric.world_size}
 
 
 # --- CPU: FSDP2 over gloo ---------------------------------------------------------------------
@@ -331,26 +367,34 @@ class CpuShardedRun(TrainingLoop):
                 model = model.to(TRUE_HALF[recipe.precision])
             model = self.shard(model)
             optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate,
-                                                    epochs * steps_per_epoch)
+                                                    epochs * steps_per_epoch,
+                                                    min_8bit_size=recipe.scale.min_8bit_size)
         params = list(model.parameters())
 
         probe.track(model, optimizer)
         with probe.phase("train"):
-            self.train(model, optimizer, scheduler, iter(train_loader), memory_steps, on_step=probe.step_begin)
+            self.train(model, optimizer, scheduler, iter(train_loader), memory_steps, on_step=probe.step_begin,
+                       phase=probe.step_phase)
         memory_losses = list(self.losses)
         timed = self.step_times[1:] or self.step_times  # the first step warms up
+        from memclaims.runner import _observed
+
+        observed = _observed(self, model, optimizer, recipe, local=_local)
 
         accuracy = None
         if options.evaluate:
             self.step_times.clear()
             for _ in range(epochs):
                 self.train(model, optimizer, scheduler, iter(train_loader), -1)
-            accuracy = self.accuracy(model, test_loader)
+            probe.track(model, optimizer)  # the model states count as live from the start
+            with probe.phase("evaluation"):
+                accuracy = self.accuracy(model, test_loader, on_batch=probe.step_begin)
             timed = self.step_times
 
         load, train = probe.phases["load"], probe.phases["train"]
         return Record(
             **recipe.record_fields(), device="cpu", device_name=device_name("cpu"),
+            environment=environment_facts("cpu"),
             probe=probe.name, precision=self.precision_ran, memory_steps=memory_steps,
             param_count=sum(p.numel() for p in params),  # the whole model's, as single-process
             param_tensor_count=len(params),
@@ -363,8 +407,9 @@ class CpuShardedRun(TrainingLoop):
             **self.loss_fields(memory_losses),
             step_time_s=statistics.median(timed) if timed else None,
             weights=weights, data=bundle.name, versions=library_versions(),
-            phases={n: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": None} for n, p in probe.phases.items()},
-            breakdown=dict(train.breakdown), notes=self.notes,
+            phases=probes.phase_entries(probe.phases),
+            step_peaks={name: list(peaks) for name, peaks in probe.step_peaks.items()},
+            breakdown=dict(train.breakdown), notes=self.notes, **observed,
         )
 
     def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
@@ -395,13 +440,15 @@ class CpuShardedRun(TrainingLoop):
         return (_local(p.grad) for p in model.parameters() if p.grad is not None)
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: Any) -> float:
+    def accuracy(self, model: nn.Module, loader: Any, on_batch: Any = None) -> float:
         """Every rank evaluates the whole test set (each forward needs all ranks' shards)."""
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
         model.eval()
         for inputs, targets in loader:
+            if on_batch is not None:
+                on_batch()
             metric.update(torch.argmax(self.logits(model, inputs), 1), targets)
         # Every rank saw every example: nothing to gather (torchmetrics would all-gather otherwise).
         return float(metric.compute())

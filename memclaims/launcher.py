@@ -16,6 +16,7 @@ failure or KeyboardInterrupt no child process and no listening port is left behi
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -34,6 +35,21 @@ from memclaims.errors import MemclaimsError, UsageError
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_TIMEOUT_S = 300.0
+# Set in every rank this module spawns: its rank comes from here, not from a cluster scheduler.
+SPAWNED_RANK_ENV = "MEMCLAIMS_SPAWNED_RANK"
+
+
+def strip_slurm(environ: Any) -> list[str]:
+    """Remove ``SLURM_*`` from a spawned rank's environment; returns the names removed.
+
+    Inside a SLURM allocation every spawned rank inherits the job's ``SLURM_PROCID=0`` etc.;
+    Lightning then detects SLURMEnvironment and each rank runs as global rank 0 on ``cuda:0``.
+    The ranks were started here, so SLURM's view of the task is wrong for all of them.
+    """
+    names = [name for name in environ if name.startswith("SLURM_")]
+    for name in names:
+        del environ[name]
+    return names
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")
 _STOP_GRACE_S = 5.0  # how long a terminated child gets before it is killed
 
@@ -85,7 +101,7 @@ def free_port() -> int:
 
 
 def launch(fn: RankFunction, world_size: int, args: Sequence[Any] = (), *, backend: str = "gloo",
-           timeout_s: float = DEFAULT_TIMEOUT_S, port: int | None = None) -> list[Any]:
+           timeout_s: float | None = DEFAULT_TIMEOUT_S, port: int | None = None) -> list[Any]:
     """``fn(rank, world_size, *args)`` on every rank; the results, indexed by rank.
 
     ``fn`` must be a module-level function (spawned children import it by name).
@@ -107,14 +123,14 @@ def launch(fn: RankFunction, world_size: int, args: Sequence[Any] = (), *, backe
 
 
 def _run_in_existing_group(fn: RankFunction, env: TorchrunEnv, args: Sequence[Any], backend: str,
-                           timeout_s: float) -> list[Any]:
+                           timeout_s: float | None) -> list[Any]:
     import torch.distributed as dist
 
     created = not dist.is_initialized()
     if backend == "nccl":
         _pin_gpu(env.local_rank)
     if created:
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend=backend, timeout=_group_timeout(timeout_s))
     try:
         result = fn(env.rank, env.world_size, *args)
         gathered: list[Any] = [None] * env.world_size
@@ -128,13 +144,19 @@ def _run_in_existing_group(fn: RankFunction, env: TorchrunEnv, args: Sequence[An
 # --- spawned ranks ----------------------------------------------------------------------------
 
 
-def _child(rank: int, fn: RankFunction, world_size: int, port: int, backend: str, timeout_s: float,
+def _group_timeout(timeout_s: float | None) -> timedelta | None:
+    """None: torch's default collective timeout (no wall-clock limit on the run itself)."""
+    return timedelta(seconds=timeout_s) if timeout_s is not None else None
+
+
+def _child(rank: int, fn: RankFunction, world_size: int, port: int, backend: str, timeout_s: float | None,
            folder: str, args: tuple[Any, ...]) -> None:
     """One spawned rank: join the group, run ``fn``, leave the result or the error text in ``folder``."""
     # The same variables torchrun sets, so that Lightning sees processes created externally and
     # never launches its own.
     os.environ.update(MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), **{SPAWNED_RANK_ENV: "1"})
+    strip_slurm(os.environ)
     import torch.distributed as dist
 
     out = Path(folder)
@@ -143,7 +165,7 @@ def _child(rank: int, fn: RankFunction, world_size: int, port: int, backend: str
             _pin_gpu(rank)  # one node: the local rank is the rank
         # The timeout bounds every collective: a rank waiting on a dead peer errors out.
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+                                timeout=_group_timeout(timeout_s))
         result = fn(rank, world_size, *args)
         partial = out / f"rank{rank}.pkl.part"
         partial.write_bytes(pickle.dumps(result))
@@ -164,7 +186,7 @@ def _pin_gpu(local_rank: int) -> None:
     torch.cuda.set_device(local_rank)
 
 
-def _spawn(fn: RankFunction, world_size: int, args: tuple[Any, ...], backend: str, timeout_s: float,
+def _spawn(fn: RankFunction, world_size: int, args: tuple[Any, ...], backend: str, timeout_s: float | None,
            port: int) -> list[Any]:
     context = multiprocessing.get_context("spawn")
     processes: list[multiprocessing.process.BaseProcess] = []
@@ -183,8 +205,8 @@ def _spawn(fn: RankFunction, world_size: int, args: tuple[Any, ...], backend: st
             stop(processes)
 
 
-def _wait(processes: list[multiprocessing.process.BaseProcess], folder: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+def _wait(processes: list[multiprocessing.process.BaseProcess], folder: Path, timeout_s: float | None) -> None:
+    deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
     while True:
         failed = [rank for rank, p in enumerate(processes) if p.exitcode not in (None, 0)]
         if failed:
@@ -195,7 +217,8 @@ def _wait(processes: list[multiprocessing.process.BaseProcess], folder: Path, ti
         left = deadline - time.monotonic()
         if left <= 0:
             ranks = ", ".join(str(r) for r, p in enumerate(processes) if p.exitcode is None)
-            raise LaunchError(f"distributed run timed out after {timeout_s:g} s; ranks still running: {ranks}")
+            raise LaunchError(f"distributed run timed out after {timeout_s:g} s; ranks still running: {ranks} "
+                              "(memclaims run --timeout SECONDS sets the limit, 0 for none)")
         multiprocessing.connection.wait([p.sentinel for p in running], timeout=min(left, 1.0))
 
 

@@ -3,18 +3,34 @@
 The loop decides the peak, so it exists once: ``zero_grad`` after the forward pass (scripts 01-04,
 06), or a scaled loss with a step on every accumulation-th batch and ``zero_grad`` after it (05).
 Subclasses say how a loss is computed, back-propagated and read.
+
+The loop also names the phases of a step (``STEP_PHASES``) and opens each through the ``phase``
+callback that ``train`` takes, so that the probes measure the same boundaries on every engine.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from memclaims.probes import storage_bytes
+
+
+# The phases of a training step, in the order of scripts 01-04 and 06 (05 zeroes after the step).
+# The loss (and its scaling under accumulation) belongs to ``forward``; reading its value, the
+# scheduler step and fetching the next batch belong to no step phase, only to the enclosing one.
+STEP_PHASES = ("forward", "backward", "optimizer_step", "zero_grad")
+
+PhaseCallback = Callable[[str], AbstractContextManager[Any]]
+
+
+def no_phase(name: str) -> AbstractContextManager[Any]:
+    return nullcontext()
 
 
 def json_number(value: float) -> float | None:
@@ -29,6 +45,13 @@ class TrainingLoop:
         self.step_times: list[float] = []
         self.nan_step: int | None = None  # index into ``losses`` of the first NaN/inf
         self.grad_bytes: int | None = None  # read while the gradients exist, before the first step
+        # What the last optimizer step really consumed, counted from the batches (not the recipe),
+        # so that a batch-size or accumulation technique that does nothing shows.
+        self.step_examples: int | None = None
+        self.step_micro_batches: int | None = None
+        # Output dtypes of the model's linear layers in the first forward pass: the precision the
+        # matmuls really ran in (autocast's half dtype, or the parameters' own).
+        self.compute_dtypes: list[str] = []
 
     # --- what a subclass provides -------------------------------------------------------------
 
@@ -50,32 +73,49 @@ class TrainingLoop:
     # --- the loop -----------------------------------------------------------------------------
 
     def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
-              optimizer_steps: int, on_step: Callable[[], None] | None = None) -> None:
-        """``optimizer_steps`` optimizer steps (or until ``batches`` runs out when negative)."""
+              optimizer_steps: int, on_step: Callable[[], None] | None = None,
+              phase: PhaseCallback = no_phase) -> None:
+        """``optimizer_steps`` optimizer steps (or until ``batches`` runs out when negative);
+        ``phase(name)`` wraps each of the ``STEP_PHASES`` (a probe's ``step_phase``)."""
         accumulation = self.accumulation_steps
         done = 0
+        examples = micro_batches = 0
         started = time.perf_counter()
         for batch_index, (inputs, targets) in enumerate(batches):
             if on_step is not None:
                 on_step()
             model.train()
-            loss = self.forward_loss(model, inputs, targets)
+            watch = watch_linear_outputs(model) if not self.compute_dtypes else None
+            with phase("forward"):
+                loss = self.forward_loss(model, inputs, targets)
+                if accumulation > 1:
+                    loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
+            if watch is not None:
+                self.compute_dtypes = watch()
+            examples += int(targets.shape[0])
+            micro_batches += 1
             if accumulation == 1:
-                optimizer.zero_grad()  # 01..04, 06: after the forward pass
-                self.backward(loss)
+                with phase("zero_grad"):
+                    optimizer.zero_grad()  # 01..04, 06: after the forward pass
+                with phase("backward"):
+                    self.backward(loss)
                 stepping = True
             else:
-                loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
-                self.backward(loss)
+                with phase("backward"):
+                    self.backward(loss)
                 stepping = batch_index % accumulation == 0
             self._watch(self.loss_value(loss))
             if not stepping:
                 continue
             if self.grad_bytes is None:
                 self.grad_bytes = storage_bytes(self.gradients(model))
-            optimizer.step()
+            self.step_examples, self.step_micro_batches = examples, micro_batches
+            examples = micro_batches = 0
+            with phase("optimizer_step"):
+                optimizer.step()
             if accumulation > 1:
-                optimizer.zero_grad()
+                with phase("zero_grad"):
+                    optimizer.zero_grad()
             if scheduler is not None:
                 scheduler.step()
             self.synchronize()
@@ -85,6 +125,11 @@ class TrainingLoop:
             done += 1
             if done == optimizer_steps:
                 return
+
+    def measured_fields(self) -> dict[str, Any]:
+        """The Record's fields of what the loop observed (batch, accumulation, compute dtype)."""
+        return dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
+                    compute_dtypes=list(self.compute_dtypes))
 
     def loss_fields(self, memory_losses: list[float]) -> dict[str, Any]:
         """The Record's loss fields: the last loss, where it diverged, and the measured steps' losses."""
@@ -96,3 +141,21 @@ class TrainingLoop:
         self.losses.append(value)
         if self.nan_step is None and not math.isfinite(value):
             self.nan_step = len(self.losses) - 1
+
+
+def watch_linear_outputs(model: nn.Module) -> Callable[[], list[str]]:
+    """Hooks every ``nn.Linear``; the returned function removes them and names the output dtypes seen."""
+    seen: dict[str, None] = {}
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            seen[str(output.dtype).removeprefix("torch.")] = None
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
+
+    def done() -> list[str]:
+        for handle in handles:
+            handle.remove()
+        return sorted(seen)
+
+    return done

@@ -70,8 +70,10 @@ def prepare(name: str) -> None:
         bitsandbytes_unavailable()
 
 
-def build(name: str, model: nn.Module, learning_rate: float, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
-    """(optimizer, scheduler or None) for the recipe's optimizer ``name``."""
+def build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
+          min_8bit_size: int | None = None) -> tuple[torch.optim.Optimizer, Any]:
+    """(optimizer, scheduler or None) for the recipe's optimizer ``name``; ``min_8bit_size``: the
+    8-bit optimizers' threshold (None: bitsandbytes' default)."""
     if name == "adam":
         return torch.optim.Adam(model.parameters(), lr=learning_rate), None
     if name == "sgd":
@@ -89,6 +91,8 @@ def build(name: str, model: nn.Module, learning_rate: float, total_steps: int) -
             raise UsageError(f"technique {name!r} needs bitsandbytes' 8-bit optimizers: {reason}")
         import bitsandbytes as bnb
 
+        if min_8bit_size is not None:
+            kwargs["min_8bit_size"] = min_8bit_size
         return getattr(bnb.optim, EIGHT_BIT[name])(groups, **kwargs), None
     if name == "adafactor":
         from transformers.optimization import Adafactor

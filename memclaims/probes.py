@@ -1,17 +1,20 @@
 """How memory is read: the CUDA caching allocator's statistics, or exact tensor accounting on the CPU.
 
 Both probes measure named phases (``load``, ``train``, ...); each phase reports its own peak, so
-loading and training never blur into one number. A probe never decides what a phase is: the
-runner opens the phases.
+loading and training never blur into one number. Inside ``train`` the training loop
+(``memclaims.loop``) opens the phases of a step (``forward``, ``backward``, ``optimizer_step``,
+``zero_grad``) through ``step_phase``; those report the largest peak over the measured steps and
+keep each step's peak, so that a leak (a peak growing step after step) is visible. A probe never
+decides what a phase is: the runner and the loop open the phases.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from torch import nn
@@ -22,16 +25,122 @@ class PhasePeak:
     allocated_bytes: int
     reserved_bytes: int | None = None  # CUDA (and sim) only
     breakdown: dict[str, int] = field(default_factory=dict)  # category -> bytes at the peak
+    # The peak minus what was live when the phase began: what the phase itself added.
+    above_start_bytes: int = 0
+    # Other peaks a reader folds (the sim's live tensor bytes), by name.
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def entry(self) -> dict[str, int | None]:
+        """The Record's ``phases[name]`` entry (the contract's keys)."""
+        return {"allocated_bytes": self.allocated_bytes, "above_start_bytes": self.above_start_bytes,
+                "reserved_bytes": self.reserved_bytes}
 
 
 class Probe(Protocol):
     name: str
     phases: dict[str, PhasePeak]
+    step_peaks: dict[str, list[int]]
 
     def prepare(self) -> None: ...
     def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None: ...
     def phase(self, name: str) -> Any: ...
+    def step_phase(self, name: str) -> Any: ...
     def step_begin(self) -> None: ...
+
+
+# --- phases over one peak counter ---------------------------------------------------------------
+
+
+@dataclass
+class Reading:
+    """One look at a memory counter: live bytes now, and the peaks since its last reset."""
+
+    now: int
+    peak: int
+    reserved_peak: int | None = None
+    breakdown: dict[str, int] = field(default_factory=dict)  # at ``peak``, where the counter knows it
+    extra: dict[str, int] = field(default_factory=dict)  # further peaks, folded by max
+
+
+@dataclass
+class _Window:
+    name: str
+    start: int
+    peak: int
+    reserved: int | None = None
+    breakdown: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def absorb(self, reading: Reading) -> None:
+        if reading.peak >= self.peak:
+            self.peak = reading.peak
+            self.breakdown = dict(reading.breakdown) or self.breakdown
+        if reading.reserved_peak is not None:
+            self.reserved = max(self.reserved or 0, reading.reserved_peak)
+        for key, value in reading.extra.items():
+            self.extra[key] = max(self.extra.get(key, 0), value)
+
+
+class PhaseRecorder:
+    """Nested phases over one resettable peak counter (the CUDA allocator's, MemTracker's, the sim's).
+
+    Every phase boundary first folds the counter's peak into every open phase, then resets it:
+    an inner phase (``forward``) gets its own peak and the enclosing one (``train``) still sees the
+    largest of all, with no second counter. Per-step phases keep each occurrence's peak in
+    ``step_peaks`` and report the largest occurrence in ``phases``.
+    """
+
+    def __init__(self, read: Callable[[], Reading], reset: Callable[[], None]) -> None:
+        self.read, self.reset = read, reset
+        self.phases: dict[str, PhasePeak] = {}
+        self.step_peaks: dict[str, list[int]] = {}
+        self._open: list[_Window] = []
+
+    def _fold(self) -> Reading:
+        reading = self.read()
+        for window in self._open:
+            window.absorb(reading)
+        return reading
+
+    @contextmanager
+    def measure(self, name: str, per_step: bool = False) -> Iterator[None]:
+        reading = self._fold()
+        self.reset()
+        window = _Window(name, start=reading.now, peak=reading.now)
+        self._open.append(window)
+        try:
+            yield
+            self._fold()
+        finally:
+            self._open.remove(window)
+        peak = PhasePeak(allocated_bytes=window.peak, reserved_bytes=window.reserved,
+                         breakdown=window.breakdown, above_start_bytes=window.peak - window.start,
+                         extra=window.extra)
+        if not per_step:
+            self.phases[name] = peak
+            return
+        self.step_peaks.setdefault(name, []).append(peak.allocated_bytes)
+        previous = self.phases.get(name)
+        if previous is None:
+            self.phases[name] = peak
+            return
+        # The largest occurrence, key by key (a phase's biggest growth need not be at its biggest peak).
+        if peak.allocated_bytes >= previous.allocated_bytes:
+            previous.allocated_bytes, previous.breakdown = peak.allocated_bytes, peak.breakdown
+        previous.above_start_bytes = max(previous.above_start_bytes, peak.above_start_bytes)
+        if peak.reserved_bytes is not None:
+            previous.reserved_bytes = max(previous.reserved_bytes or 0, peak.reserved_bytes)
+        for key, value in peak.extra.items():
+            previous.extra[key] = max(previous.extra.get(key, 0), value)
+
+    @property
+    def active(self) -> bool:
+        return bool(self._open)
+
+
+def phase_entries(phases: dict[str, PhasePeak]) -> dict[str, dict[str, int | None]]:
+    """The Record's ``phases``: each phase's absolute peak, peak above its start, reserved peak."""
+    return {name: peak.entry() for name, peak in phases.items()}
 
 
 class HostMemory:
@@ -93,6 +202,22 @@ def storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
     return total
 
 
+def bytes_by(tensors: Iterator[torch.Tensor], key: Callable[[torch.Tensor], str]) -> dict[str, int]:
+    """Bytes of the distinct storages behind ``tensors``, grouped by ``key`` (dtype, device type)."""
+    groups: dict[str, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(key(tensor), []).append(tensor)
+    return {name: storage_bytes(iter(members)) for name, members in sorted(groups.items())}
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def device_type(tensor: torch.Tensor) -> str:
+    return tensor.device.type
+
+
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
     for state in optimizer.state.values():
         for value in state.values():
@@ -147,7 +272,9 @@ class CpuProbe:
 
         self._tracker_class = MemTracker
         self._tracker: Any = None
-        self.phases: dict[str, PhasePeak] = {}
+        self._recorder = PhaseRecorder(self._read, self._reset_peak)
+        self.phases: dict[str, PhasePeak] = self._recorder.phases
+        self.step_peaks: dict[str, list[int]] = self._recorder.step_peaks
 
     def prepare(self) -> None:
         gc.collect()
@@ -162,17 +289,40 @@ class CpuProbe:
         # it (loading) counts what is created inside it.
         tracker = self._tracker = self._tracker or self._tracker_class()
         try:
-            with tracker:
+            with tracker, self._recorder.measure(name):
                 yield
-                peak = tracker.get_tracker_snapshot("peak").get(torch.device("cpu"), {})
         finally:
             self._tracker = None
-        self.phases[name] = PhasePeak(allocated_bytes=int(peak.get("Total", 0)), breakdown=_breakdown(peak))
+
+    def step_phase(self, name: str) -> Any:
+        """A phase of a training step, inside ``phase("train")`` (outside a phase nothing is tracked)."""
+        return self._recorder.measure(name, per_step=True) if self._recorder.active else nullcontext()
 
     def step_begin(self) -> None:
         # MemTracker keeps per-module statistics for one forward pass; the global peak survives.
         if self._tracker is not None:
             self._tracker.reset_mod_stats()
+
+    # MemTracker offers snapshots but no peak reset; its peak is the pair ``_peak_mem`` /
+    # ``_peak_mem_snap`` that ``__enter__`` sets to the current snapshot, and this does the same.
+    _CPU = torch.device("cpu")
+
+    def _read(self) -> Reading:
+        tracker = self._tracker
+        now = tracker.get_tracker_snapshot("current").get(self._CPU, {})
+        peak = tracker.get_tracker_snapshot("peak").get(self._CPU, {})
+        total_now, total_peak = int(now.get("Total", 0)), int(peak.get("Total", 0))
+        if total_now > total_peak:  # a peak MemTracker has not folded yet (it updates after each op)
+            peak, total_peak = now, total_now
+        return Reading(now=total_now, peak=total_peak, breakdown=_breakdown(peak))
+
+    def _reset_peak(self) -> None:
+        from copy import deepcopy
+
+        tracker = self._tracker
+        current = tracker.get_tracker_snapshot("current")
+        tracker._peak_mem_snap = deepcopy(current)
+        tracker._peak_mem = {device: snap.get("Total", 0) for device, snap in current.items()}
 
 
 # --- CUDA: the caching allocator's statistics ---------------------------------------------------
@@ -196,7 +346,9 @@ class CudaProbe:
         # A fake ``cuda`` gets no history unless asked: fakes need not model torch.cuda.memory.
         session_default = diagnosis.history_entries() if cuda is None else 0
         self.history_entries = session_default if history_entries is None else history_entries
-        self.phases: dict[str, PhasePeak] = {}
+        self._recorder = PhaseRecorder(self._read, self._reset_peak)
+        self.phases: dict[str, PhasePeak] = self._recorder.phases
+        self.step_peaks: dict[str, list[int]] = self._recorder.step_peaks
         self._model_states: tuple[nn.Module, torch.optim.Optimizer | None] | None = None
 
     def prepare(self) -> None:
@@ -218,30 +370,41 @@ class CudaProbe:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        self.cuda.synchronize()
-        self.cuda.reset_peak_memory_stats()
-        yield
-        self.cuda.synchronize()
-        allocated = int(self.cuda.max_memory_allocated())
-        breakdown: dict[str, int] = {}
+        with self._recorder.measure(name):
+            yield
+        peak = self.phases[name]
         if self._model_states is not None:
             states = model_state_bytes(*self._model_states)
-            breakdown = {
+            peak.breakdown = {
                 "parameters": states["param_bytes"],
                 "gradients": states["grad_bytes"],
                 "optimizer_state": states["optimizer_state_bytes"],
             }
             # The allocator does not label blocks: the rest of the peak is activations and
             # temporaries, derived by subtraction.
-            breakdown["activations_and_temporaries"] = max(0, allocated - sum(breakdown.values()))
-        self.phases[name] = PhasePeak(
-            allocated_bytes=allocated,
-            reserved_bytes=int(self.cuda.max_memory_reserved()),
-            breakdown=breakdown,
-        )
+            peak.breakdown["activations_and_temporaries"] = max(0, peak.allocated_bytes - sum(peak.breakdown.values()))
+
+    def step_phase(self, name: str) -> Any:
+        return self._recorder.measure(name, per_step=True)
 
     def step_begin(self) -> None:
         pass
+
+    def _read(self) -> Reading:
+        self.cuda.synchronize()  # the statistics count what queued kernels will allocate
+        return Reading(now=int(self.cuda.memory_allocated()), peak=int(self.cuda.max_memory_allocated()),
+                       reserved_peak=int(self.cuda.max_memory_reserved()))
+
+    def _reset_peak(self) -> None:
+        self.cuda.reset_peak_memory_stats()
+
+    def capture_snapshot(self, recipe_id: str) -> None:
+        """The allocator history of this recipe's measured steps, saved now (memclaims.diagnosis)."""
+        if self.history_entries > 0:
+            from memclaims.diagnosis import capture_snapshot
+
+            self.cuda.synchronize()
+            capture_snapshot(self.cuda, recipe_id)
 
 
 def make_probe(device: str) -> Probe:

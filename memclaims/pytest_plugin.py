@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,14 @@ if TYPE_CHECKING:
     from memclaims.errors import OutOfMemory
 
 TIERS = ("cpu", "gpu")
+# The suite's markers, registered by the plugin so that any project using it gets them with help.
+MARKERS = {
+    "cpu": "real training at smoke scale on the CPU, exact tensor accounting",
+    "sim": "article scale on fake tensors, predicted CUDA allocator peak",
+    "gpu": "real CUDA at article scale (or --memclaims-gpu-scale smoke), allocator statistics",
+    "dist": "several processes through torch.distributed (gloo on CPU, NCCL on GPU)",
+    "slow": "takes more than a few seconds even at smoke scale",
+}
 SELECTIONS = ("singles", "default", "full")
 
 
@@ -35,19 +44,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
     add("matrix", "which combinations become cases: singles, default (singles + the article's "
         "chain + a pairwise cover) or full", default="default", choices=SELECTIONS)
-    add("gpu-scale", "scale of the gpu tier: article or smoke", default="article", choices=("article", "smoke"))
+    add("gpu-scale", "scale of the gpu tier: article, or smoke (each workload's gpusmoke scale where it "
+        "has one: ViT-B/16 width at 128 px for vit)", default="article", choices=("article", "smoke"))
     add("steps", "optimizer steps measured per case (default: the scale's)", default="")
     add("accuracy-epochs", "epochs of the accuracy phase per case (default: the scale's; 1 at article "
         "scale, as the article)", default="")
+    add("accuracy-full-epochs", "accuracy from whole epochs and the whole test set even where the scale has a "
+        "budgeted schedule (article scale: 50 steps, 2,000 test images); the weekly run",
+        default="false", action="store_const", const="true")
     add("vit-h14", "also run the ViT-H/14 series (518 px, 16-mixed, batch 4 per GPU) in the gpu tier",
         default="false", action="store_const", const="true")
     add("sim-profile", "the simulated GPU of the sim tier (memclaims list shows the profiles)", default="article")
+    add("workload", "the workload the technique matrix runs on: vit, another built-in, hf:<model_type>, or one "
+        "registered by an entry point (group memclaims.workloads) or memclaims_workloads", default="vit")
+    parser.addini("memclaims_workloads", "workload factories to register, one package.module:factory per line "
+                  "(each returns a memclaims Workload; see memclaims.user_workloads.define)", type="linelist",
+                  default=[])
     add("data-dir", "folder holding CIFAR-10 / IMDb (default: $MEMCLAIMS_DATA_DIR, else offline data)", default="")
+    add("download", "download CIFAR-10 into <data-dir>/images and IMDb into <data-dir>/text before the "
+        "session, where missing (needs internet and a data dir; off by default)", default="false",
+        action="store_const", const="true")
     # Baselines (memclaims.baselines / memclaims.compare).
     group.addoption("--update-baselines", action="store_true", default=False,
                     help="store the Records of the cases that ran as their baselines, instead of comparing")
     add("strict", "fail when a metric is better than its baseline beyond tolerance (stale baseline)",
         default="false", action="store_const", const="true")
+    add("accept-regressions", "with --update-baselines: store a Record even where it is worse than its "
+        "baseline (otherwise the case fails and nothing is stored)", default="false",
+        action="store_const", const="true")
+    add("summary", "end-of-run baseline table: 'problems' (what is not ok, worst first; the default) or "
+        "'all' (every metric; also with -v)", default="problems", choices=("problems", "all"))
     add("time-threshold", "fail when the step time grows by more than PCT percent over its baseline "
         "(default: step time is only reported)", default="", metavar="PCT")
     add("summary-json", "write the end-of-run baseline comparison table as JSON to PATH", default="",
@@ -58,6 +84,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(default: memclaims-results/ in the rootdir)", default="", metavar="DIR")
     add("memory-history", "CUDA allocator events recorded per case for the snapshot saved on a memory "
         "failure; 0 turns recording off", default="100000", metavar="N")
+    add("snapshot-max-mb", "largest CUDA snapshot file kept per case, in decimal MB (oldest events, then "
+        "stack frames, are dropped to fit)", default="50", metavar="MB")
 
 
 def option(config: pytest.Config, name: str) -> str:
@@ -90,9 +118,12 @@ def selection(config: pytest.Config) -> list[tuple[str, ...]]:
     raise pytest.UsageError(f"memclaims_matrix = {name!r} in pytest.ini; valid values: {', '.join(SELECTIONS)}")
 
 
-def tier_scale(config: pytest.Config, tier: str) -> str:
-    """cpu trains at smoke scale; sim predicts the article's scale; gpu runs what it is asked."""
-    return {"cpu": "smoke", "sim": "article"}.get(tier) or option(config, "gpu-scale")
+def tier_scale(config: pytest.Config, tier: str, workload: str = "vit") -> str:
+    """cpu trains at smoke scale; sim predicts the article's scale; gpu runs what it is asked, and
+    its smoke is the workload's ``gpusmoke`` scale where it has one (memclaims.workloads)."""
+    from memclaims.workloads import gpu_tier_scale
+
+    return {"cpu": "smoke", "sim": "article"}.get(tier) or gpu_tier_scale(workload, option(config, "gpu-scale"))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -102,7 +133,34 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     chosen = option(config, "matrix")
     return [f"memclaims: matrix {chosen!r}: {counts[chosen]} cases per workload and tier "
             f"(singles {counts['singles']}, default {counts['default']}, full {counts['full']}); "
-            f"gpu tier at {option(config, 'gpu-scale')!r} scale"]
+            f"gpu tier at {option(config, 'gpu-scale')!r} scale", gpu_budget_line(config)]
+
+
+def gpu_budget_line(config: pytest.Config) -> str:
+    """The gpu tier's estimated cost for this selection (memclaims.budget's per-case model)."""
+    from memclaims import budget
+    from memclaims.errors import UsageError
+    from memclaims.runner import RunOptions
+
+    cifar = bool(option(config, "data-dir") or os.environ.get("MEMCLAIMS_DATA_DIR"))
+    cases = []
+    for techniques in selection(config):
+        recipe = resolve("vit", tier_scale(config, "gpu", "vit"), techniques)
+        cases.append((recipe, RunOptions(device="cuda", memory_steps=count_option(config, "steps"),
+                                          accuracy_epochs=count_option(config, "accuracy-epochs"),
+                                          accuracy_full_epochs=flag(config, "accuracy-full-epochs"))))
+    for techniques in (("fsdp",), ("fsdp", "activation-checkpointing"),
+                       ("fsdp", "activation-checkpointing", "cpu-offload"),
+                       ("fsdp", "activation-checkpointing", "cpu-offload", "delayed-init")):
+        try:
+            recipe = resolve("vit", tier_scale(config, "gpu", "vit"), techniques)
+        except UsageError:
+            continue
+        cases.append((recipe, RunOptions(device="cuda", evaluate=False, memory_steps=count_option(config, "steps"))))
+    minutes = budget.total_minutes(cases, cifar=cifar)
+    return (f"memclaims: gpu tier estimate {minutes:.1f} GPU-minutes on one H100-class GPU for {len(cases)} "
+            f"vit cases ({'CIFAR-10' if cifar else 'offline digits'}; memclaims.budget's per-case model, "
+            "not a measurement)")
 
 
 def case_params(config: pytest.Config, workload: str = "vit") -> list[Any]:
@@ -110,15 +168,35 @@ def case_params(config: pytest.Config, workload: str = "vit") -> list[Any]:
     params = []
     for tier in TIERS:
         for techniques in selection(config):
-            recipe = resolve(workload, tier_scale(config, tier), techniques)
+            recipe = resolve(workload, tier_scale(config, tier, workload), techniques)
             params.append(pytest.param(tier, techniques, id=f"{tier}:{recipe.id}",
                                        marks=getattr(pytest.mark, tier)))
     return params
 
 
+def selected_workload(config: pytest.Config) -> str:
+    """The workload of the technique matrix (``--memclaims-workload``; vit by default)."""
+    return option(config, "workload").strip() or "vit"
+
+
+def register_workloads(config: pytest.Config) -> None:
+    """Register the ini's ``memclaims_workloads`` factories and check the selected workload exists."""
+    from memclaims import user_workloads
+    from memclaims.errors import UsageError
+    from memclaims.workloads import workload
+
+    try:
+        for spec in config.getini("memclaims_workloads"):
+            made = user_workloads.register_spec(spec)
+            config.add_cleanup(lambda name=made.name: user_workloads.forget(name))
+        workload(selected_workload(config))
+    except UsageError as error:
+        raise pytest.UsageError(f"memclaims: {error}") from None
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if {"tier", "techniques"} <= set(metafunc.fixturenames):
-        metafunc.parametrize(("tier", "techniques"), case_params(metafunc.config))
+        metafunc.parametrize(("tier", "techniques"), case_params(metafunc.config, selected_workload(metafunc.config)))
 
 
 # --- pytest-xdist ------------------------------------------------------------------------------
@@ -152,6 +230,46 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 SUMMARY_KEY = pytest.StashKey["Summary"]()
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The baseline options, parsed and checked once in pytest_configure (a typo fails the run
+    before anything is measured), then read by the fixtures from the config's stash."""
+
+    baselines_dir: Path
+    artifacts: Path
+    strict: bool
+    accept_regressions: bool
+    time_threshold: float | None
+    summary_all: bool
+
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+
+
+def _build_settings(config: pytest.Config) -> Settings:
+    return Settings(baselines_dir=baselines_dir(config), artifacts=artifacts_dir(config),
+                    strict=flag(config, "strict"), accept_regressions=flag(config, "accept-regressions"),
+                    time_threshold=time_threshold(config),
+                    summary_all=option(config, "summary") == "all" or config.getoption("verbose") > 0)
+
+
+def settings(config: pytest.Config) -> Settings:
+    if SETTINGS_KEY not in config.stash:
+        config.stash[SETTINGS_KEY] = _build_settings(config)
+    return config.stash[SETTINGS_KEY]
+
+
+def accept_command(config: pytest.Config, environment: str) -> str:
+    """The command that accepts a first run's obtained Records, as a user would type it."""
+    folder = settings(config).baselines_dir
+    try:
+        shown = folder.relative_to(Path.cwd())
+    except ValueError:
+        shown = folder
+    extra = "" if shown == Path("baselines") else f" --baselines-dir {shown}"
+    return f"memclaims baselines accept {environment}{extra}"
+
+
 def flag(config: pytest.Config, name: str) -> bool:
     return option(config, name).strip().lower() in ("1", "true", "yes", "on")
 
@@ -181,6 +299,8 @@ def summary(config: pytest.Config) -> "Summary":
 
 
 _HISTORY_BEFORE = pytest.StashKey[int]()
+_SNAPSHOTS_BEFORE = pytest.StashKey[tuple[Any, int]]()
+_SNAPSHOTS_HERE = pytest.StashKey[Any]()
 
 
 def artifacts_dir(config: pytest.Config) -> Path:
@@ -189,23 +309,65 @@ def artifacts_dir(config: pytest.Config) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     # Malformed values are usage errors before anything runs (a typo must not cost a night's run).
-    time_threshold(config)
+    config.stash[SETTINGS_KEY] = _build_settings(config)
+    for name, help_text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {help_text}")
     for name in ("steps", "accuracy-epochs"):
         count_option(config, name)
+    register_workloads(config)
     from memclaims import diagnosis
 
     text = option(config, "memory-history").strip() or "0"
     if not text.isdigit():
         raise pytest.UsageError(f"--memclaims-memory-history expects a number of events, got {text!r}")
+    if flag(config, "download"):
+        download_data(config)
     # Restored at unconfigure: a pytester session nested in this one must not change ours.
     config.stash[_HISTORY_BEFORE] = diagnosis.history_entries()
     diagnosis.set_history_entries(int(text))
+    limit = option(config, "snapshot-max-mb").strip() or "50"
+    try:
+        limit_bytes = int(float(limit) * 10**6)
+    except ValueError:
+        raise pytest.UsageError(f"--memclaims-snapshot-max-mb expects a size in MB, got {limit!r}") from None
+    if limit_bytes < 1:
+        raise pytest.UsageError(f"--memclaims-snapshot-max-mb must be positive, got {limit!r}")
+    import tempfile
+
+    config.stash[_SNAPSHOTS_BEFORE] = (diagnosis.snapshot_dir(), diagnosis.snapshot_max_bytes())
+    config.stash[_SNAPSHOTS_HERE] = tempfile.TemporaryDirectory(prefix="memclaims-snapshots-")
+    diagnosis.set_snapshot_dir(Path(config.stash[_SNAPSHOTS_HERE].name))
+    diagnosis.set_snapshot_max_bytes(limit_bytes)
+
+
+def download_data(config: pytest.Config) -> None:
+    """--memclaims-download: fetch the data sets the data dir lacks, before anything runs."""
+    from memclaims import download
+
+    chosen = option(config, "data-dir") or os.environ.get("MEMCLAIMS_DATA_DIR", "")
+    if not chosen:
+        raise pytest.UsageError("--memclaims-download needs a folder to download into: set --memclaims-data-dir "
+                                "or $MEMCLAIMS_DATA_DIR")
+    root = Path(chosen).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        lines = download.download(root)
+    except (OSError, RuntimeError) as error:  # no network, checksum mismatch
+        raise pytest.UsageError(f"--memclaims-download failed: {error}") from None
+    for line in lines:
+        print(f"memclaims: {line}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     from memclaims import diagnosis
 
     diagnosis.set_history_entries(config.stash.get(_HISTORY_BEFORE, 0))
+    directory, limit = config.stash.get(_SNAPSHOTS_BEFORE, (None, diagnosis.DEFAULT_SNAPSHOT_MAX_BYTES))
+    diagnosis.set_snapshot_dir(directory)
+    diagnosis.set_snapshot_max_bytes(limit)
+    here = config.stash.get(_SNAPSHOTS_HERE, None)
+    if here is not None:
+        here.cleanup()  # snapshots of passing cases: nobody needs them
 
 
 OOM_KEY = pytest.StashKey[list[dict[str, Any]]]()
@@ -223,10 +385,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     oom = config.stash.get(OOM_KEY, [])
     if not rows and not oom:
         return
-    if rows:
-        terminalreporter.write_sep("=", "memclaims baselines")
-        for line in table.table():
+    lines = table.table(everything=settings(config).summary_all) if table is not None else []
+    if lines:
+        shown = "every comparison" if settings(config).summary_all else \
+            "what is not ok, worst first (every comparison: -v or --memclaims-summary all)"
+        terminalreporter.write_sep("=", f"memclaims baselines: {shown}")
+        for line in lines:
             terminalreporter.write_line(line)
+    elif rows:
+        terminalreporter.write_line(f"memclaims baselines: {len(rows)} comparisons, all within tolerance")
     if oom:
         terminalreporter.write_sep("=", "memclaims: out of memory")
         for entry in oom:

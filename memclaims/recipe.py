@@ -2,12 +2,45 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, fields, replace
 from typing import Any, Iterable
 
 from memclaims import techniques as registry
 from memclaims.errors import UsageError
 from memclaims.workloads import Scale, Workload, workload as find_workload
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Size knobs (``--batch-size``, ``--seq-len`` / ``--image-size``, ``--accumulation-steps``);
+    None keeps the scale's own value. Set knobs appear in the recipe id, so baselines never collide."""
+
+    batch_size: int | None = None  # examples per optimizer step, before small-batch divides it
+    seq_len: int | None = None
+    image_size: int | None = None
+    accumulation_steps: int | None = None  # micro-batches per step under grad-accum
+
+    # Field -> its short name in recipe ids (``vit-smoke[batch=8,image=32]/fabric``), and back.
+    ID_NAMES = {"batch_size": "batch", "seq_len": "seq", "image_size": "image", "accumulation_steps": "accum"}
+
+    def suffix(self) -> str:
+        parts = [f"{self.ID_NAMES[f.name]}={getattr(self, f.name)}" for f in fields(self)
+                 if getattr(self, f.name) is not None]
+        return f"[{','.join(parts)}]" if parts else ""
+
+    @classmethod
+    def parse(cls, text: str) -> "Sizes":
+        """The inverse of ``suffix`` without its brackets: ``batch=8,image=32``."""
+        by_short = {short: name for name, short in cls.ID_NAMES.items()}
+        values: dict[str, int] = {}
+        for part in filter(None, text.split(",")):
+            key, _, value = part.partition("=")
+            if key not in by_short or not value.isdigit() or int(value) < 1:
+                raise UsageError(f"malformed size {part!r} in a recipe id; expected NAME=POSITIVE_INTEGER with "
+                                 f"NAME one of {', '.join(by_short)}")
+            values[by_short[key]] = int(value)
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -26,10 +59,11 @@ class Recipe:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     delayed_init: bool = False
+    sizes: Sizes = Sizes()
 
     @property
     def id(self) -> str:
-        return f"{self.workload.name}-{self.scale.name}/{'+'.join(self.techniques)}"
+        return f"{self.workload.name}-{self.scale.name}{self.sizes.suffix()}/{'+'.join(self.techniques)}"
 
     @property
     def micro_batch_size(self) -> int:
@@ -46,11 +80,33 @@ class Recipe:
         return self.scale.sgd_learning_rate if self.optimizer == "sgd" else self.scale.learning_rate
 
 
-def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str]) -> Recipe:
+def sized_scale(work: Workload, scale: Scale, sizes: Sizes, accumulates: bool) -> Scale:
+    """The scale with the size knobs applied, or UsageError naming a knob the workload cannot take."""
+    if sizes.image_size is not None and work.size_knob != "image":
+        takes = f"it takes --{'seq-len' if work.size_knob == 'seq' else 'batch-size'}" if work.size_knob else \
+            "it has no image or sequence size knob"
+        raise UsageError(f"workload {work.name!r} takes no --image-size (it is not an image model); {takes}")
+    if sizes.seq_len is not None and work.size_knob != "seq":
+        raise UsageError(f"workload {work.name!r} takes no --seq-len (it is not a text model)"
+                         + ("; it takes --image-size" if work.size_knob == "image" else ""))
+    if sizes.accumulation_steps is not None and not accumulates:
+        raise UsageError(f"--accumulation-steps {sizes.accumulation_steps} needs the grad-accum technique "
+                         "(-t grad-accum), which splits each batch into that many micro-batches")
+    changes = {name: value for name, value in (("batch_size", sizes.batch_size), ("image_size", sizes.image_size),
+                                               ("seq_len", sizes.seq_len),
+                                               ("accumulation_steps", sizes.accumulation_steps))
+               if value is not None}
+    sized = replace(scale, **changes) if changes else scale
+    if work.check_scale is not None:
+        work.check_scale(sized)
+    return sized
+
+
+def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str], sizes: Sizes = Sizes()) -> Recipe:
     work = find_workload(workload_name)
-    scale = work.scale(scale_name)
     names = registry.canonical(technique_names)
     chosen = [registry.BY_NAME[n] for n in names]
+    scale = sized_scale(work, work.scale(scale_name), sizes, any(t.accumulates for t in chosen))
 
     batch_size = scale.batch_size
     accumulation_steps = 1
@@ -77,13 +133,22 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str])
         activation_checkpointing=any(t.activation_checkpointing for t in chosen),
         cpu_offload=any(t.cpu_offload for t in chosen),
         delayed_init=any(t.delayed_init for t in chosen),
+        sizes=sizes,
     )
 
 
+_SIZED_HEAD = re.compile(r"^(?P<head>.*?)\[(?P<sizes>[^\[\]]*)\]$")
+
+
 def parse_id(recipe_id: str) -> Recipe:
-    """The inverse of ``Recipe.id``: ``vit-smoke/bf16-true+sgd``."""
-    head, sep, tail = recipe_id.partition("/")
+    """The inverse of ``Recipe.id``: ``vit-smoke/bf16-true+sgd``, ``vit-smoke[batch=8]/fabric``,
+    ``hf:gpt2(n_layer=2)-smoke/bf16-true``."""
+    head, sep, tail = recipe_id.rpartition("/")
+    sizes = Sizes()
+    sized = _SIZED_HEAD.match(head)
+    if sized:
+        head, sizes = sized.group("head"), Sizes.parse(sized.group("sizes"))
     workload_name, dash, scale_name = head.rpartition("-")
     if not sep or not dash or not tail:
-        raise UsageError(f"malformed recipe id {recipe_id!r}; expected WORKLOAD-SCALE/TECHNIQUE[+TECHNIQUE...]")
-    return resolve(workload_name, scale_name, tail.split("+"))
+        raise UsageError(f"malformed recipe id {recipe_id!r}; expected WORKLOAD-SCALE[SIZES]/TECHNIQUE[+TECHNIQUE...]")
+    return resolve(workload_name, scale_name, tail.split("+"), sizes)

@@ -29,6 +29,15 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
+def environment_facts(device: str) -> dict[str, Any]:
+    """The facts behind a real device's baseline environment id (memclaims.environment)."""
+    from memclaims import environment
+
+    if device == "cuda":
+        return environment.cuda_description()
+    return environment.cpu_class_description()
+
+
 def device_name(device: str) -> str:
     import torch
 
@@ -76,10 +85,32 @@ class Record:
     # Processes (CPU) or GPUs of the run, and this Record's rank among them.
     devices: int = 1
     rank: int = 0
+    # What decides the numbers besides the versions: CPU capability class and bf16/AMX features,
+    # torch's build; or GPU model, CUDA and cuDNN (memclaims.environment). Names the baseline file.
+    environment: dict[str, Any] = field(default_factory=dict)
+    # Per phase (load, train, forward, backward, optimizer_step, zero_grad, evaluation, ...):
+    # allocated_bytes (absolute peak), above_start_bytes (peak minus what was live when the phase
+    # began), reserved_bytes (CUDA and sim, else null). Step phases: the largest over the steps.
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Each step phase's absolute peak, one entry per occurrence in the measured steps (forward and
+    # backward once per micro-batch), so that growth from step to step (a leak) is visible.
+    step_peaks: dict[str, list[int]] = field(default_factory=dict)
+    # What the techniques really did, observed rather than configured (memclaims.active checks it):
+    # examples and micro-batches of the last measured optimizer step, the dtypes the linear layers
+    # computed in, optimizer state bytes by dtype (uint8: 8-bit state), parameter bytes by device
+    # type after setup (CPU offload: none on cuda), and bitsandbytes' 8-bit threshold used.
+    step_examples: int | None = None
+    step_micro_batches: int | None = None
+    compute_dtypes: list[str] = field(default_factory=list)
+    optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
+    param_bytes_by_device: dict[str, int] = field(default_factory=dict)
+    min_8bit_size: int | None = None
     breakdown: dict[str, int] = field(default_factory=dict)  # by category, at the training peak
     memory_losses: list[float | None] = field(default_factory=list)  # null once diverged
     notes: list[str] = field(default_factory=list)
+    # What the accuracy phase ran (memclaims.runner.accuracy_schedule): kind "epochs" or "steps",
+    # epochs / optimizer_steps, and the test examples it scored; empty when not evaluated.
+    accuracy_schedule: dict[str, Any] = field(default_factory=dict)
 
     @property
     def baseline_key(self) -> str:

@@ -22,7 +22,7 @@ from memclaims import optimizers, probes as probe_module
 from memclaims.errors import OutOfMemory, UsageError
 from memclaims.loop import TrainingLoop
 from memclaims.recipe import Recipe
-from memclaims.record import Record, device_name, library_versions
+from memclaims.record import Record, device_name, environment_facts, library_versions
 from memclaims.techniques import FP32
 from memclaims.workloads import SEED
 
@@ -40,6 +40,39 @@ class RunOptions:
     seed: int = SEED  # the article's; other seeds measure the spread that tolerances come from
     # Processes (CPU) or GPUs of a sharded recipe's run; None: memclaims.distributed's default.
     devices: int | None = None
+    # Whole epochs for accuracy even where the scale has a budgeted schedule (the weekly run).
+    accuracy_full_epochs: bool = False
+
+
+DIVERGING_RECIPE = ("16-true",)  # claim 3: the article's 16-true run went NaN near batch 300
+
+
+def accuracy_schedule(recipe: Recipe, options: RunOptions) -> dict[str, Any]:
+    """What the accuracy phase trains and tests; the Record declares it (``accuracy_schedule``).
+
+    ``epochs``: whole epochs and the whole test set (the article's way; asked for with
+    accuracy_epochs or accuracy_full_epochs, or where the scale has no budget). ``steps``: the
+    scale's budget, a fixed number of optimizer steps and at most so many test examples.
+    """
+    scale = recipe.scale
+    if options.accuracy_epochs or options.accuracy_full_epochs or scale.accuracy_steps is None:
+        return {"kind": "epochs", "epochs": options.accuracy_epochs or scale.accuracy_epochs,
+                "optimizer_steps": None, "test_examples": None}
+    steps = scale.accuracy_steps
+    if recipe.techniques == DIVERGING_RECIPE and scale.divergence_steps:
+        steps = max(steps, scale.divergence_steps)
+    return {"kind": "steps", "epochs": None, "optimizer_steps": steps, "test_examples": scale.accuracy_test_examples}
+
+
+def _cycle(batches: Any) -> Iterator[Any]:
+    """The loader's batches over and over (a budget may be longer than an epoch of a small set)."""
+    while True:
+        yielded = False
+        for batch in batches():
+            yielded = True
+            yield batch
+        if not yielded:
+            return
 
 
 def resolve_memory_steps(recipe: Recipe, options: RunOptions) -> int:
@@ -115,7 +148,12 @@ class _Session(TrainingLoop):
 
     def make_optimizer(self, model: nn.Module, steps_per_epoch: int) -> tuple[torch.optim.Optimizer, Any]:
         epochs = self.accuracy_epochs if self.options.evaluate else 1
-        return optimizers.build(self.recipe.optimizer, model, self.recipe.learning_rate, epochs * steps_per_epoch)
+        schedule = accuracy_schedule(self.recipe, self.options)
+        total = epochs * steps_per_epoch
+        if self.options.evaluate and schedule["kind"] == "steps":
+            total = schedule["optimizer_steps"] + resolve_memory_steps(self.recipe, self.options)
+        return optimizers.build(self.recipe.optimizer, model, self.recipe.learning_rate, total,
+                                min_8bit_size=self.recipe.scale.min_8bit_size)
 
     @property
     def accuracy_epochs(self) -> int:
@@ -145,13 +183,15 @@ class _Session(TrainingLoop):
     # --- evaluate --------------------------------------------------------------------------
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: DataLoader) -> float:
+    def accuracy(self, model: nn.Module, loader: DataLoader, on_batch: Any = None) -> float:
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
         metric = metric.to(self.device)
         model.eval()
         for inputs, targets in self.micro_batches(loader):
+            if on_batch is not None:
+                on_batch()
             predicted = torch.argmax(self.recipe.workload.logits(model, inputs), 1)
             metric.update(predicted, targets)
         return float(metric.compute())
@@ -202,8 +242,13 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
     host = probe_module.HostMemory()
     host.start()
     try:
-        record = _run(recipe, options, probe, memory_steps)
+        from memclaims.determinism import deterministic
+
+        with deterministic(options.device) as determinism_notes:  # CUDA only: accuracy run to run
+            record = _run(recipe, options, probe, memory_steps)
+        record.notes.extend(determinism_notes)
         record.host_peak_bytes = host.peak_bytes()
+        record.environment = environment_facts(options.device)
         return record
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
         requested = out_of_memory_request(error)
@@ -233,7 +278,13 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
     collate = getattr(bundle, "collate_fn", None)  # text bundles pad each batch to its longest row
     train_loader = DataLoader(bundle.train, batch_size=recipe.micro_batch_size, shuffle=True,
                               drop_last=True, generator=generator, collate_fn=collate)
-    test_loader = DataLoader(bundle.test, batch_size=recipe.micro_batch_size, collate_fn=collate)
+    schedule = accuracy_schedule(recipe, options)
+    test_set = bundle.test
+    if schedule["test_examples"] is not None and len(test_set) > schedule["test_examples"]:  # type: ignore[arg-type]
+        from torch.utils.data import Subset
+
+        test_set = Subset(test_set, range(schedule["test_examples"]))
+    test_loader = DataLoader(test_set, batch_size=recipe.micro_batch_size, collate_fn=collate)
     if session.fabric is not None:
         train_loader, test_loader = session.fabric.setup_dataloaders(train_loader, test_loader)
     steps_per_epoch = len(train_loader) // recipe.accumulation_steps
@@ -258,9 +309,12 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
     probe.track(model, optimizer)
     with probe.phase("train"):
         session.train(model, optimizer, scheduler, session.micro_batches(train_loader), memory_steps,
-                      on_step=probe.step_begin)
+                      on_step=probe.step_begin, phase=probe.step_phase)
+    if isinstance(probe, probe_module.CudaProbe):  # the snapshot of this recipe, at its peak
+        probe.capture_snapshot(recipe.id)
     states = probe_module.model_state_bytes(model, optimizer)
     states["grad_bytes"] = session.grad_bytes or 0
+    observed = _observed(session, model, optimizer, recipe)
     memory_losses = list(session.losses)
     memory_step_times = list(session.step_times)
 
@@ -268,9 +322,15 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
     if options.evaluate:
         session.step_times.clear()
         with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
-            for _ in range(session.accuracy_epochs):
-                session.train(model, optimizer, scheduler, session.micro_batches(train_loader), -1)
-            accuracy = session.accuracy(model, test_loader)
+            if schedule["kind"] == "steps":
+                session.train(model, optimizer, scheduler,
+                              _cycle(lambda: session.micro_batches(train_loader)), schedule["optimizer_steps"])
+            else:
+                for _ in range(session.accuracy_epochs):
+                    session.train(model, optimizer, scheduler, session.micro_batches(train_loader), -1)
+            probe.track(model, optimizer)  # the model states count as live from the start
+            with probe.phase("evaluation"):
+                accuracy = session.accuracy(model, test_loader, on_batch=probe.step_begin)
         timed = session.step_times
     else:
         timed = memory_step_times[1:] or memory_step_times  # the first step warms up
@@ -299,9 +359,36 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
         weights=weights,
         data=bundle.name,
         versions=library_versions(),
-        phases={name: {"allocated_bytes": p.allocated_bytes, "reserved_bytes": p.reserved_bytes}
-                for name, p in probe.phases.items()},
+        phases=probe_module.phase_entries(probe.phases),
+        step_peaks={name: list(peaks) for name, peaks in probe.step_peaks.items()},
         breakdown=dict(train.breakdown),
         notes=session.notes,
+        accuracy_schedule=({**schedule, "test_examples": len(test_set)}  # type: ignore[arg-type]
+                           if options.evaluate else {}),
         **states,
+        **observed,
     )
+
+
+def _observed(loop: TrainingLoop, model: nn.Module, optimizer: Any, recipe: Recipe,
+              local: Any = None) -> dict[str, Any]:
+    """The Record's observed-technique fields, read right after the measured steps; ``local``
+    maps a sharded tensor to this rank's shard."""
+    local = local or (lambda tensor: tensor)
+    return dict(
+        **loop.measured_fields(),
+        optimizer_state_by_dtype=probe_module.bytes_by(
+            (local(t) for t in probe_module.optimizer_state_tensors(optimizer)), probe_module.dtype_name),
+        param_bytes_by_device=probe_module.bytes_by((local(p) for p in model.parameters()),
+                                                    probe_module.device_type),
+        min_8bit_size=(recipe.scale.min_8bit_size or _bnb_default_min_8bit_size())
+        if recipe.optimizer in optimizers.EIGHT_BIT else None,
+    )
+
+
+def _bnb_default_min_8bit_size() -> int:
+    import inspect
+
+    import bitsandbytes as bnb
+
+    return int(inspect.signature(bnb.optim.Adam8bit.__init__).parameters["min_8bit_size"].default)

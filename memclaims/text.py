@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from memclaims import data
-from memclaims.errors import DataError
+from memclaims.errors import DataError, UsageError
 
 if TYPE_CHECKING:  # workloads.py imports this module to register the workloads: no cycle at import
     from memclaims.workloads import Scale, Workload
@@ -258,13 +258,45 @@ def synthetic_words(scale: Scale, max_length: int) -> tuple[int, int]:
     """Review length range in words. At article scale reviews reach the truncation length, as IMDb's
     do (batches of 12 then pad to about 512 / 4096 tokens), so activation memory is the article's."""
     if scale.name == "smoke":
-        return 8, SMOKE_SEQ - 2
+        return min(8, max_length - 2), max_length - 2
     return max_length // 4, max_length - 2
 
 
+def sequence_length(model: TextModel, scale: Scale) -> int:
+    """Tokens per sequence at most: the ``--seq-len`` knob, else the scale's truncation length."""
+    if scale.seq_len is not None:
+        return scale.seq_len
+    return SMOKE_SEQ if scale.name == "smoke" else model.max_length
+
+
+def check_scale(model: TextModel, scale: Scale) -> None:
+    """A sequence longer than the position embeddings cannot run (one line, the valid range)."""
+    positions = int(config(model, scale).max_position_embeddings)
+    length = sequence_length(model, scale)
+    if not 4 <= length <= positions:
+        raise UsageError(f"sequence length {length} does not fit {model.hub_name} at scale {scale.name!r}: "
+                         f"valid lengths are 4 to {positions} (its position embeddings)")
+
+
+def architecture(model: TextModel, scale: Scale, num_classes: int | None = 2) -> nn.Module:
+    """Randomly initialised, in the era's attention implementation (the sim builds this)."""
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_config(config(model, scale), attn_implementation=ATTENTION)
+
+
+def fake_inputs(model: TextModel, scale: Scale, batch: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A micro-batch padded to the longest sequence the scale allows: the sim's worst case (IMDb
+    batches of 12 nearly always hold a review past 512 tokens; BigBird's 4,096 is an upper bound)."""
+    length = sequence_length(model, scale)
+    ids = torch.zeros(batch, length, dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": torch.ones(batch, length, dtype=torch.long)}, \
+        torch.zeros(batch, dtype=torch.long)
+
+
 def text_data(model: TextModel, scale: Scale, data_dir: str | os.PathLike[str] | None) -> TextBundle:
-    root = data.resolve_data_dir(data_dir)
-    max_length = SMOKE_SEQ if scale.name == "smoke" else model.max_length
+    root = data.kind_dir(data.resolve_data_dir(data_dir), "text")
+    max_length = sequence_length(model, scale)
     if root is None:
         train_size, test_size = SYNTHETIC_SIZES[scale.name]
         low, high = synthetic_words(scale, max_length)
@@ -353,6 +385,10 @@ def text_workloads() -> dict[str, "Workload"]:
             build_model=lambda scale: build_text_model(model, scale),
             load_data=lambda scale, data_dir: text_data(model, scale, data_dir),
             block_class=block,
+            size_knob="seq",
+            check_scale=lambda scale: check_scale(model, scale),
+            architecture=lambda scale, classes: architecture(model, scale, classes),
+            fake_inputs=lambda scale, batch: fake_inputs(model, scale, batch),
             # bonus_bigbird-after: FSDPStrategy(cpu_offload=True), no auto-wrap policy.
             fsdp_auto_wrap=name != "bigbird",
         )

@@ -32,6 +32,21 @@ class Scale:
     # Micro-batches per optimizer step under grad-accum: 4 in script 05 and DistilBERT "after",
     # 12 (micro-batch 1) in BigBird "after".
     accumulation_steps: int = 4
+    # bitsandbytes keeps tensors under ``min_8bit_size`` elements (default 4096) in 32-bit state;
+    # no smoke ViT tensor reaches that, so its smoke scales lower it and the 8-bit state is real.
+    # None: bitsandbytes' default (article scale, where every weight matrix is far larger).
+    min_8bit_size: int | None = None
+    # The budgeted accuracy schedule (memclaims.budget): at most this many optimizer steps of
+    # training, then accuracy on at most this many test examples; None: whole epochs / the whole
+    # test set. The Record declares what ran (``accuracy_schedule``).
+    accuracy_steps: int | None = None
+    accuracy_test_examples: int | None = None
+    # The recipe the article saw diverge (16-true alone, NaN near batch 300, claim 3) trains at least
+    # this many steps under the budget, so the divergence claim can still be observed.
+    divergence_steps: int | None = None
+    # Size knobs (memclaims.recipe.Sizes); None: the workload's own size at this scale.
+    image_size: int | None = None
+    seq_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,18 @@ class Workload:
     block_class: Callable[[], type[nn.Module]]
     # False: FSDP shards the model as one unit, as BigBird "after" (FSDPStrategy without a policy).
     fsdp_auto_wrap: bool = True
+    # Which size knob the model takes: "image" (--image-size) or "seq" (--seq-len); None: neither.
+    size_knob: str | None = None
+    # Raises UsageError for a size the model cannot take (image not a multiple of the patch, a
+    # sequence longer than the position embeddings); None: any size.
+    check_scale: Callable[[Scale], None] | None = None
+    # For the sim: the randomly initialised architecture (scale, num_classes or None for the stock
+    # head) and a micro-batch of synthetic inputs at full size (scale, batch) -> (inputs, targets).
+    architecture: Callable[[Scale, int | None], nn.Module] | None = None
+    fake_inputs: Callable[[Scale, int], tuple[Any, torch.Tensor]] | None = None
+    # (model, inputs) -> logits of shape (N, classes), when not ``model(**inputs).logits`` /
+    # ``model(inputs)`` (a causal LM flattens its next-token logits).
+    logits_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
 
     def scale(self, name: str) -> Scale:
         try:
@@ -58,6 +85,8 @@ class Workload:
             ) from None
 
     def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
+        if self.logits_fn is not None:
+            return self.logits_fn(model, inputs)
         return model(**inputs).logits if isinstance(inputs, dict) else model(inputs)
 
 
@@ -74,17 +103,41 @@ class VitFamily:
     article_image_size: int
     hidden_dim: int  # width of the article model, for the 10-class head
     smoke: dict[str, int]
+    # The gpu tier's smoke scale (``gpusmoke``): the article model's width at a reduced image size,
+    # large enough that every claim's difference is many 2 MiB allocator segments.
+    gpusmoke: dict[str, int] | None = None
 
-    def image_size(self, scale_name: str) -> int:
-        return self.smoke["image_size"] if scale_name == "smoke" else self.article_image_size
+    def _sizes(self, scale_name: str) -> dict[str, int] | None:
+        if scale_name == GPU_SMOKE and self.gpusmoke is not None:
+            return self.gpusmoke
+        return self.smoke if scale_name == "smoke" else None
 
-    def architecture(self, scale_name: str, num_classes: int | None = 10) -> nn.Module:
+    def image_size(self, scale: Scale | str) -> int:
+        """The scale's image size: its ``--image-size`` knob, else the family's size at that scale."""
+        if isinstance(scale, Scale) and scale.image_size is not None:
+            return scale.image_size
+        sizes = self._sizes(scale.name if isinstance(scale, Scale) else scale)
+        return sizes["image_size"] if sizes else self.article_image_size
+
+    def patch_size(self, scale_name: str) -> int:
+        return self.smoke["patch_size"] if scale_name == "smoke" else int(self.builder.rsplit("_", 1)[1])
+
+    def check_scale(self, scale: Scale) -> None:
+        size, patch = self.image_size(scale), self.patch_size(scale.name)
+        if size % patch:
+            valid = ", ".join(str(patch * k) for k in range(max(1, size // patch - 1), size // patch + 3))
+            raise UsageError(f"image size {size} is not a multiple of the patch size {patch} of {self.builder} "
+                             f"at scale {scale.name!r}; valid image sizes are multiples of {patch}, e.g. {valid}")
+
+    def architecture(self, scale: Scale | str, num_classes: int | None = 10) -> nn.Module:
         """Randomly initialised; ``num_classes=None`` keeps the stock 1000-class head (07 scripts)."""
         import torchvision.models as models
 
-        if scale_name == "smoke":
-            return models.VisionTransformer(num_classes=num_classes or 10, **self.smoke)
-        model = getattr(models, self.builder)(weights=None, image_size=self.article_image_size)
+        sizes = self._sizes(scale.name if isinstance(scale, Scale) else scale)
+        if sizes:
+            return models.VisionTransformer(num_classes=num_classes or 10,
+                                            **dict(sizes, image_size=self.image_size(scale)))
+        model = getattr(models, self.builder)(weights=None, image_size=self.image_size(scale))
         if num_classes is not None:
             model.heads.head = nn.Linear(in_features=self.hidden_dim, out_features=num_classes)
         return model
@@ -100,8 +153,9 @@ class VitFamily:
         return (Path(torch.hub.get_dir()) / "checkpoints" / filename).is_file()
 
     def build(self, scale: Scale) -> tuple[nn.Module, str]:
-        if scale.name == "smoke" or not self.weights_cached():
-            return self.architecture(scale.name), "random"
+        if self._sizes(scale.name) or not self.weights_cached() or scale.image_size is not None:
+            # Another image size changes the position embedding: the hub weights do not fit it.
+            return self.architecture(scale), "random"
         import torchvision.models as models
 
         # Loading from the hub cache never downloads: the file is already there.
@@ -110,7 +164,7 @@ class VitFamily:
         return model, "pretrained"
 
     def data(self, scale: Scale, data_dir: str | os.PathLike[str] | None) -> data.DataBundle:
-        return data.images(self.image_size(scale.name), data_dir)
+        return data.images(self.image_size(scale), data_dir)
 
 
 def _vit_block() -> type[nn.Module]:
@@ -119,11 +173,33 @@ def _vit_block() -> type[nn.Module]:
     return EncoderBlock
 
 
+# Five measured steps: step 1 creates the optimizer state, step 2 is the first steady step, and
+# steps 3-5 must repeat its per-phase peaks exactly (memclaims.steady); a few seconds at smoke scale.
+SMOKE_MEMORY_STEPS = 5
+# Smoke ViT tensors: attention in/out projections 3072/1024, MLP 2048, patch embedding 1536 (vit)
+# elements; 1024 quantizes all of them (91 % of the parameters), norms, biases and embeddings stay fp32.
+SMOKE_MIN_8BIT_SIZE = 1024
+# The gpu tier's smoke scale. A scale of its own, not a per-device variant of ``smoke``: a recipe
+# id must name one model (baseline keys, ``recipe.parse_id``, ``memclaims run --scale``, the sim
+# replay of a cpu case all resolve it), and ``vit-smoke/fabric`` meaning two models by device
+# would break each of them. No '-' in the name: parse_id splits WORKLOAD-SCALE at the last '-'.
+GPU_SMOKE = "gpusmoke"
+GPUSMOKE_IMAGE = 128  # 8 x 8 patches of 16 + the class token: 65 tokens
+GPUSMOKE_IMAGE_H14 = 112  # 8 x 8 patches of 14 + the class token: 65 tokens
+GPUSMOKE_LAYERS = 6
+GPUSMOKE_ACCURACY_STEPS = 100  # digits: ~4.5 epochs at batch 64; CIFAR-10: a fixed budget
+ARTICLE_ACCURACY_STEPS = 50
+ARTICLE_TEST_EXAMPLES = 2_000
+
 VIT_L16 = VitFamily("vit_l_16", "ViT_L_16_Weights.IMAGENET1K_V1", 224, 1024,
-                    smoke=dict(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64))
+                    smoke=dict(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64),
+                    gpusmoke=dict(image_size=GPUSMOKE_IMAGE, patch_size=16, num_layers=GPUSMOKE_LAYERS,
+                                  num_heads=12, hidden_dim=768, mlp_dim=3072))
 # The repo's later series: ViT-H/14 fine-tuned end to end at 518 px (torchvision's SWAG weights).
 VIT_H14 = VitFamily("vit_h_14", "ViT_H_14_Weights.IMAGENET1K_SWAG_E2E_V1", 518, 1280,
-                    smoke=dict(image_size=56, patch_size=14, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64))
+                    smoke=dict(image_size=56, patch_size=14, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64),
+                    gpusmoke=dict(image_size=GPUSMOKE_IMAGE_H14, patch_size=14, num_layers=GPUSMOKE_LAYERS,
+                                  num_heads=16, hidden_dim=1280, mlp_dim=5120))
 VIT_FAMILIES = {"vit": VIT_L16, "vit-h14": VIT_H14}
 
 VIT = Workload(
@@ -133,13 +209,25 @@ VIT = Workload(
     num_classes=10,
     scales={
         "smoke": Scale("smoke", "ViT 2 layers x 32 wide, 16 px patches of 4, batch 32", batch_size=32,
-                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=3, accuracy_epochs=1),
+                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=SMOKE_MEMORY_STEPS,
+                       accuracy_epochs=1, min_8bit_size=SMOKE_MIN_8BIT_SIZE),
+        # The nightly budget (memclaims.budget): 50 optimizer steps and 2,000 test images per case
+        # instead of the article's epoch (703 steps, 10,000 images); --memclaims-accuracy-full-epochs
+        # runs the article's epoch (weekly).
         "article": Scale("article", "ViT-L/16, 224 px, batch 64, Adam lr 5e-5", batch_size=64,
-                         learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1),
+                         learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
+                         accuracy_steps=ARTICLE_ACCURACY_STEPS, accuracy_test_examples=ARTICLE_TEST_EXAMPLES,
+                         divergence_steps=400),
+        GPU_SMOKE: Scale(GPU_SMOKE, f"the gpu tier's smoke: ViT-B/16 width (768, 12 heads, MLP 3072), "
+                         f"{GPUSMOKE_LAYERS} layers, {GPUSMOKE_IMAGE} px, batch 64", batch_size=64,
+                         learning_rate=1e-4, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
+                         accuracy_steps=GPUSMOKE_ACCURACY_STEPS, accuracy_test_examples=ARTICLE_TEST_EXAMPLES),
     },
     build_model=VIT_L16.build,
     load_data=VIT_L16.data,
     block_class=_vit_block,
+    size_knob="image",
+    check_scale=VIT_L16.check_scale,
 )
 
 VIT_H14_WORKLOAD = Workload(
@@ -151,13 +239,20 @@ VIT_H14_WORKLOAD = Workload(
         # Batch 16, not 4: with 2 images per CPU rank the activations would not set the peak,
         # and checkpointing (the series' third bar) would have nothing to show.
         "smoke": Scale("smoke", "ViT 2 layers x 32 wide, 56 px patches of 14, batch 16", batch_size=16,
-                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=3, accuracy_epochs=1),
+                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=SMOKE_MEMORY_STEPS,
+                       accuracy_epochs=1, min_8bit_size=SMOKE_MIN_8BIT_SIZE),
         "article": Scale("article", "ViT-H/14, 518 px, batch 4 per GPU, Adam lr 5e-5", batch_size=4,
                          learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1),
+        GPU_SMOKE: Scale(GPU_SMOKE, f"the gpu tier's smoke: ViT-H/14 width (1280, 16 heads, MLP 5120), "
+                         f"{GPUSMOKE_LAYERS} layers, {GPUSMOKE_IMAGE_H14} px, batch 16", batch_size=16,
+                         learning_rate=1e-4, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
+                         accuracy_steps=GPUSMOKE_ACCURACY_STEPS),
     },
     build_model=VIT_H14.build,
     load_data=VIT_H14.data,
     block_class=_vit_block,
+    size_knob="image",
+    check_scale=VIT_H14.check_scale,
 )
 
 WORKLOADS: dict[str, Workload] = {VIT.name: VIT, VIT_H14_WORKLOAD.name: VIT_H14_WORKLOAD}
@@ -167,8 +262,29 @@ from memclaims.text import text_workloads  # noqa: E402 (text.py builds on Scale
 WORKLOADS.update(text_workloads())
 
 
+def gpu_tier_scale(workload_name: str, requested: str) -> str:
+    """The scale the gpu tier runs ``workload_name`` at when asked for ``requested`` (smoke or
+    article): its ``gpusmoke`` scale for smoke where it has one, else the scale asked for."""
+    if requested == "smoke" and GPU_SMOKE in workload(workload_name).scales:
+        return GPU_SMOKE
+    return requested
+
+
 def workload(name: str) -> Workload:
-    try:
+    """A built-in workload, an ``hf:<model_type>[(key=value,...)]`` one, or one a user registered."""
+    if name.startswith(HF_PREFIX):
+        from memclaims import hf
+
+        return hf.workload(name)
+    if name in WORKLOADS:
         return WORKLOADS[name]
-    except KeyError:
-        raise UsageError(f"unknown workload {name!r}; valid workloads: {', '.join(WORKLOADS)}") from None
+    from memclaims import user_workloads
+
+    found = user_workloads.find(name)
+    if found is not None:
+        return found
+    valid = [*WORKLOADS, *user_workloads.names(), f"{HF_PREFIX}<model_type>"]
+    raise UsageError(f"unknown workload {name!r}; valid workloads: {', '.join(valid)}") from None
+
+
+HF_PREFIX = "hf:"

@@ -19,13 +19,16 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from memclaims import distributed
+from memclaims import active, distributed
 from memclaims.distributed import DistributedResult, expected_shard_bytes, run_distributed, run_distributed_many
 from memclaims.named_recipes import NAMED_RECIPES
-from memclaims.pytest_plugin import option, tier_scale
-from memclaims.recipe import resolve
+from memclaims.claims import peak, peak_metric
+from memclaims.pytest_plugin import option
+from memclaims.workloads import gpu_tier_scale
+from memclaims.recipe import parse_id, resolve
 from memclaims.record import Record
 from memclaims.runner import RunOptions, run
+from fixtures.messages import differs, not_related, who
 
 WORLD = 2
 # The sharded run sums the two halves' mean losses in another order than one mean over the whole
@@ -70,7 +73,7 @@ def sharded(cpu_sharded) -> dict[tuple[str, ...], DistributedResult]:
 def test_every_rank_against_its_baseline(cpu_sharded, run_key, baseline_check, record_property) -> None:
     """Each rank's Record is a regression baseline of its own (``recipe@2/rankN``)."""
     for record in cpu_sharded[run_key].records:
-        assert record.devices == WORLD
+        assert record.devices == WORLD, differs(record, "devices", WORLD)
         baseline_check.check(f"dist-cpu:{record.baseline_key}", record, record_property)
 
 
@@ -89,7 +92,8 @@ def test_per_rank_model_state_is_exactly_the_padded_shard(sharded, techniques) -
     for rank, record in enumerate(sharded[techniques].records):
         expected = expected_shard_bytes(shapes, 4, WORLD, rank)
         measured = {k: getattr(record, k) for k in expected}
-        assert measured == expected, f"rank {rank}"
+        assert measured == expected, (f"{who(record)}: model state {measured} is not the padded-shard "
+                                      f"arithmetic {expected} (bytes)")
 
 
 @pytest.mark.dist
@@ -99,10 +103,12 @@ def test_sharding_without_auto_wrap_splits_every_parameter(cpu_sharded) -> None:
     (Its losses are not compared: dropout and random attention blocks draw per process.)"""
     shapes = _shapes("bigbird")
     for rank, record in enumerate(cpu_sharded[("bigbird", FSDP)].records):
-        assert record.param_bytes == expected_shard_bytes(shapes, 4, WORLD, rank)["param_bytes"]
+        expected = expected_shard_bytes(shapes, 4, WORLD, rank)["param_bytes"]
+        assert record.param_bytes == expected, differs(record, "param_bytes", expected, "padded-shard arithmetic")
         # Parameters the forward pass never uses get no gradient; the rest are shards as well.
-        assert 0 < record.grad_bytes <= record.param_bytes
-        assert not record.nan_loss
+        assert 0 < record.grad_bytes <= record.param_bytes, not_related(
+            record, "in (0, param_bytes]", record.param_bytes, "grad_bytes")
+        assert not record.nan_loss, f"{who(record)}: loss diverged at step {record.nan_step}"
 
 
 @pytest.mark.dist
@@ -115,30 +121,42 @@ def test_per_rank_model_state_is_about_one_over_n(single, sharded) -> None:
     for rank, record in enumerate(sharded[FSDP].records):
         for key in ("param_bytes", "grad_bytes"):
             ratio = getattr(record, key) * WORLD / getattr(single, key)
-            assert 1.0 <= ratio <= padding + 1e-12, (rank, key, ratio)
+            assert 1.0 <= ratio <= padding + 1e-12, (
+                f"{who(record)}: {key} {getattr(record, key):,} B x {WORLD} ranks / {who(single)}'s "
+                f"{getattr(single, key):,} B = {ratio:.6f}, outside [1, {padding:.6f}] (dim-0 padding)")
         # Adam's fp32 ``step`` scalar (one per parameter tensor) is kept whole on every rank.
         steps = 4 * len(shapes)
-        assert record.optimizer_state_bytes - steps <= (single.optimizer_state_bytes - steps) / WORLD * padding
-        assert record.param_count == single.param_count  # the model is the same; only its storage is split
+        limit = (single.optimizer_state_bytes - steps) / WORLD * padding + steps
+        assert record.optimizer_state_bytes <= limit, not_related(
+            record, "<=", int(limit), "optimizer_state_bytes", f"1/{WORLD} of {who(single)}'s Adam state, padded")
+        # The model is the same; only its storage is split.
+        assert record.param_count == single.param_count, not_related(record, "==", single, "param_count")
 
 
 @pytest.mark.dist
 @pytest.mark.cpu
 def test_sharding_lowers_the_per_rank_peak(single, sharded) -> None:
     for record in sharded[FSDP].records:
-        assert record.peak_allocated_bytes < single.peak_allocated_bytes
+        assert record.peak_allocated_bytes < single.peak_allocated_bytes, not_related(
+            record, "<", single, "peak_allocated_bytes")
 
 
 @pytest.mark.dist
 @pytest.mark.cpu
 def test_activation_checkpointing_lowers_activations_and_peak(sharded) -> None:
     for plain, checkpointed in zip(sharded[FSDP].records, sharded[FSDP_AC].records):
+        metric = "breakdown.activations_and_temporaries"
         assert (checkpointed.breakdown["activations_and_temporaries"]
-                < plain.breakdown["activations_and_temporaries"])
-        assert checkpointed.peak_allocated_bytes < plain.peak_allocated_bytes
+                < plain.breakdown["activations_and_temporaries"]), not_related(checkpointed, "<", plain, metric)
+        assert checkpointed.peak_allocated_bytes < plain.peak_allocated_bytes, not_related(
+            checkpointed, "<", plain, "peak_allocated_bytes")
+        # What the forward pass keeps for backward is what checkpointing saves (memclaims.active).
+        inactive = active.problems(resolve("vit", "smoke", FSDP_AC), checkpointed,
+                                   without={"activation-checkpointing": plain})
+        assert not inactive, "\n".join(inactive)
         # Recomputing activations changes no model state.
         for key in ("param_bytes", "grad_bytes", "optimizer_state_bytes"):
-            assert getattr(checkpointed, key) == getattr(plain, key)
+            assert getattr(checkpointed, key) == getattr(plain, key), not_related(checkpointed, "==", plain, key)
 
 
 @pytest.mark.dist
@@ -148,9 +166,14 @@ def test_loss_equals_the_single_process_run(single, sharded, techniques) -> None
     """Same init, same global batches (each rank its half), averaged gradients: the same losses,
     before and after optimizer steps."""
     for record in sharded[techniques].records:
-        assert len(record.memory_losses) == len(single.memory_losses)
-        assert record.memory_losses == pytest.approx(single.memory_losses, abs=LOSS_ATOL, rel=0)
-        assert record.final_loss == pytest.approx(single.final_loss, abs=LOSS_ATOL, rel=0)
+        assert len(record.memory_losses) == len(single.memory_losses), not_related(
+            record, "as long as", len(single.memory_losses), "memory_losses")
+        assert record.memory_losses == pytest.approx(single.memory_losses, abs=LOSS_ATOL, rel=0), (
+            f"{who(record)}: memory_losses {record.memory_losses} differ from {who(single)}'s "
+            f"{single.memory_losses} by more than {LOSS_ATOL}")
+        assert record.final_loss == pytest.approx(single.final_loss, abs=LOSS_ATOL, rel=0), (
+            f"{who(record)}: final_loss {record.final_loss} differs from {who(single)}'s {single.final_loss} "
+            f"by more than {LOSS_ATOL}")
 
 
 @pytest.mark.dist
@@ -163,10 +186,13 @@ def test_result_reports_rank0_max_over_ranks_and_host_memory(sharded) -> None:
         if key == "breakdown":
             continue
         ranks = [getattr(r, key) for r in result.records if getattr(r, key) is not None]
-        assert value == (max(ranks) if ranks else None), key
+        assert value == (max(ranks) if ranks else None), (
+            f"{result.recipe}: max_over_ranks[{key!r}] is {value}, the ranks have {ranks}")
     # Rank 1 holds fewer real rows, so less Adam state: rank 0 is the max here.
-    assert result.max_over_ranks["optimizer_state_bytes"] == result.records[0].optimizer_state_bytes
-    assert all(r.host_peak_bytes and r.host_peak_bytes > 0 for r in result.records)
+    assert result.max_over_ranks["optimizer_state_bytes"] == result.records[0].optimizer_state_bytes, differs(
+        result.records[0], "optimizer_state_bytes", result.max_over_ranks["optimizer_state_bytes"], "max over ranks")
+    for record in result.records:
+        assert record.host_peak_bytes and record.host_peak_bytes > 0, differs(record, "host_peak_bytes", "> 0")
     decoded = __import__("json").loads(result.to_json())
     assert decoded["devices"] == WORLD and len(decoded["ranks"]) == WORLD
 
@@ -180,9 +206,10 @@ def test_vit_h14_series_descends_at_smoke_scale(cpu_sharded) -> None:
     fsdp, checkpointed = cpu_sharded[("vit-h14", H14_FSDP)], cpu_sharded[("vit-h14", H14_FSDP_AC)]
     assert {r.precision for r in fsdp.records + checkpointed.records} == {one.precision} == {"bf16-mixed"}
     for plain, recomputed in zip(fsdp.records, checkpointed.records):
-        assert plain.peak_allocated_bytes < one.peak_allocated_bytes
-        assert recomputed.peak_allocated_bytes < plain.peak_allocated_bytes
-        assert plain.param_bytes < one.param_bytes
+        assert plain.peak_allocated_bytes < one.peak_allocated_bytes, not_related(plain, "<", one, "peak_allocated_bytes")
+        assert recomputed.peak_allocated_bytes < plain.peak_allocated_bytes, not_related(
+            recomputed, "<", plain, "peak_allocated_bytes")
+        assert plain.param_bytes < one.param_bytes, not_related(plain, "<", one, "param_bytes")
 
 
 @pytest.mark.cpu
@@ -234,20 +261,25 @@ def gpu_ids(name: str) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def gpu_scale(request: pytest.FixtureRequest) -> str:
-    return tier_scale(request.config, "gpu")
+    """What --memclaims-gpu-scale asks for (smoke or article); ``_at`` maps it per workload."""
+    return option(request.config, "gpu-scale")
+
+
+def _at(workload_name: str, requested: str) -> str:
+    return gpu_tier_scale(workload_name, requested)
 
 
 @pytest.fixture(scope="module")
 def gpu_single(record_cache, gpu_scale) -> Record:
     """The single-GPU fp32 Fabric run (01-2) the sharded scripts start from."""
-    return record_cache.get("gpu", resolve("vit", gpu_scale, ("fabric",)))
+    return record_cache.get("gpu", resolve("vit", _at("vit", gpu_scale), ("fabric",)))
 
 
 @pytest.fixture(scope="module")
 def gpu_sharded(gpu_scale) -> dict[tuple[str, ...], DistributedResult]:
     """FSDP alone, then 08, 09 and 11, on every GPU; the ranks are started once for all four."""
     configurations = [FSDP, *ARTICLE_08_11]
-    results = run_distributed_many([resolve("vit", gpu_scale, c) for c in configurations],
+    results = run_distributed_many([resolve("vit", _at("vit", gpu_scale), c) for c in configurations],
                                    RunOptions(device="cuda", evaluate=False), GPUS, timeout_s=600)
     return dict(zip(configurations, results))
 
@@ -271,7 +303,8 @@ def test_gpu_fsdp_with_checkpointing_below_single_gpu_peak(gpu_single, gpu_shard
     _report(record_property, result, PUBLISHED_08_11[FSDP_AC])
     assert result.devices == devices
     for record in result.records:
-        assert record.peak_reserved_total_bytes < gpu_single.peak_reserved_total_bytes
+        assert peak(record) < peak(gpu_single), not_related(
+            record, "<", gpu_single, peak_metric(record))
 
 
 @pytest.mark.dist
@@ -282,8 +315,10 @@ def test_gpu_per_rank_model_state_about_one_over_n(gpu_single, gpu_sharded, devi
     for rank, record in enumerate(gpu_sharded[FSDP].records):
         for key in ("param_bytes", "grad_bytes", "optimizer_state_bytes"):
             share = getattr(record, key) * devices / getattr(gpu_single, key)
-            assert 1 - SHARD_TOLERANCE <= share <= 1 + SHARD_TOLERANCE, (rank, key, share)
-        assert record.param_count == gpu_single.param_count
+            assert 1 - SHARD_TOLERANCE <= share <= 1 + SHARD_TOLERANCE, (
+                f"{who(record)}: {key} {getattr(record, key):,} B x {devices} / {who(gpu_single)}'s "
+                f"{getattr(gpu_single, key):,} B = {share:.4f}, outside 1 +- {SHARD_TOLERANCE}")
+        assert record.param_count == gpu_single.param_count, not_related(record, "==", gpu_single, "param_count")
 
 
 @pytest.mark.dist
@@ -292,7 +327,8 @@ def test_gpu_per_rank_model_state_about_one_over_n(gpu_single, gpu_sharded, devi
 @pytest.mark.parametrize("devices", gpu_ids("vit"))
 def test_gpu_activation_checkpointing_lowers_the_peak(gpu_sharded, devices) -> None:
     for plain, checkpointed in zip(gpu_sharded[FSDP].records, gpu_sharded[FSDP_AC].records):
-        assert checkpointed.peak_reserved_total_bytes < plain.peak_reserved_total_bytes
+        assert peak(checkpointed) < peak(plain), not_related(
+            checkpointed, "<", plain, peak_metric(checkpointed))
 
 
 @pytest.mark.dist
@@ -305,9 +341,12 @@ def test_gpu_cpu_offload_lowers_gpu_peak_raises_host_memory_and_time(gpu_sharded
     plain, offload = gpu_sharded[ARTICLE_08_11[0]], gpu_sharded[ARTICLE_08_11[1]]
     _report(record_property, offload, PUBLISHED_08_11[ARTICLE_08_11[1]])
     for before, after in zip(plain.records, offload.records):
-        assert after.peak_reserved_total_bytes < before.peak_reserved_total_bytes
-        assert after.host_peak_bytes > before.host_peak_bytes
-        assert after.step_time_s > before.step_time_s
+        assert peak(after) < peak(before), not_related(
+            after, "<", before, peak_metric(after))
+        assert after.host_peak_bytes > before.host_peak_bytes, not_related(after, ">", before, "host_peak_bytes")
+        assert after.step_time_s > before.step_time_s, not_related(after, ">", before, "step_time_s")
+        inactive = active.problems(parse_id(after.recipe), after)
+        assert not inactive, "\n".join(inactive)
 
 
 @pytest.mark.dist
@@ -319,7 +358,8 @@ def test_gpu_delayed_init_changes_nothing(gpu_sharded, devices, record_property)
     before, after = gpu_sharded[ARTICLE_08_11[1]], gpu_sharded[ARTICLE_08_11[2]]
     _report(record_property, after, PUBLISHED_08_11[ARTICLE_08_11[2]])
     for a, b in zip(before.records, after.records):
-        assert b.peak_reserved_total_bytes == pytest.approx(a.peak_reserved_total_bytes, rel=0.02)
+        assert b.peak_reserved_total_bytes == pytest.approx(a.peak_reserved_total_bytes, rel=0.02), not_related(
+            b, "within 2 % of", a, "peak_reserved_total_bytes")
 
 
 @pytest.mark.dist
@@ -329,7 +369,7 @@ def test_gpu_delayed_init_changes_nothing(gpu_sharded, devices, record_property)
                          ids=[f"gpu:vit/{'+'.join(t)}@{GPUS}gpu" for t in [FSDP, *ARTICLE_08_11]])
 def test_gpu_every_rank_against_its_baseline(gpu_sharded, techniques, baseline_check, record_property) -> None:
     for record in gpu_sharded[techniques].records:
-        assert record.devices == GPUS
+        assert record.devices == GPUS, differs(record, "devices", GPUS)
         baseline_check.check(f"dist-gpu:{record.baseline_key}", record, record_property)
 
 
@@ -346,16 +386,17 @@ BONUS_AFTER = {"distilbert-after": NAMED_RECIPES["distilbert-before"].published.
 @pytest.mark.parametrize("name", list(BONUS_AFTER), ids=[f"gpu:{n}@{GPUS}gpu" for n in BONUS_AFTER])
 def test_gpu_bonus_after_recipe(name, gpu_scale, request, baseline_check, record_property) -> None:
     named = NAMED_RECIPES[name]
-    recipe = resolve(named.workload, gpu_scale, named.techniques)
+    recipe = resolve(named.workload, _at(named.workload, gpu_scale), named.techniques)
     data_dir = option(request.config, "data-dir") or None  # IMDb, when the user has it
     result = run_distributed(recipe, RunOptions(device="cuda", evaluate=False, data_dir=data_dir), GPUS,
                              timeout_s=600)
     _report(record_property, result, named.published.peak_gb)
     for record in result.records:
-        assert not record.nan_loss, f"rank {record.rank}: loss diverged at step {record.nan_step}"
+        assert not record.nan_loss, f"{who(record)}: loss diverged at step {record.nan_step}"
         if gpu_scale == "article":
             assert record.peak_reserved_total_bytes < BONUS_AFTER[name] * GB, (
-                f"rank {record.rank}: {record.peak_reserved_total_bytes / GB:.2f} GB per GPU "
+                f"{who(record)}: peak_reserved_total_bytes {record.peak_reserved_total_bytes / GB:.2f} GB "
+                f"(decimal) per GPU is not below {BONUS_AFTER[name]:.2f} GB "
                 f"(published {named.published.peak_gb} GB on {named.devices} GPUs)")
         baseline_check.check(f"dist-gpu:{record.baseline_key}", record, record_property)
 
@@ -370,8 +411,8 @@ def vit_h14_series(request: pytest.FixtureRequest, record_cache, gpu_scale) -> d
     if option(request.config, "vit-h14") != "true":
         pytest.skip("the ViT-H/14 series runs only when asked: add --memclaims-vit-h14 "
                     "(633M parameters at 518 px; the published bars used 4 GPUs)")
-    series: dict[tuple[str, ...], Any] = {H14_ONE_GPU: record_cache.get("gpu", resolve("vit-h14", gpu_scale, H14_ONE_GPU))}
-    results = run_distributed_many([resolve("vit-h14", gpu_scale, t) for t in H14_SERIES],
+    series: dict[tuple[str, ...], Any] = {H14_ONE_GPU: record_cache.get("gpu", resolve("vit-h14", _at("vit-h14", gpu_scale), H14_ONE_GPU))}
+    results = run_distributed_many([resolve("vit-h14", _at("vit-h14", gpu_scale), t) for t in H14_SERIES],
                                    RunOptions(device="cuda", evaluate=False), GPUS, timeout_s=600)
     series.update(zip(H14_SERIES, results))
     return series
@@ -392,7 +433,8 @@ def test_gpu_vit_h14_fsdp_below_one_gpu(vit_h14_series, devices, record_property
     record_property("one_gpu_gb", round(one.peak_reserved_total_bytes / GB, 3))
     _report(record_property, fsdp, _h14_published(H14_FSDP))
     for record in fsdp.records:
-        assert record.peak_reserved_total_bytes < one.peak_reserved_total_bytes
+        assert peak(record) < peak(one), not_related(
+            record, "<", one, peak_metric(record))
 
 
 @pytest.mark.dist
@@ -405,9 +447,9 @@ def test_gpu_vit_h14_checkpointing_then_offload_descend(vit_h14_series, devices,
         _report(record_property, vit_h14_series[techniques], _h14_published(techniques))
     plain, checkpointed, offload = (vit_h14_series[t].records for t in H14_SERIES)
     for a, b, c in zip(plain, checkpointed, offload):
-        assert b.peak_reserved_total_bytes < a.peak_reserved_total_bytes
-        assert c.peak_reserved_total_bytes < b.peak_reserved_total_bytes
-        assert c.host_peak_bytes > b.host_peak_bytes
+        assert b.peak_reserved_total_bytes < a.peak_reserved_total_bytes, not_related(b, "<", a, "peak_reserved_total_bytes")
+        assert c.peak_reserved_total_bytes < b.peak_reserved_total_bytes, not_related(c, "<", b, "peak_reserved_total_bytes")
+        assert c.host_peak_bytes > b.host_peak_bytes, not_related(c, ">", b, "host_peak_bytes")
 
 
 @pytest.mark.cpu

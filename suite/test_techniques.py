@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from memclaims import active, steady
+from memclaims.pytest_plugin import selected_workload
 from memclaims.techniques import TRUE_HALF_PRECISIONS
 from fixtures.baselines import BaselineCheck
 from fixtures.records import RecordCache
@@ -16,7 +18,7 @@ _FP16_MIXED_ON_CPU = ("Lightning runs 16-mixed as bf16-mixed on the CPU (no floa
 
 def test_case(tier: str, techniques: tuple[str, ...], record_cache: RecordCache,
               baseline_check: BaselineCheck, request: pytest.FixtureRequest, record_property: Any) -> None:
-    recipe = record_cache.recipe(tier, "vit", techniques)
+    recipe = record_cache.recipe(tier, selected_workload(request.config), techniques)
     if tier == "cpu" and recipe.precision == "16-mixed":
         pytest.skip(_FP16_MIXED_ON_CPU)
     record = record_cache.get(tier, recipe)
@@ -46,6 +48,13 @@ def test_case(tier: str, techniques: tuple[str, ...], record_cache: RecordCache,
         record_property("nan_step", record.nan_step)
         assert record.nan_loss == (record.nan_step is not None)
         assert record.nan_loss == (record.final_loss is None)
+
+    # Every technique visibly at work (8-bit state quantized, batch really smaller, ...), and every
+    # step after the second peaking where step 2 did (no per-step leak).
+    inactive = active.problems(recipe, record)
+    assert not inactive, "\n".join(inactive)
+    leaked = steady.leak(record)
+    assert leaked is None, leaked
 
     # Then the numbers against this environment's stored baseline (memclaims.compare).
     baseline_check.check(request.node.callspec.id, record, record_property)

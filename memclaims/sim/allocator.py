@@ -13,7 +13,10 @@ native allocator's default policy by hand, for one device and one stream:
 - a reused block is split when the rest is worth keeping (>= 512 B in the small pool, > 1 MiB
   in the large one), otherwise the whole block is handed out;
 - a freed block merges with free neighbours of its segment;
-- nothing is ever returned to the device (no ``empty_cache``), so reserved memory never shrinks.
+- nothing is ever returned to the device (no ``empty_cache``), so reserved memory never shrinks;
+- each stream has its own free blocks: a block freed by one stream is never handed to a request
+  on another (the native allocator keys its free sets by stream first), so work spread over
+  streams (FSDP's all-gathers and reduce-scatters) reserves more than one stream would.
 
 ``allocated`` counts block sizes, as ``torch.cuda.memory_allocated`` does; ``requested`` counts
 the bytes asked for (live tensor bytes), the figure a CPU-side tensor count gives.
@@ -68,13 +71,15 @@ class Block:
     size: int
     small: bool
     free: bool = True
+    stream: int = 0
     requested: int = 0
     prev: Block | None = None
     next: Block | None = None
 
     @property
     def key(self) -> tuple[int, int, int]:
-        # The native free sets order by (stream, size, address); segments stand in for addresses.
+        # The native free sets order by (stream, size, address); segments stand in for addresses
+        # (streams have separate lists here).
         return (self.size, self.segment, self.offset)
 
 
@@ -98,28 +103,29 @@ class CachingAllocator:
             raise ValueError("expandable segments are not modelled")
         self.stats = Stats()
         # Free blocks per pool, kept sorted by Block.key (bisect on a parallel key list).
-        self._free_keys: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}
-        self._free_blocks: dict[bool, list[Block]] = {True: [], False: []}
+        self._free_keys: dict[tuple[int, bool], list[tuple[int, int, int]]] = {}
+        self._free_blocks: dict[tuple[int, bool], list[Block]] = {}
         self._live: dict[int, Block] = {}
         self._next_handle = 1
 
     # --- public -----------------------------------------------------------------------------
 
-    def malloc(self, nbytes: int) -> int:
-        """Allocate ``nbytes``; returns a handle for ``free`` (0 for a zero-byte request)."""
+    def malloc(self, nbytes: int, stream: int = 0) -> int:
+        """Allocate ``nbytes`` on ``stream``; returns a handle for ``free`` (0 for a zero-byte request)."""
         if nbytes <= 0:
             return 0
         cfg = self.config
         rounded = cfg.round_size(nbytes)
         small = cfg.is_small(rounded)
-        block = self._take_free(small, rounded)
+        block = self._take_free(stream, small, rounded)
         if block is None:
-            block = Block(segment=self.stats.segments, offset=0, size=cfg.segment_size(rounded), small=small)
+            block = Block(segment=self.stats.segments, offset=0, size=cfg.segment_size(rounded), small=small,
+                          stream=stream)
             self.stats.segments += 1
             self.stats.reserved += block.size
         if cfg.should_split(block.size, rounded):
             rest = Block(segment=block.segment, offset=block.offset + rounded, size=block.size - rounded,
-                         small=small, prev=block, next=block.next)
+                         small=small, prev=block, next=block.next, stream=block.stream)
             if block.next is not None:
                 block.next.prev = rest
             block.next = rest
@@ -156,31 +162,32 @@ class CachingAllocator:
         s = self.stats
         s.peak_allocated, s.peak_reserved, s.peak_requested = s.allocated, s.reserved, s.requested
 
-    def free_blocks(self, small: bool) -> list[tuple[int, int, int]]:
+    def free_blocks(self, small: bool, stream: int = 0) -> list[tuple[int, int, int]]:
         """(size, segment, offset) of the free blocks of one pool, for tests and debugging."""
-        return list(self._free_keys[small])
+        return list(self._free_keys.get((stream, small), []))
 
     # --- internals --------------------------------------------------------------------------
 
-    def _take_free(self, small: bool, rounded: int) -> Block | None:
-        keys = self._free_keys[small]
+    def _take_free(self, stream: int, small: bool, rounded: int) -> Block | None:
+        keys = self._free_keys.setdefault((stream, small), [])
+        blocks = self._free_blocks.setdefault((stream, small), [])
         index = bisect.bisect_left(keys, (rounded, -1, -1))
         if index == len(keys):
             return None
-        block = self._free_blocks[small][index]
-        del keys[index], self._free_blocks[small][index]
+        block = blocks[index]
+        del keys[index], blocks[index]
         return block
 
     def _insert_free(self, block: Block) -> None:
-        keys = self._free_keys[block.small]
+        keys = self._free_keys.setdefault((block.stream, block.small), [])
         index = bisect.bisect_left(keys, block.key)
         keys.insert(index, block.key)
-        self._free_blocks[block.small].insert(index, block)
+        self._free_blocks.setdefault((block.stream, block.small), []).insert(index, block)
 
     def _remove_free(self, block: Block) -> None:
-        keys = self._free_keys[block.small]
+        keys = self._free_keys[(block.stream, block.small)]
         index = bisect.bisect_left(keys, block.key)
-        del keys[index], self._free_blocks[block.small][index]
+        del keys[index], self._free_blocks[(block.stream, block.small)][index]
 
     @staticmethod
     def _merge(block: Block, neighbour: Block) -> Block:

@@ -35,6 +35,12 @@ class Profile:
     # the sequence rounded to 128, softmax_d): a kernel detail meta kernels do not allocate.
     flash_backward_scratch: bool = True
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    # Whose optimizer step is replayed (``memclaims.sim.eras``): "installed" (this torch), or
+    # "2023-06" (the article's nightly: foreach Adam held two parameter-sized temporaries).
+    optimizer_era: str = "installed"
+    # Device memory as torch.cuda.get_device_properties().total_memory reports it (bytes); None
+    # for profiles that name no single card. The gpu-tier preflight checks that a case fits.
+    total_memory_bytes: int | None = None
 
     def kernel(self, dtype_name: str) -> str:
         return self.attention.get(dtype_name, "math")
@@ -42,6 +48,36 @@ class Profile:
 
 # torch 2.1 default CUBLAS_WORKSPACE_CONFIG ":4096:2:16:8" = 2 x 4 MiB + 8 x 16 KiB per handle.
 _TORCH21_CUBLAS_WORKSPACE = 2 * 4096 * KIB + 8 * 16 * KIB  # 8.125 MiB
+# Today's defaults (ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize): the same 8.125 MiB
+# below sm90, ":4096:8" = 32 MiB on Hopper (sm90) and later. scripts/gpu-check prints the sizes a
+# lent card really uses.
+_SM80_CUBLAS_WORKSPACE = _TORCH21_CUBLAS_WORKSPACE
+_SM90_CUBLAS_WORKSPACE = 4096 * 8 * KIB  # 32 MiB
+GIB = 1024 * MiB
+# What SDPA picks with the installed torch on sm80/sm90 for the ViT's unmasked attention: flash
+# attention v2 for fp16/bf16, memory-efficient attention for fp32 (flash has no fp32 kernel).
+_TODAY_ATTENTION = {"float32": "efficient", "float16": "flash", "bfloat16": "flash"}
+
+
+def _gpu_tier_profile(name: str, gpu: str, workspace: int, total_memory: int) -> Profile:
+    """A card the nightly gpu tier targets, with the installed torch's kernel choices."""
+    return Profile(
+        name=name,
+        summary=f"{gpu} with the installed torch: flash v2 for fp16/bf16, memory-efficient attention "
+                f"for fp32, cuBLAS workspaces 2 x {workspace / MiB:g} MiB, {total_memory / GIB:g} GiB; "
+                "the gpu tier's preflight",
+        gpu=gpu,
+        torch_era="installed",
+        attention=dict(_TODAY_ATTENTION),
+        cublas_workspace_bytes=(workspace, workspace),
+        total_memory_bytes=total_memory,
+    )
+
+
+# The gpu tier's targets (memclaims.preflight). Capacities: the smallest common variant of each card,
+# about what torch.cuda.get_device_properties().total_memory reports (the box says 40 / 80 / 141 GB;
+# the driver keeps some), rounded down to 0.01 GiB.
+GPU_TIER_PROFILES = ("a100", "h100", "h200")
 
 PROFILES: dict[str, Profile] = {
     profile.name: profile
@@ -50,11 +86,12 @@ PROFILES: dict[str, Profile] = {
             name="article",
             summary="A100 with torch 2.1 (the article's era): memory-efficient attention for fp32, "
                     "flash attention v1 for fp16/bf16 (v2 shipped in torch 2.2), cuBLAS workspaces "
-                    "2 x 8.125 MiB",
+                    "2 x 8.125 MiB, the 2023-06 foreach Adam step (two parameter-sized temporaries)",
             gpu="NVIDIA A100 (sm80)",
             torch_era="2.1.0 nightly 2023-06-23, cu118",
             attention={"float32": "efficient", "float16": "flash-v1", "bfloat16": "flash-v1"},
             cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
+            optimizer_era="2023-06",
         ),
         Profile(
             name="current",
@@ -67,6 +104,17 @@ PROFILES: dict[str, Profile] = {
             cublas_workspace_bytes=(32 * MiB, 32 * MiB),
         ),
         Profile(
+            name="torch-2.1",
+            summary="A100 with the torch 2.1.0 release (2023-10): the article profile's kernels and "
+                    "workspaces, with the foreach Adam after the July 2023 'minimize intermediates' "
+                    "stack (one parameter-sized temporary): for the repo's later ViT-H/14 series",
+            gpu="NVIDIA A100 (sm80)",
+            torch_era="2.1.0 release, cu118/cu121",
+            attention={"float32": "efficient", "float16": "flash-v1", "bfloat16": "flash-v1"},
+            cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
+            optimizer_era="installed",
+        ),
+        Profile(
             name="article-math",
             summary="the article profile with the math attention kernel everywhere (what a CPU-only "
                     "torch picks): the ablation of SIMULATION.md point 2",
@@ -74,6 +122,7 @@ PROFILES: dict[str, Profile] = {
             torch_era="2.1.0 nightly 2023-06-23, cu118",
             attention={"float32": "math", "float16": "math", "bfloat16": "math"},
             cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
+            optimizer_era="2023-06",
         ),
         Profile(
             name="cpu-kernels",
@@ -86,6 +135,11 @@ PROFILES: dict[str, Profile] = {
             cublas_workspace_bytes=(),
             flash_backward_scratch=False,
         ),
+        # The gpu tier sets CUBLAS_WORKSPACE_CONFIG=:4096:8 for deterministic accuracy
+        # (memclaims.determinism), so an A100 in the gpu tier has 32 MiB workspaces too.
+        _gpu_tier_profile("a100", "NVIDIA A100-SXM4-40GB (sm80)", _SM90_CUBLAS_WORKSPACE, int(39.58 * GIB)),
+        _gpu_tier_profile("h100", "NVIDIA H100 80GB HBM3 (sm90)", _SM90_CUBLAS_WORKSPACE, int(79.18 * GIB)),
+        _gpu_tier_profile("h200", "NVIDIA H200 (sm90)", _SM90_CUBLAS_WORKSPACE, int(139.8 * GIB)),
     )
 }
 

@@ -36,10 +36,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from memclaims import optimizers
+from memclaims.loop import watch_linear_outputs
+from memclaims.probes import PhaseRecorder, Reading, phase_entries
 from memclaims.errors import UsageError
 from memclaims.recipe import Recipe
 from memclaims.record import Record, library_versions
 from memclaims.sim.allocator import CachingAllocator
+from memclaims.sim.eras import optimizer_era
 from memclaims.sim.profiles import Profile, profile as find_profile
 from memclaims.sim.tracker import DeviceMemory
 
@@ -163,14 +166,26 @@ def _models() -> dict[str, tuple[Callable[[str, int | None], nn.Module],
     return {name: _vit_fns(family) for name, family in VIT_FAMILIES.items()}
 
 
-def _model_fns(recipe: Recipe) -> tuple[Callable[[str, int | None], nn.Module],
-                                         Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]]:
+def _workload_fns(workload: Any) -> tuple[Callable[[Any, int | None], nn.Module],
+                                          Callable[[Any, int], tuple[Any, torch.Tensor]]] | None:
+    """A workload's own fake-tensor model and inputs (text, hf: and user workloads that give them)."""
+    if workload.architecture is None or workload.fake_inputs is None:
+        return None
+    return workload.architecture, workload.fake_inputs
+
+
+def _model_fns(recipe: Recipe) -> tuple[Callable[[Any, int | None], nn.Module],
+                                         Callable[[Any, int], tuple[Any, torch.Tensor]]]:
     try:
         return _models()[recipe.workload.name]
     except KeyError:
+        fns = _workload_fns(recipe.workload)
+        if fns is not None:
+            return fns
         raise UsageError(
             f"the sim device cannot run workload {recipe.workload.name!r} yet (no fake-tensor model "
-            f"for it); simulated workloads: {', '.join(_models())}"
+            f"for it); simulated workloads: {', '.join(_models())}, the text and hf: workloads, and user "
+            "workloads that give an architecture and fake_inputs"
         ) from None
 
 
@@ -207,6 +222,18 @@ class _Session:
         self.allocator = CachingAllocator(profile.allocator)
         self.memory = DeviceMemory(self.allocator, profile)
         self.fake = FakeTensorMode()
+        # The probes' nested phases over the allocator model's peak counters.
+        self.recorder = PhaseRecorder(self._read, self.memory.reset_peaks)
+
+    def _read(self) -> Reading:
+        stats = self.allocator.stats
+        return Reading(now=stats.allocated, peak=stats.peak_allocated, reserved_peak=stats.peak_reserved,
+                       breakdown=dict(self.memory.breakdown_at_peak),
+                       extra={"live_bytes": self.memory.peak_tensor_bytes})
+
+    def step_phase(self, name: str) -> Any:
+        """A phase of a training step (``memclaims.loop.STEP_PHASES``, the same boundaries), as the probes measure it."""
+        return self.recorder.measure(name, per_step=True)
 
     @contextmanager
     def active(self) -> Iterator["_Session"]:
@@ -223,10 +250,10 @@ class _Session:
 
     @contextmanager
     def phase(self, results: dict[str, PhaseResult], name: str) -> Iterator[None]:
-        self.memory.reset_peaks()
-        yield
-        stats = self.allocator.stats
-        results[name] = PhaseResult(stats.peak_allocated, stats.peak_reserved, self.memory.peak_tensor_bytes)
+        with self.recorder.measure(name):
+            yield
+        peak = self.recorder.phases[name]
+        results[name] = PhaseResult(peak.allocated_bytes, peak.reserved_bytes or 0, peak.extra.get("live_bytes", 0))
 
     @contextmanager
     def host(self) -> Iterator[None]:
@@ -257,16 +284,16 @@ def _load(session: _Session, recipe: Recipe, build: Callable[[str, int | None], 
     if recipe.init_on_device:
         # fabric.init_module(): built on the device, in the half dtype for true precisions.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
-            return build(recipe.scale.name, classes)
+            return build(recipe.scale, classes)
     with session.host():
         # Fabric converts true precisions on the CPU (convert_module) before moving.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
-            model = build(recipe.scale.name, classes)
+            model = build(recipe.scale, classes)
     _move(model)
     return model
 
 
-def _load_only(session: _Session, mode: str, scale: str, num_classes: int | None,
+def _load_only(session: _Session, mode: str, scale: Any, num_classes: int | None,
                dtype: torch.dtype, build: Callable[[str, int | None], nn.Module]) -> nn.Module:
     if mode == "init-module":
         with _default_dtype(dtype):
@@ -279,7 +306,7 @@ def _load_only(session: _Session, mode: str, scale: str, num_classes: int | None
     return model
 
 
-def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit", scale: str = "article",
+def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit", scale: Any = "article",
                   num_classes: int | None = None, precision: str = "16-true") -> LoadResult:
     """Replay a model-load-only script on the simulated GPU.
 
@@ -295,8 +322,15 @@ def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit",
     try:
         build, _ = _models()[workload]
     except KeyError:
-        raise UsageError(f"the sim device cannot load workload {workload!r}; simulated workloads: "
-                         f"{', '.join(_models())}") from None
+        from memclaims.workloads import workload as find_workload
+
+        found = find_workload(workload)
+        fns = _workload_fns(found)
+        if fns is None:
+            raise UsageError(f"the sim device cannot load workload {workload!r}; simulated workloads: "
+                             f"{', '.join(_models())} and the text and hf: workloads") from None
+        build = fns[0]
+        scale = found.scale(scale) if isinstance(scale, str) else scale
     dtype = PARAM_DTYPE[precision]
     session = _Session(chosen)
     results: dict[str, PhaseResult] = {}
@@ -324,13 +358,18 @@ class _Precision:
         self.true_half = self.name.endswith("-true") and self.compute != torch.float32
         self.scale: torch.Tensor | None = None
 
-    def convert_input(self, inputs: torch.Tensor) -> torch.Tensor:
-        # MixedPrecision and HalfPrecision both cast floating inputs to the half dtype.
+    def convert_input(self, inputs: Any) -> Any:
+        # MixedPrecision and HalfPrecision both cast floating inputs to the half dtype (token ids
+        # and masks of text models are integers: unchanged).
+        if isinstance(inputs, dict):
+            return {k: self.convert_input(v) for k, v in inputs.items()}
         return inputs.to(self.compute) if (self.mixed or self.true_half) and inputs.is_floating_point() else inputs
 
     def forward_context(self) -> Any:
         if self.mixed:
-            return torch.autocast("cpu", dtype=self.compute)
+            from memclaims.sim.autocast import cuda_autocast
+
+            return cuda_autocast(self.compute)
         if self.true_half:
             return _default_dtype(self.compute)
         return nullcontext()
@@ -355,11 +394,18 @@ def _default_memory_steps(recipe: Recipe) -> int:
 
 
 def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: int,
-           inputs_fn: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, int]:
+           inputs_fn: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
     """``runner._Session.train``'s loop, statement for statement, on fake tensors."""
     memory = session.memory
     precision = _Precision(recipe)
-    optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
+    if recipe.optimizer in optimizers.EIGHT_BIT:
+        from memclaims.optim_state import eight_bit_layout
+        from memclaims.sim import eight_bit
+
+        # The layout was read outside the fake mode (simulate): it runs bitsandbytes for real.
+        optimizer, scheduler = eight_bit.build(recipe.optimizer, model, recipe.learning_rate, eight_bit_layout()), None
+    else:
+        optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
     for group in optimizer.param_groups:
         group["foreach"] = True  # the GPU default; fake parameters would take the single-tensor path
     for p in model.parameters():
@@ -370,49 +416,68 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     grad_bytes: int | None = None
     done = 0
     inputs = targets = logits = loss = None
+    # What memclaims.active checks, observed as the loop does: the batch of a step, the linear
+    # layers' compute dtype (the autocast emulation's result).
+    observed: dict[str, Any] = {"compute_dtypes": []}
+    examples = micro_batches = 0
     for batch_index in range(memory_steps * accumulation + 1):
         # The loader's next batch is moved to the device while the previous one is still bound.
-        inputs, targets = inputs_fn(recipe.scale.name, recipe.micro_batch_size)
+        inputs, targets = inputs_fn(recipe.scale, recipe.micro_batch_size)
         model.train()
-        with attention:
-            if recipe.plain_pytorch:
-                logits = model(inputs)
-            else:
-                x = precision.convert_input(inputs)
-                with precision.forward_context():
-                    out = model(x)
-                del x
-                logits = precision.convert_output(out)
-                del out
-        loss = F.cross_entropy(logits, targets)
+        watch = watch_linear_outputs(model) if not observed["compute_dtypes"] else None
+        with session.step_phase("forward"):
+            with attention:
+                if recipe.plain_pytorch:
+                    logits = recipe.workload.logits(model, inputs)
+                else:
+                    x = precision.convert_input(inputs)
+                    with precision.forward_context():
+                        out = recipe.workload.logits(model, x)
+                    del x
+                    logits = precision.convert_output(out)
+                    del out
+            loss = F.cross_entropy(logits, targets)
+            if accumulation > 1:
+                loss = loss / accumulation  # 05
+        if watch is not None:
+            observed["compute_dtypes"] = watch()
+        examples, micro_batches = examples + int(targets.shape[0]), micro_batches + 1
         if accumulation == 1:
-            optimizer.zero_grad()  # 01..04, 06: after the forward pass
-            precision.backward(loss)
+            with session.step_phase("zero_grad"):
+                optimizer.zero_grad()  # 01..04, 06: after the forward pass
+            with session.step_phase("backward"):
+                precision.backward(loss)
             stepping = True
         else:
-            loss = loss / accumulation  # 05
-            precision.backward(loss)
+            with session.step_phase("backward"):
+                precision.backward(loss)
             stepping = batch_index % accumulation == 0
         loss.detach().float()  # watch_loss reads the value (.item()): a temporary at most
         if stepping:
             if grad_bytes is None:
                 grad_bytes = _storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
-            memory.in_optimizer = True
-            optimizer.step()
-            memory.in_optimizer = False
+            observed.update(step_examples=examples, step_micro_batches=micro_batches)
+            examples = micro_batches = 0
+            with session.step_phase("optimizer_step"):
+                memory.in_optimizer = True
+                with optimizer_era(session.profile.optimizer_era):
+                    optimizer.step()
+                memory.in_optimizer = False
             for state in optimizer.state.values():
                 for value in state.values():
                     if isinstance(value, torch.Tensor):
                         memory.tag(value, "optimizer_state")
             if accumulation > 1:
-                optimizer.zero_grad()
+                with session.step_phase("zero_grad"):
+                    optimizer.zero_grad()
             if scheduler is not None:
                 scheduler.step()
             done += 1
             if done == memory_steps:
                 break
-    states = _state_bytes(model, optimizer)
+    states: dict[str, Any] = dict(_state_bytes(model, optimizer))
     states["grad_bytes"] = grad_bytes or 0
+    states.update(observed)
     del inputs, targets, logits, loss
     return states
 
@@ -430,12 +495,18 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         notes.append("one optimizer step only: the peak of the second step (gradients and optimizer "
                      "state alive during the forward) is not reached")
 
+    if recipe.sharded:
+        return _simulate_sharded(recipe, chosen, steps, notes)
+
     reference = None
     if recipe.init_on_device:
         reference = simulate_load("build-then-convert", profile=chosen.name, workload=recipe.workload.name,
-                                  scale=recipe.scale.name, num_classes=recipe.workload.num_classes,
+                                  scale=recipe.scale, num_classes=recipe.workload.num_classes,
                                   precision=recipe.precision if recipe.precision.endswith("-true") else "32-true")
 
+    if recipe.optimizer in optimizers.EIGHT_BIT:
+        notes.append(f"{recipe.optimizer}: state from bitsandbytes {_eight_bit_layout().version}'s layout "
+                     f"(memclaims.sim.eight_bit); the fused step allocates no temporaries")
     session = _Session(chosen)
     phases: dict[str, PhaseResult] = {}
     torch.manual_seed(0)
@@ -446,9 +517,17 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         param_tensors = len(list(model.parameters()))
         with session.phase(phases, "train"):
             states = _train(session, recipe, model, steps, inputs_fn)
-        breakdown = dict(session.memory.breakdown_at_peak)
+        breakdown = dict(session.recorder.phases["train"].breakdown)
+        site = dict(session.memory.reserved_peak_site)
         del model
+    if site:
+        where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
+        notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
+                     f"reserved memory to {site['reserved_bytes']} B)")
     load, train = phases["load"], phases["train"]
+    # The contract's keys per phase, plus the sim's live tensor bytes for load and train.
+    phases_out = phase_entries(session.recorder.phases)
+    phases_out["load"]["live_bytes"], phases_out["train"]["live_bytes"] = load.live_bytes, train.live_bytes
     record = Record(
         **recipe.record_fields(),
         device="sim",
@@ -471,7 +550,9 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         weights="random",
         data="none (fake tensors)",
         versions=library_versions(),
-        phases={"load": load.as_dict(), "train": train.as_dict()},
+        # The contract's keys per phase, plus the sim's live tensor bytes for load and train.
+        phases=phases_out,
+        step_peaks={name: list(peaks) for name, peaks in session.recorder.step_peaks.items()},
         breakdown=breakdown,
         notes=notes,
         **states,
@@ -479,27 +560,99 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     return record
 
 
+def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str]) -> Record:
+    """Rank 0 of the recipe's FSDP1 run (memclaims.sim.sharded): per-rank accounting on fake tensors."""
+    from memclaims.sim import sharded
+
+    build, inputs_fn = _model_fns(recipe)
+    world = sharded.WORLD_SIZE
+    shard_dtype = PARAM_DTYPE[recipe.precision]
+    param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision)
+    notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
+                 f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} (installed Lightning's "
+                 f"FSDPPrecision); not modelled: " + "; ".join(sharded.UNMODELLED.values()))
+    if recipe.delayed_init:
+        notes.append("init_module(empty_init=False) under FSDPStrategy builds on the host (no device context): "
+                     "the load replays as without it")
+    session = _Session(chosen)
+    phases: dict[str, PhaseResult] = {}
+    torch.manual_seed(0)
+    with session.active():
+        with session.phase(phases, "load"):
+            with session.host():
+                # Fabric converts true precisions on the host; the unsharded (compute) copy is param_dtype.
+                with _default_dtype(shard_dtype):
+                    model = build(recipe.scale.name, recipe.workload.num_classes)
+            moved = not recipe.cpu_offload  # Fabric.setup moves the model before the strategy wraps it
+            if moved:
+                _move(model)
+            wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=world,
+                                   shard_dtype=shard_dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                   offload=recipe.cpu_offload, checkpointing=recipe.activation_checkpointing,
+                                   auto_wrap=recipe.workload.fsdp_auto_wrap, moved=moved)
+            if param_dtype != shard_dtype:  # the compute copies the units all-gather (host fakes, uncounted)
+                with session.host():
+                    _move(model, param_dtype)
+        param_count = sum(p.numel() for p in model.parameters())
+        param_tensors = len(list(model.parameters()))
+        precision = _Precision(recipe)
+        attention = _attention_context(chosen, precision.compute)
+        with session.phase(phases, "train"):
+            states = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
+        breakdown = dict(session.memory.breakdown_at_peak)
+        site = dict(session.memory.reserved_peak_site)
+        del model, wrapped
+    if site:
+        where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
+        notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
+                     f"reserved memory to {site['reserved_bytes']} B)")
+    load, train = phases["load"], phases["train"]
+    return Record(
+        **recipe.record_fields(), device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
+        precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,
+        load_peak_bytes=load.allocated_bytes,
+        peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
+        peak_reserved_bytes=max(load.reserved_bytes, train.reserved_bytes),
+        peak_reserved_total_bytes=session.allocator.stats.reserved, reference_load_peak_bytes=None,
+        accuracy=None, final_loss=None, nan_loss=False, nan_step=None, step_time_s=None, weights="random",
+        data="none (fake tensors)", versions=library_versions(), devices=world, rank=0,
+        phases={"load": load.as_dict(), "train": train.as_dict()}, breakdown=breakdown, notes=notes, **states,
+    )
+
+
 # Recipe flags the sim cannot replay, with the reason.
-_UNSUPPORTED_FLAGS = {
-    "sharded": "sharded recipes need several GPUs and a process group; the sim models one GPU",
-    "cpu_offload": "CPU offload is an FSDP feature; the sim models one GPU without FSDP",
-    "delayed_init": "delayed initialisation is an FSDP feature; the sim models one GPU without FSDP",
-    "activation_checkpointing": "activation checkpointing comes with FSDP in this suite; the sim models "
-                                "one GPU without FSDP",
-}
-# Optimizers that run on fake tensors (bitsandbytes kernels read real data: SIMULATION.md point 8).
-_OPTIMIZERS = ("adam", "sgd", "adamw")
+_UNSUPPORTED_FLAGS: dict[str, str] = {}
+# Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
+# real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit.
+_OPTIMIZERS = ("adam", "sgd", "adamw", *optimizers.EIGHT_BIT)
+
+
+def _eight_bit_layout() -> Any:
+    """The installed bitsandbytes' 8-bit layout (read on real CPU tensors), or UsageError with the reason."""
+    from memclaims.optim_state import eight_bit_layout
+
+    try:
+        return eight_bit_layout()
+    except Exception as error:  # ImportError, or a bitsandbytes whose init_state changed shape
+        raise UsageError(f"the sim device cannot model 8-bit optimizers here: bitsandbytes' layout is "
+                         f"unreadable ({type(error).__name__}: {error})") from None
 
 
 def check(recipe: Recipe) -> None:
     """Raise UsageError, with the reason, for a recipe the sim cannot replay."""
     _model_fns(recipe)
+    if recipe.sharded:
+        from memclaims.sim import sharded
+
+        sharded.check(recipe)
     for flag, reason in _UNSUPPORTED_FLAGS.items():
         if getattr(recipe, flag):
             raise UsageError(f"the sim device cannot run {recipe.id}: {reason}")
     if recipe.optimizer not in _OPTIMIZERS:
         raise UsageError(f"the sim device cannot run {recipe.id}: optimizer {recipe.optimizer!r} does not run "
                          f"on fake tensors; simulated optimizers: {', '.join(_OPTIMIZERS)}")
+    if recipe.optimizer in optimizers.EIGHT_BIT:
+        _eight_bit_layout()
     if recipe.precision not in PARAM_DTYPE:
         raise UsageError(f"the sim device cannot run precision {recipe.precision!r}; "
                          f"simulated precisions: {', '.join(PARAM_DTYPE)}")

@@ -41,6 +41,9 @@ class DeviceMemory(TorchDispatchMode):
         self.allocator, self.profile = allocator, profile
         self.counting = True
         self.in_optimizer = False
+        # The stream new storages are allocated on (0: the default stream); the sharded replay
+        # switches it around FSDP's all-gathers and reduce-scatters.
+        self.stream = 0
         self._handles: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> handle
         self._refs: dict[int, weakref.ref] = {}
         self._bytes: dict[int, int] = {}
@@ -50,6 +53,10 @@ class DeviceMemory(TorchDispatchMode):
         self.tensor_bytes = 0
         self.peak_tensor_bytes = 0
         self.breakdown_at_peak: dict[str, int] = dict(self.live)
+        # Where reserved memory last grew to its peak: the evidence for "which allocation, which
+        # phase" sets a row's figure (the op, its request, and whether the optimizer step ran).
+        self.op = "?"
+        self.reserved_peak_site: dict[str, object] = {}
 
     # --- phases -----------------------------------------------------------------------------
 
@@ -72,6 +79,7 @@ class DeviceMemory(TorchDispatchMode):
             # (output layout, copies, scratch) are added here.
             kernel = self.profile.kernel(_dtype_name(args[0].dtype))
             scratch = self._attention_copies(func, kernel, args)
+        self.op = str(func)
         out = func(*args, **(kwargs or {}))
         if kernel in _BLHD_KERNELS:
             out = _blhd_outputs(func, out)
@@ -93,9 +101,14 @@ class DeviceMemory(TorchDispatchMode):
         if self.in_optimizer and tensor.numel() <= 1:
             return
         nbytes = storage.nbytes()
-        handle = self.allocator.malloc(nbytes)
+        reserved_before = self.allocator.stats.reserved
+        handle = self.allocator.malloc(nbytes, self.stream)
         if handle == 0:
             return
+        if self.allocator.stats.reserved > reserved_before and \
+                self.allocator.stats.reserved >= self.allocator.stats.peak_reserved:
+            self.reserved_peak_site = {"op": self.op, "request_bytes": nbytes, "in_optimizer_step": self.in_optimizer,
+                                       "reserved_bytes": self.allocator.stats.reserved}
         self._handles[storage] = handle
         self._refs[handle] = weakref.ref(storage, self._finalizer(handle))
         self._bytes[handle] = nbytes
@@ -116,6 +129,15 @@ class DeviceMemory(TorchDispatchMode):
         self.live[self._category[handle]] -= nbytes
         self.live[category] += nbytes
         self._category[handle] = category
+
+    def device_bytes(self, tensors: Any) -> int:
+        """Bytes of the distinct storages behind ``tensors`` that live on the simulated device."""
+        seen: dict[int, int] = {}
+        for tensor in tensors:
+            handle = self._handles.get(tensor.untyped_storage())
+            if handle is not None:
+                seen[handle] = self._bytes[handle]
+        return sum(seen.values())
 
     def forget(self, tensor: torch.Tensor) -> None:
         """Stop counting a storage that a GPU run keeps on the host."""

@@ -13,26 +13,14 @@ import pytest
 from memclaims.baselines import BaselineError, BaselineStore, environment_id
 from memclaims.compare import REGRESSION, STALE, compare
 from memclaims.record import Record
+from memclaims.testing import FAKE_PEAK, FAKE_VERSIONS, fake_record, make_project
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
 
 ENV = "cpu-x86_64"
-NOW_VERSIONS = {"torch": "2.14.1", "torchvision": "0.29.1", "lightning": "2.6.6", "transformers": None,
-                "bitsandbytes": None, "torchmetrics": "1.8.0", "python": "3.12.3", "cuda": None}
-PEAK = 10_485_760  # 10 MiB, so that the MiB figures in the messages are easy to read
-
-
-def fake_record(recipe: str = "vit-smoke/fake-a", **changes: Any) -> Record:
-    values: dict[str, Any] = dict(
-        recipe=recipe, workload="vit", scale="smoke", techniques=["bf16-true"], device="cpu",
-        device_name="cpu-x86_64", probe="cpu", precision="bf16-true", batch_size=32, accumulation_steps=1,
-        memory_steps=2, param_count=1000, param_tensor_count=4, param_bytes=2000, grad_bytes=2000,
-        optimizer_state_bytes=4000, load_peak_bytes=3000, peak_allocated_bytes=PEAK, peak_reserved_bytes=None,
-        accuracy=0.5, final_loss=1.0, nan_loss=False, nan_step=None, step_time_s=0.1, weights="random",
-        data="sklearn-digits", versions=dict(NOW_VERSIONS))
-    values.update(changes)
-    return Record(**values)
+NOW_VERSIONS = FAKE_VERSIONS
+PEAK = FAKE_PEAK
 
 
 def scaled(record: Record, factor: float, **changes: Any) -> Record:
@@ -62,10 +50,7 @@ def test_case(name, baseline_check, record_property):
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]')
-    pytester.syspathinsert(ROOT)
-    pytester.makepyfile(test_fake=INNER_TEST)
+    make_project(pytester, ROOT).makepyfile(test_fake=INNER_TEST)
     return pytester
 
 
@@ -102,8 +87,8 @@ def test_upgrade_that_grows_memory_fails_with_a_complete_message(project: pytest
         assert f"fake-a: {metric} got worse" in text
     assert "accuracy got worse" not in text
     # The end-of-run table names the case, the metric and the verdict.
-    result.stdout.re_match_lines([r".*memclaims baselines.*", r"cpu:vit-smoke/fake-a\s+peak_allocated_bytes\s+"
-                                  r"9\.00 MiB\s+10\.00 MiB\s+\+11\.11 %\s+regression"])
+    result.stdout.re_match_lines([r".*memclaims baselines.*", r"cpu:vit-smoke/fake-a\s+cpu-x86_64\s+"
+                                  r"peak_allocated_bytes\s+9\.00 MiB\s+10\.00 MiB\s+\+11\.11 %\s+regression"])
 
 
 def test_less_memory_is_stale_and_fails_only_when_strict(project: pytest.Pytester) -> None:
@@ -112,8 +97,8 @@ def test_less_memory_is_stale_and_fails_only_when_strict(project: pytest.Pyteste
     store(project).store_record(scaled(now, 1.1))  # baseline: 10 % more memory
     relaxed = project.runpytest("-p", "no:cacheprovider")
     relaxed.assert_outcomes(passed=1)
-    relaxed.stdout.re_match_lines([r"cpu:vit-smoke/fake-a\s+peak_allocated_bytes\s+11\.00 MiB\s+10\.00 MiB\s+"
-                                   r"-9\.09 %\s+stale"])
+    relaxed.stdout.re_match_lines([r"cpu:vit-smoke/fake-a\s+cpu-x86_64\s+peak_allocated_bytes\s+11\.00 MiB\s+"
+                                   r"10\.00 MiB\s+-9\.09 %\s+stale"])
     strict = project.runpytest("-p", "no:cacheprovider", "--memclaims-strict")
     strict.assert_outcomes(failed=1)
     assert "peak_allocated_bytes is better than its baseline (stale baseline" in output(strict)
@@ -137,13 +122,57 @@ def test_step_time_fails_only_above_the_users_threshold(project: pytest.Pytester
     assert "step_time_s got worse than its baseline: baseline 100.0 ms, now 150.0 ms, change +50.00 %" in output(result)
 
 
-def test_missing_baseline_fails_and_says_how_to_create_it(project: pytest.Pytester) -> None:
+def test_first_run_keeps_its_measurements_and_accepts_them_without_rerunning(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memclaims.cli import main
+
     add_case(project, "a", fake_record())
     result = project.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     assert "no baseline for 'vit-smoke/fake-a'" in output(result)
-    assert "pytest -m cpu --update-baselines" in output(result)
-    assert not store(project).path(ENV).exists()
+    assert f"accept it with `memclaims baselines accept {ENV}`" in output(result)
+    s = store(project)
+    assert not s.path(ENV).exists()
+    assert s.path(ENV + ".obtained").exists()  # what the first run measured is kept
+
+    monkeypatch.chdir(project.path)
+    assert main(["baselines", "accept", ENV]) == 0
+    assert not s.path(ENV + ".obtained").exists()
+    assert BaselineStore(s.root).get(ENV, "vit-smoke/fake-a").record == fake_record()
+    project.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert main(["baselines", "accept", ENV]) == 2  # nothing left to accept: one clear line
+
+
+def test_update_refuses_to_absorb_a_regression_unless_told(project: pytest.Pytester) -> None:
+    now = fake_record()
+    add_case(project, "a", now)
+    s = store(project)
+    s.store_record(scaled(now, 0.5))
+    before = s.path(ENV).read_bytes()
+    refused = project.runpytest("-p", "no:cacheprovider", "--update-baselines")
+    refused.assert_outcomes(failed=1)
+    text = output(refused)
+    assert "cpu:vit-smoke/fake-a: --update-baselines refuses to absorb a regression" in text
+    assert f"peak_allocated_bytes: {PEAK // 2:,} B (5.00 MiB) -> {PEAK:,} B (10.00 MiB) (+100.00 %)" in text
+    assert "--memclaims-accept-regressions" in text
+    assert s.path(ENV).read_bytes() == before  # nothing stored
+    refused.stdout.re_match_lines([r"cpu:vit-smoke/fake-a\s+cpu-x86_64\s+peak_allocated_bytes\s+5\.00 MiB\s+"
+                                   r"10\.00 MiB\s+\+100\.00 %\s+refused"])
+    accepted = project.runpytest("-p", "no:cacheprovider", "--update-baselines", "--memclaims-accept-regressions")
+    accepted.assert_outcomes(passed=1)
+    accepted.stdout.re_match_lines([r"cpu:vit-smoke/fake-a\s+cpu-x86_64\s+peak_allocated_bytes\s+5\.00 MiB\s+"
+                                    r"10\.00 MiB\s+\+100\.00 %\s+regression"])
+    assert BaselineStore(s.root).get(ENV, "vit-smoke/fake-a").record.peak_allocated_bytes == PEAK
+
+
+def test_update_shows_old_and_new_of_an_improvement(project: pytest.Pytester) -> None:
+    now = fake_record()
+    add_case(project, "a", now)
+    store(project).store_record(scaled(now, 1.25))
+    result = project.runpytest("-p", "no:cacheprovider", "--update-baselines")
+    result.assert_outcomes(passed=1)
+    result.stdout.re_match_lines([r"cpu:vit-smoke/fake-a\s+cpu-x86_64\s+peak_allocated_bytes\s+12\.50 MiB\s+"
+                                  r"10\.00 MiB\s+-20\.00 %\s+stale"])
 
 
 def test_update_rewrites_only_the_cases_that_ran(project: pytest.Pytester) -> None:
@@ -154,7 +183,8 @@ def test_update_rewrites_only_the_cases_that_ran(project: pytest.Pytester) -> No
     s.store_record(scaled(a, 0.5))
     s.store_record(scaled(b, 0.5))
     before = json.loads(s.path(ENV).read_text())
-    result = project.runpytest("-p", "no:cacheprovider", "--update-baselines", "-k", "rec_a")
+    result = project.runpytest("-p", "no:cacheprovider", "--update-baselines", "--memclaims-accept-regressions",
+                               "-k", "rec_a")
     result.assert_outcomes(passed=1, deselected=1)
     after = json.loads(s.path(ENV).read_text())
     assert after["records"]["vit-smoke/fake-a"]["record"]["peak_allocated_bytes"] == PEAK
@@ -247,13 +277,100 @@ def test_file_is_sorted_indented_json_with_integer_bytes(tmp_path: Path) -> None
     entry = data["records"]["vit-smoke/fake-a"]
     assert isinstance(entry["record"]["peak_allocated_bytes"], int)
     assert entry["record"]["versions"]["torch"] == "2.14.1"
-    assert entry["tolerances"]["peak_allocated_bytes"] == 0.005
+    assert entry["tolerances"] == {}  # only overrides are stored: a new default reaches every baseline
+
+
+AVX2 = {"machine": "x86_64", "capability": "avx2", "half_features": [], "torch_build": "cu130"}
+AVX512_BF16 = {"machine": "x86_64", "capability": "avx512", "half_features": ["amx", "bf16"],
+               "torch_build": "cu130"}
 
 
 def test_environment_ids() -> None:
-    assert environment_id(fake_record()) == "cpu-x86_64"
+    assert environment_id(fake_record()) == "cpu-x86_64"  # a Record from before classes were recorded
+    assert environment_id(fake_record(environment=AVX2)) == "cpu-x86_64-avx2-cu130"
+    assert environment_id(fake_record(environment=AVX512_BF16)) == "cpu-x86_64-avx512-amx-bf16-cu130"
+    h200 = {"gpu": "NVIDIA H200", "cuda": "13.0", "cudnn": 91200}
+    assert environment_id(fake_record(device="cuda", environment=h200)) == "nvidia-h200-cuda13.0-cudnn91200"
     assert environment_id(fake_record(device="cuda", device_name="NVIDIA H200")) == "nvidia-h200"
     assert environment_id(fake_record(device="sim", device_name="sim"), profile="article") == "sim-article"
+
+
+def test_this_machines_class_is_what_aten_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    code = "from memclaims.environment import cpu_capability; print(cpu_capability())"
+    env = {**__import__("os").environ, "ATEN_CPU_CAPABILITY": "default"}
+    forced = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert forced.stdout.strip() == "default"
+
+
+def test_a_sibling_class_is_compared_and_the_difference_said(project: pytest.Pytester) -> None:
+    now = fake_record(environment=AVX2, accuracy=0.50)
+    add_case(project, "a", now)
+    store(project).store_record(fake_record(environment=AVX512_BF16, accuracy=0.60))
+    result = project.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    text = output(result)
+    assert "accuracy got worse than its baseline: baseline 60.00 %, now 50.00 %" in text
+    assert "baseline from avx512 with amx, bf16 (cu130), this machine avx2 (cu130)" in text
+    result.stdout.re_match_lines([r"cpu:vit-smoke/fake-a\s+cpu-x86_64-avx512-amx-bf16-cu130\s+accuracy.*regression"])
+    # Its own class wins over a sibling once it exists.
+    store(project).store_record(now)
+    project.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_measured_accuracy_tolerance_applies(project: pytest.Pytester) -> None:
+    add_case(project, "a", fake_record(accuracy=0.55))
+    store(project).store_record(fake_record(accuracy=0.60))
+    project.runpytest("-p", "no:cacheprovider").assert_outcomes(failed=1)  # default: 2 points
+    (project.path / "baselines" / "tolerances.json").write_text(json.dumps(
+        {"schema": 1, "accuracy": {"recipes": {"vit-smoke/fake-a": {"tolerance": 0.06}}}}))
+    project.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    (project.path / "baselines" / "tolerances.json").write_text("{")
+    broken = project.runpytest("-p", "no:cacheprovider")
+    broken.assert_outcomes(failed=1)
+    assert "tolerance file" in output(broken) and "tolerances.json: cannot be read" in output(broken)
+
+
+def test_table_shows_what_is_not_ok_worst_first_and_everything_under_v(project: pytest.Pytester) -> None:
+    s = store(project)
+    for name, factor in (("a", 1.0), ("b", 0.95), ("c", 0.5)):
+        record = fake_record(f"vit-smoke/fake-{name}")
+        add_case(project, name, record)
+        s.store_record(scaled(record, factor))
+    result = project.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=2)
+    import re
+
+    def table(run: pytest.RunResult) -> list[str]:
+        return [line for line in run.outlines if re.match(r"cpu:vit-smoke/fake-\w\s+cpu-x86_64\s", line)]
+
+    rows = table(result)
+    assert rows[0].startswith("cpu:vit-smoke/fake-c") and "+100.00 %" in rows[0]
+    assert rows[-1].startswith("cpu:vit-smoke/fake-b") and "+5.26 %" in rows[-1]
+    assert not any(line.startswith("cpu:vit-smoke/fake-a") for line in rows)  # all ok: not shown
+    assert any(line.startswith("cpu:vit-smoke/fake-a") and line.rstrip().endswith("ok")
+               for line in table(project.runpytest("-p", "no:cacheprovider", "-v")))
+
+
+def test_phase_peaks_are_compared_and_a_vanished_metric_fails() -> None:
+    phases = {"optimizer_step": {"allocated_bytes": PEAK, "above_start_bytes": 4000, "reserved_bytes": None}}
+    base = fake_record(phases=phases)
+    grown = fake_record(phases={"optimizer_step": dict(phases["optimizer_step"], above_start_bytes=6000)})
+    result = compare(grown, base, case_id="cpu:vit-smoke/fake-a")
+    assert [(r.metric, r.phase) for r in result.failures] == [("phases.optimizer_step.above_start_bytes",
+                                                                "optimizer_step")]
+    assert ("cpu:vit-smoke/fake-a: phases.optimizer_step.above_start_bytes got worse than its baseline: "
+            "baseline 4,000 B (0.0038 MiB), now 6,000 B (0.0057 MiB), change +50.00 %") in result.message()
+    vanished = compare(fake_record(phases={}), base)
+    assert {r.metric for r in vanished.failures} == {"phases.optimizer_step.allocated_bytes",
+                                                      "phases.optimizer_step.above_start_bytes"}
+    assert "was not measured, but the baseline has it" in vanished.message()
+    gone = compare(fake_record(accuracy=None), fake_record())
+    assert [r.metric for r in gone.failures] == ["accuracy"]
+    fresh = compare(fake_record(phases=phases), fake_record())  # new metrics: reported, not failed
+    assert not fresh.failures and fresh.verdict == "new"
 
 
 def test_ranks_of_a_sharded_run_have_keys_of_their_own(tmp_path: Path) -> None:

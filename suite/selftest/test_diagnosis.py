@@ -12,6 +12,7 @@ import pytest
 from memclaims import diagnosis
 from memclaims.probes import CudaProbe
 from memclaims.record import Record
+from memclaims.testing import make_project
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
@@ -67,6 +68,28 @@ from memclaims.record import Record
 
 HERE = pathlib.Path(__file__).parent
 
+class FakeMemory:
+    def __init__(self, recipe):
+        self.recipe = recipe
+
+    def _snapshot(self):
+        return {"segments": [], "device_traces": [[{"action": "alloc", "recipe": self.recipe}]]}
+
+
+class FakeCuda:
+    def __init__(self, recipe):
+        self.memory = FakeMemory(recipe)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def recipes_ran():
+    # As the record cache does: every recipe runs (and captures its snapshot) before any check.
+    from memclaims import diagnosis
+
+    for name in ("grows", "same"):
+        diagnosis.capture_snapshot(FakeCuda("vit-article/" + name), "vit-article/" + name)
+
+
 @pytest.mark.parametrize("name", ["grows", "same"])
 def test_case(name, baseline_check, record_property):
     raw = json.loads((HERE / "record.json").read_text())
@@ -89,15 +112,13 @@ def _cuda_record(recipe: str) -> dict[str, Any]:
                            "activations_and_temporaries": 9_600})
 
 
-def test_cuda_snapshot_is_dumped_on_memory_failure_only(pytester: pytest.Pytester,
+def test_cuda_snapshot_of_the_failing_recipe_is_saved_on_memory_failure_only(pytester: pytest.Pytester,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
     fake = FakeCudaMemory()
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", fake._dump_snapshot)
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]')
-    pytester.syspathinsert(ROOT)
+    make_project(pytester, ROOT)
     pytester.makepyfile(test_fake=FAKE_CASES)
     from memclaims.baselines import Baseline, BaselineStore
 
@@ -108,7 +129,11 @@ def test_cuda_snapshot_is_dumped_on_memory_failure_only(pytester: pytest.Pyteste
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--memclaims-memory-history", "1000")
     result.assert_outcomes(passed=1, failed=1)
     artifacts = pytester.path / "memclaims-results"
-    assert fake.dumps == [str(artifacts / "gpu-vit-article-grows.snapshot.pickle")]
+    assert fake.dumps == []  # nothing is dumped at check time: the history then is another case's
+    import pickle
+
+    saved = pickle.loads((artifacts / "gpu-vit-article-grows.snapshot.pickle").read_bytes())
+    assert saved["device_traces"] == [[{"action": "alloc", "recipe": "vit-article/grows"}]]
     assert sorted(p.name for p in artifacts.iterdir()) == ["gpu-vit-article-grows.breakdown.json",
                                                            "gpu-vit-article-grows.snapshot.pickle"]
     report = json.loads((artifacts / "gpu-vit-article-grows.breakdown.json").read_text())
@@ -142,9 +167,7 @@ def training_imports() -> None:
 
 
 def test_cpu_case_failing_on_memory_saves_both_breakdowns(training_imports: None, pytester: pytest.Pytester) -> None:
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]')
-    pytester.syspathinsert(ROOT)
+    make_project(pytester, ROOT)
     # A basename of its own: the outer session may already have imported suite/test_techniques.py.
     pytester.makepyfile(test_memory_case=(ROOT / "suite" / "test_techniques.py").read_text())
     node = f"test_memory_case.py::test_case[{CASE}]"
@@ -200,9 +223,7 @@ def test_case(technique, record_cache):
 def test_out_of_memory_case_is_listed_and_the_session_goes_on(pytester: pytest.Pytester) -> None:
     import fixtures.records
 
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest(OOM_CONFTEST)
-    pytester.syspathinsert(ROOT)
+    make_project(pytester, ROOT, conftest=OOM_CONFTEST)
     pytester.makepyfile(test_oom=OOM_TESTS)
     real_run = fixtures.records.run
     try:
@@ -232,3 +253,44 @@ def test_nested_session_restores_the_history_setting(pytester: pytest.Pytester) 
     before = diagnosis.history_entries()
     pytester.runpytest_inprocess("-p", "no:cacheprovider", "--memclaims-memory-history", "1234").assert_outcomes(passed=1)
     assert diagnosis.history_entries() == before
+
+
+def test_snapshots_are_bounded_in_bytes_keeping_the_latest_events() -> None:
+    import pickle
+
+    events = [{"action": "alloc", "addr": i, "size": 512, "frames": [{"filename": "x.py", "line": i}] * 20}
+              for i in range(5000)]
+    blocks = [{"size": 512, "addr": j, "frames": [{"filename": "y.py", "line": j, "depth": d} for d in range(10)]}
+              for j in range(100)]
+    snapshot = {"segments": [{"blocks": blocks}],
+                "device_traces": [events]}
+    assert len(pickle.dumps(snapshot)) > 200_000
+    data = diagnosis.bounded_snapshot(snapshot, 200_000)
+    assert len(data) <= 200_000
+    kept = pickle.loads(data)
+    assert kept["device_traces"][0] and kept["device_traces"][0][-1]["addr"] == 4999  # the newest survive
+    assert "memclaims_truncated" in kept
+    tiny_data = diagnosis.bounded_snapshot(snapshot, 5_000)
+    assert len(tiny_data) <= 5_000
+    tiny = pickle.loads(tiny_data)
+    assert tiny["device_traces"] == [[]] and "frames" not in tiny["segments"][0]["blocks"][0]
+    assert diagnosis.bounded_snapshot({"segments": []}, 10**6) == pickle.dumps({"segments": []})
+
+
+def test_snapshot_is_captured_per_recipe_only_with_history_and_a_folder(tmp_path, monkeypatch) -> None:
+    class Memory:
+        def _snapshot(self):
+            return {"segments": [], "device_traces": []}
+
+    class Cuda:
+        memory = Memory()
+
+        def synchronize(self) -> None: ...
+
+    monkeypatch.setattr(diagnosis, "_snapshot_dir", tmp_path)
+    monkeypatch.setattr(diagnosis, "_history_entries", 0)
+    assert diagnosis.capture_snapshot(Cuda(), "vit-article/a") is None
+    monkeypatch.setattr(diagnosis, "_history_entries", 10)
+    CudaProbe(Cuda(), history_entries=10).capture_snapshot("vit-article/a")
+    assert diagnosis.recipe_snapshot("vit-article/a") == tmp_path / "vit-article-a.snapshot.pickle"
+    assert diagnosis.recipe_snapshot("vit-article/b") is None

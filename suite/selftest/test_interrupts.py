@@ -60,7 +60,11 @@ def _writer(root: str) -> None:
 
 # A fresh interpreter per writer, as a real `pytest --update-baselines` is: a fork of this test
 # session inherits its threads and signal state, and a forked writer was seen to ignore SIGINT.
-_WRITER = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); " \
+# The writer also restores Python's Ctrl-C handler: Python keeps SIGINT ignored when its parent
+# ignored it, as a non-interactive shell does for a background job (`pytest &`, nohup, some CI
+# runners), and the writer then survived SIGINT whatever the machine's load.
+_WRITER = f"import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); " \
+          f"sys.path.insert(0, {str(Path(__file__).parent)!r}); " \
           "from test_interrupts import _writer; _writer(sys.argv[1])"
 
 

@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import psutil
 import pytest

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

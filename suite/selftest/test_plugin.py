@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from memclaims.testing import make_project
+
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
 
@@ -13,10 +15,7 @@ pytest_plugins = ["pytester"]
 @pytest.fixture
 def suite(pytester: pytest.Pytester) -> pytest.Pytester:
     """A throwaway project wired exactly like this one, with a case test that does not train."""
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]')
-    pytester.syspathinsert(ROOT)
-    pytester.makepyfile(test_cases="""
+    make_project(pytester, ROOT).makepyfile(test_cases="""
         def test_case(tier, techniques, record_cache):
             recipe = record_cache.recipe(tier, "vit", techniques)
             from fixtures.capabilities import missing_capability
@@ -69,8 +68,7 @@ def test_bad_matrix_value_is_a_usage_error(suite: pytest.Pytester) -> None:
 
 
 def test_matrix_can_be_set_in_pytest_ini(suite: pytest.Pytester) -> None:
-    suite.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = .")
-                  + "memclaims_matrix = singles\n")
+    make_project(suite, ROOT, ini_extra="memclaims_matrix = singles\n")
     result = suite.runpytest("--collect-only")
     result.stdout.fnmatch_lines(["memclaims: matrix 'singles'*"])
 

@@ -36,6 +36,9 @@ class FakeCuda:
     def max_memory_reserved(self) -> int:
         return self.current[1]
 
+    def memory_allocated(self) -> int:
+        return 0
+
 
 def test_cuda_probe_resets_between_phases_and_reads_both_peaks() -> None:
     cuda = FakeCuda([(100, 2048), (900, 4096)])

@@ -6,12 +6,14 @@ import dataclasses
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memclaims import techniques as registry
 from memclaims.errors import MemclaimsError, OutOfMemory

@@ -7,9 +7,10 @@ GPUs and is the ``dist`` + ``gpu`` tier.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ FSDP_AC = ("fsdp", "activation-checkpointing")
 class RecordingFabric:
     """Fabric's surface as the runner uses it, on the CPU, recording every call."""
 
-    instances: list["RecordingFabric"] = []
+    instances: list[RecordingFabric] = []
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs

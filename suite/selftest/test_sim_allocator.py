@@ -118,3 +118,14 @@ def test_small_pool_split_keeps_512_byte_remainders():
     allocator.free(b)
     allocator.free(c)
     assert allocator.free_blocks(small=True) == [(2 * MiB, 1, 0)]
+
+
+def test_streams_do_not_share_free_blocks():
+    allocator = fresh()
+    a = allocator.malloc(30 * MiB, stream=1)
+    allocator.free(a)
+    allocator.malloc(30 * MiB, stream=0)  # the freed block belongs to stream 1: a new segment
+    assert allocator.stats.reserved == 60 * MiB
+    assert allocator.free_blocks(small=False, stream=1) == [(30 * MiB, 0, 0)]
+    allocator.malloc(30 * MiB, stream=1)  # stream 1 gets its own block back
+    assert allocator.stats.reserved == 60 * MiB

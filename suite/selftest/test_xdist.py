@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from memclaims.testing import make_project
+
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
 
@@ -36,9 +38,7 @@ def test_on_cpu():
 def tiny(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     if importlib.util.find_spec("xdist") is None:
         pytest.skip("pytest-xdist is not installed")
-    pytester.makeini((ROOT / "pytest.ini").read_text().replace("testpaths = suite", "testpaths = ."))
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_tiny=TESTS)
+    make_project(pytester, ROOT, conftest=CONFTEST).makepyfile(test_tiny=TESTS)
     # A subprocess run: xdist workers must import the project, so it goes on PYTHONPATH.
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     return pytester

@@ -1,0 +1,268 @@
+"""``scripts/gpu-check OUTDIR``: the prepared run for a lent GPU, under 8 minutes on one H200.
+
+Steps (each a subprocess with its own time limit, so one failure does not stop the rest):
+1. device facts: name, CUDA, memory, cuBLAS workspace bytes as the allocator sees them;
+2. the smoke gpu tier (``gpusmoke``, singles selection) into a scratch baseline folder under OUTDIR;
+3. five article-scale rows with ``--steps 3 --no-eval``, beside the published GB and the sim's
+   prediction (profile h100, same recipe; simulated on the host while the GPU steps run);
+4. FSDP + activation checkpointing + CPU offload on one GPU;
+5. the cost of memory history: one article row with history off and with 100,000 entries.
+Writes ``OUTDIR/gpu-check.md`` (and every step's output under ``OUTDIR/logs``).
+``--dry-run`` prints the commands and checks that each parses, without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+GB = 1e9  # the article's unit: decimal GB of max_memory_reserved
+# Article rows: (row, techniques, published GB). 01-2 is the reference; 05 (accumulation) is the
+# sim's known gap, so the five rows are 01-2, 02, 03, 04, 06.
+ROWS = (("01-2", ("fabric",), 26.84), ("02", ("16-mixed",), 18.21), ("03", ("bf16-true",), 13.82),
+        ("04", ("bf16-true", "small-batch"), 5.69),
+        ("06", ("bf16-true", "small-batch", "grad-accum", "sgd"), 2.02))
+SIM_PROFILE = "h100"
+OFFLOAD = ("fsdp", "activation-checkpointing", "cpu-offload")
+HISTORY_ENTRIES = 100_000
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    argv: tuple[str, ...]
+    timeout_s: int
+
+
+def _memclaims(*args: str) -> tuple[str, ...]:
+    return (sys.executable, "-m", "memclaims.cli", *args)
+
+
+def _techniques(techniques: Sequence[str]) -> tuple[str, ...]:
+    return tuple(a for t in techniques for a in ("-t", t))
+
+
+LIMIT_S = 480  # the whole run, caps included: under 8 minutes on one H200
+
+
+def steps(outdir: Path) -> list[Step]:
+    """The GPU steps, run one after the other; ``sim_step`` runs beside them on the host."""
+    plan = [Step("facts", (sys.executable, "-m", "memclaims.gpucheck", "--facts"), 20),
+            # singles: every technique once plus the claims' recipes (~2.5 min by memclaims.budget; the
+            # default selection's 37 cases would need ~5 of the 8 minutes).
+            Step("smoke-tier", (sys.executable, "-m", "pytest", "-m", "gpu", "--memclaims-gpu-scale", "smoke",
+                                "--memclaims-matrix", "singles",
+                                "--update-baselines", "--memclaims-baselines-dir", str(outdir / "baselines"),
+                                "--memclaims-summary-json", str(outdir / "smoke-summary.json"),
+                                "--memclaims-artifacts", str(outdir / "artifacts"), "-p", "no:cacheprovider",
+                                "-q", "-rfE"), 240)]
+    for row, techniques, _ in ROWS:
+        plan.append(Step(f"cuda-{row}", _memclaims("run", "vit", *_techniques(techniques), "--device", "cuda",
+                                                    "--scale", "article", "--steps", "3", "--no-eval", "--json"), 26))
+    plan.append(Step("fsdp-offload", _memclaims("run", "vit", *_techniques(OFFLOAD), "--device", "cuda", "--scale",
+                                                "article", "--steps", "3", "--no-eval", "--devices", "1",
+                                                "--timeout", "45", "--json"), 50))
+    plan.append(Step("history", (sys.executable, "-m", "memclaims.gpucheck", "--history-cost"), 40))
+    return plan
+
+
+def sim_step() -> Step:
+    """The sim's predictions of the five rows, one process on the host, beside the GPU steps."""
+    return Step("sim", (sys.executable, "-m", "memclaims.gpucheck", "--sim-rows"), LIMIT_S - 30)
+
+
+def sim_rows() -> dict[str, Any]:
+    from memclaims import sim
+    from memclaims.recipe import resolve
+
+    return {row: {"peak_reserved_total_bytes": sim.simulate(resolve("vit", "article", techniques),
+                                                            profile=SIM_PROFILE).peak_reserved_total_bytes}
+            for row, techniques, _ in ROWS}
+
+
+# --- steps that run inside this module --------------------------------------------------------
+
+
+def facts() -> dict[str, Any]:
+    """The card, CUDA, and the cuBLAS workspace bytes a first matmul allocates on each handle."""
+    import torch
+
+    from memclaims.determinism import deterministic
+
+    props = torch.cuda.get_device_properties(0)
+    found: dict[str, Any] = {"name": torch.cuda.get_device_name(0), "capability": f"sm{props.major}{props.minor}",
+                             "total_memory_bytes": props.total_memory, "torch": torch.__version__,
+                             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+    with deterministic("cuda"):  # the gpu tier's setting: what its Records include
+        found["CUBLAS_WORKSPACE_CONFIG"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        a = torch.randn(256, 256, device="cuda", requires_grad=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        (a @ a).sum().backward()  # forward on this thread, backward on autograd's: two handles
+        torch.cuda.synchronize()
+        del a
+        found["cublas_workspace_bytes_total"] = torch.cuda.memory_allocated() - before
+    return found
+
+
+def history_cost() -> dict[str, Any]:
+    """One article row (bf16-true, 3 steps) with history off and on: step time and snapshot size."""
+    import tempfile
+
+    from memclaims import diagnosis
+    from memclaims.recipe import resolve
+    from memclaims.runner import RunOptions, run
+
+    recipe = resolve("vit", "article", ("bf16-true",))
+    result: dict[str, Any] = {"recipe": recipe.id}
+    with tempfile.TemporaryDirectory() as folder:
+        diagnosis.set_snapshot_dir(Path(folder))
+        for entries in (0, HISTORY_ENTRIES):
+            diagnosis.set_history_entries(entries)
+            started = time.perf_counter()
+            record = run(recipe, RunOptions(device="cuda", memory_steps=3, evaluate=False))
+            snapshot = diagnosis.recipe_snapshot(recipe.id)
+            result[f"history_{entries}"] = {
+                "wall_s": round(time.perf_counter() - started, 2), "step_time_s": record.step_time_s,
+                "peak_reserved_total_bytes": record.peak_reserved_total_bytes,
+                "snapshot_bytes": snapshot.stat().st_size if snapshot else None}
+    return result
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def _gb(value: Any) -> str:
+    return f"{value / GB:.2f}" if isinstance(value, (int, float)) else "-"
+
+
+def report(results: dict[str, dict[str, Any]]) -> str:
+    lines = ["# gpu-check", ""]
+    device = results.get("facts", {}).get("json") or {}
+    lines += [f"- {k}: {v}" for k, v in device.items()] or ["- device facts: not available"]
+    lines += ["", "| step | status | seconds |", "|---|---|---|"]
+    lines += [f"| {name} | {r['status']} | {r['seconds']:.0f} |" for name, r in results.items()]
+    lines += ["", "Article rows (--steps 3 --no-eval), peak reserved, decimal GB:", "",
+              f"| row | published | measured | sim ({SIM_PROFILE}) | measured / published |", "|---|---|---|---|---|"]
+    for row, _, published in ROWS:
+        cuda = (results.get(f"cuda-{row}", {}).get("json") or {}).get("peak_reserved_total_bytes")
+        sim = ((results.get("sim", {}).get("json") or {}).get(row) or {}).get("peak_reserved_total_bytes")
+        ratio = f"{cuda / GB / published:.3f}" if cuda else "-"
+        lines.append(f"| {row} | {published:.2f} | {_gb(cuda)} | {_gb(sim)} | {ratio} |")
+    offload = results.get("fsdp-offload", {}).get("json") or {}
+    lines += ["", f"FSDP + checkpointing + offload, one GPU: rank-0 peak reserved "
+              f"{_gb((offload.get('rank0') or {}).get('peak_reserved_total_bytes'))} GB (published 6.03 GB per GPU on 4)"]
+    history = results.get("history", {}).get("json") or {}
+    if history:
+        off, on = history.get("history_0", {}), history.get(f"history_{HISTORY_ENTRIES}", {})
+        lines += ["", f"Memory history ({HISTORY_ENTRIES:,} entries) on {history.get('recipe')}: step time "
+                  f"{off.get('step_time_s')} s -> {on.get('step_time_s')} s, snapshot {on.get('snapshot_bytes')} B"]
+    return "\n".join(lines) + "\n"
+
+
+def _last_json(text: str) -> Any:
+    """The JSON document a command printed last (Records are printed with indent)."""
+    start = text.rfind("\n{\n") + 1 if "\n{\n" in text else text.find("{")
+    try:
+        return json.loads(text[start:]) if start >= 0 else None
+    except json.JSONDecodeError:
+        return None
+
+
+def _record(outdir: Path, results: dict[str, dict[str, Any]], step: Step, status: str, out: str,
+            parsed: Any, started: float) -> None:
+    results[step.name] = {"status": status, "seconds": time.monotonic() - started, "json": parsed}
+    (outdir / "logs" / f"{step.name}.log").write_text(out)
+    print(f"gpu-check: {step.name}: {status} ({results[step.name]['seconds']:.0f} s)", file=sys.stderr)
+    (outdir / "gpu-check.md").write_text(report(results))  # after every step: a cut-off run keeps its table
+
+
+def run_all(outdir: Path) -> int:
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "logs").mkdir(exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+    sims = sim_step()
+    sims_started = time.monotonic()
+    background = subprocess.Popen(sims.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for step in steps(outdir):
+        started = time.monotonic()
+        try:
+            done = subprocess.run(step.argv, capture_output=True, text=True, timeout=step.timeout_s)
+            status, out = ("ok" if done.returncode == 0 else f"exit {done.returncode}"), done.stdout + done.stderr
+            parsed = _last_json(done.stdout)
+        except subprocess.TimeoutExpired as error:
+            status, out, parsed = f"timed out after {step.timeout_s} s", str(error.stdout or ""), None
+        _record(outdir, results, step, status, out, parsed, started)
+    try:
+        out, _ = background.communicate(timeout=max(1.0, sims.timeout_s - (time.monotonic() - sims_started)))
+        status = "ok" if background.returncode == 0 else f"exit {background.returncode}"
+    except subprocess.TimeoutExpired:
+        background.kill()
+        out, status = background.communicate()[0], f"timed out after {sims.timeout_s} s"
+    _record(outdir, results, sims, status, out, _last_json(out), sims_started)
+    return 0 if all(r["status"] == "ok" for r in results.values()) else 1
+
+
+def check_parses(plan: list[Step]) -> list[str]:
+    """Every memclaims command parses with the CLI's own parser; returns the problems found."""
+    from memclaims.cli import build_parser
+    from memclaims.errors import UsageError
+
+    problems = []
+    for step in plan:
+        if step.argv[1:3] == ("-m", "memclaims.cli"):
+            try:
+                build_parser().parse_args(list(step.argv[3:]))
+            except (UsageError, SystemExit) as error:
+                problems.append(f"{step.name}: {error}")
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__.splitlines()[0])
+    parser.add_argument("outdir", nargs="?", help="folder for gpu-check.md, logs/ and the scratch baselines")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, check they parse, run nothing")
+    parser.add_argument("--facts", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--history-cost", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sim-rows", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.facts:
+        print(json.dumps(facts(), indent=2))
+        return 0
+    if args.history_cost:
+        print(json.dumps(history_cost(), indent=2))
+        return 0
+    if args.sim_rows:
+        print(json.dumps(sim_rows(), indent=2))
+        return 0
+    if not args.outdir:
+        print("error: scripts/gpu-check needs OUTDIR (a folder for the report)", file=sys.stderr)
+        return 2
+    outdir = Path(args.outdir)
+    if args.dry_run:
+        plan = steps(outdir) + [sim_step()]
+        for step in plan:
+            print(f"[{step.timeout_s:>4} s] {step.name}: {' '.join(step.argv)}")
+        print(f"total limit {sum(s.timeout_s for s in plan[:-1])} s of GPU steps; the sim runs beside them")
+        problems = check_parses(plan)
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2 if problems else 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: scripts/gpu-check needs a CUDA GPU; torch.cuda.is_available() is False (try --dry-run)",
+              file=sys.stderr)
+        return 2
+    return run_all(outdir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

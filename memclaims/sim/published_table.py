@@ -1,0 +1,267 @@
+"""Every published memory number of both documents beside the sim's prediction (``reproduce --device sim --all``).
+
+The published numbers come only from ``baselines/published.json``, read through ``published()``
+(one accessor: when that file becomes a claim catalogue, this is the one place to change). Each
+row says how it is predicted; a row outside +-5 % carries the explanation of its residual, and a
+row the sim cannot predict yet says why ("pending: ...").
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+GB = 1e9  # the article prints max_memory_reserved() / 1e9: decimal GB
+MIB = 2**20  # the course's "MB" are MiB
+BAND = 0.05
+TEXT_PENDING = "pending: text models on the sim"
+
+
+# --- the one accessor of baselines/published.json ------------------------------------------------
+
+
+def published(root: str | Path = "baselines") -> dict[str, Any]:
+    """The published numbers, keyed as this module reads them: {(section, script or key): value}."""
+    from memclaims.baselines import load_published
+
+    data = load_published(root)
+    numbers: dict[tuple[str, str], Any] = {}
+    for entry in data["vit_chain"] + data["multi_gpu"] + data["llm_bonus"]:
+        numbers[("peak_reserved_gb", entry["script"])] = entry.get("peak_reserved_gb")
+    for entry in data["model_loading"]:
+        for key in ("load_peak_reserved_gb", "fp32_gb", "fp16_gb"):
+            if key in entry:
+                numbers[(key, entry["script"])] = entry[key]
+    for entry in data["vit_h14_series"]["rows"]:
+        numbers[("vit_h14_gb", entry["change"])] = entry["peak_reserved_gb"]
+    for key, value in data["adam8bit"].items():
+        numbers[("adam8bit", key)] = value
+    return numbers
+
+
+# --- rows ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    document: str  # "article" or "course"
+    row: str
+    what: str
+    unit: str  # "GB" (decimal) or "MiB"
+    published: float | None
+    predicted: float | None = None
+    residual: str = ""  # why the prediction is outside the band (shown only then), or why pending
+    cpu_s: float | None = None
+    rss_mb: float | None = None
+    profile: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.published and self.predicted is not None:
+            return self.predicted / self.published
+        return None
+
+    @property
+    def inside(self) -> bool:
+        return self.ratio is not None and abs(self.ratio - 1) <= BAND
+
+
+@dataclass(frozen=True)
+class Spec:
+    document: str
+    row: str
+    key: tuple[str, str]
+    what: str
+    unit: str
+    predict: Callable[[], float] | None
+    profile: str = "article"
+    residual: str = ""  # the explanation when outside the band, or the pending reason when predict is None
+
+
+def _sim(workload: str, techniques: tuple[str, ...], profile: str) -> Callable[[], float]:
+    def run() -> float:
+        from memclaims.recipe import resolve
+        from memclaims.sim import simulate
+
+        return simulate(resolve(workload, "article", techniques), profile=profile).peak_reserved_total_bytes / GB
+
+    return run
+
+
+def _load(mode: str) -> Callable[[], float]:
+    def run() -> float:
+        from memclaims.sim import simulate_load
+
+        return simulate_load(mode).peak.reserved_bytes / GB
+
+    return run
+
+
+def _derived_param_bytes(itemsize: int) -> Callable[[], float]:
+    def run() -> float:
+        from memclaims.sim import simulate_load
+
+        return simulate_load("init-module").param_count * itemsize / GB
+
+    return run
+
+
+def _course_params() -> list[Any]:
+    """distilbert-base-cased with the 2-label head, built on the meta device (shapes only)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from memclaims.text import TEXT_MODELS, config
+    from memclaims.workloads import WORKLOADS
+
+    cfg = config(TEXT_MODELS["distilbert-cased"], WORKLOADS["distilbert-cased"].scale("article"))
+    with torch.device("meta"):
+        model = AutoModelForSequenceClassification.from_config(cfg)
+    return list(model.parameters())
+
+
+def _course(kind: str) -> Callable[[], float]:
+    def run() -> float:
+        from memclaims import optim_state
+
+        params = _course_params()
+        if kind == "adam8bit_every_tensor":
+            return float(optim_state.adam8bit_bytes(params, every_tensor=True))
+        if kind == "adam8bit_mib":
+            return optim_state.adam8bit_bytes(params, every_tensor=True) / MIB
+        if kind == "adamw_mib":
+            return optim_state.adamw_bytes(params) / MIB
+        if kind == "estimate_mib":
+            return optim_state.course_estimate_bytes(sum(p.numel() for p in params)) / MIB
+        raise ValueError(kind)
+
+    return run
+
+
+_FSDP_RESIDUAL = (
+    "FSDP1 rank 0 by per-rank accounting (memclaims.sim.sharded): Fabric's move of the whole model before "
+    "wrapping, flatten-and-shard, all-gathers with backward prefetch, flat-gradient concat, reduce-scatter, "
+    "checkpointed blocks' recompute, per-stream allocator pools. The shortfall (1.2-2.2 GB here, about 1-2 x "
+    "the fp32 model) is not explained without a GPU; what the model leaves out is bounded well below it: "
+    "NCCL buffers are outside the caching allocator (0 in max_memory_reserved), delayed cross-stream frees "
+    "(record_stream) hold at most 2 unsharded blocks (~0.1 GB). Candidates: the 2023 nightly's FSDP1 "
+    "internals (torch 2.1.0.dev: all-gather/reduce-scatter buffers, the rate limiter) and the CPU-offload "
+    "H2D/D2H staging. The replay reproduces the published 09 = 11 equality and the ordering 08 > 09")
+_VIT_H14_FSDP_RESIDUAL = (
+    "software of the ViT-H/14 series is not stated (replayed with the torch 2.1 release profile and the "
+    "installed Lightning's FSDP mixed precision: 16-mixed all-gathers in fp16); bars read off a figure "
+    "(+-0.1 GB); FSDP1 per-rank accounting as for rows 08/09 with the same kind of shortfall, here 3.4-5 GB "
+    "(1.3-2 x the fp32 model): not explained without a GPU")
+
+SPECS: tuple[Spec, ...] = (
+    Spec("article", "01", ("peak_reserved_gb", "01_pytorch-vit"), "plain PyTorch, fp32", "GB",
+         _sim("vit", ("pytorch",), "article")),
+    Spec("article", "01-2", ("peak_reserved_gb", "01-2_pytorch-fabric"), "Fabric, fp32", "GB",
+         _sim("vit", ("fabric",), "article")),
+    Spec("article", "02", ("peak_reserved_gb", "02_mixed-precision"), "16-mixed", "GB",
+         _sim("vit", ("16-mixed",), "article")),
+    Spec("article", "03", ("peak_reserved_gb", "03_bfloat16"), "bf16-true", "GB",
+         _sim("vit", ("bf16-true",), "article")),
+    Spec("article", "04", ("peak_reserved_gb", "04_lower-batchsize"), "batch 16", "GB",
+         _sim("vit", ("bf16-true", "small-batch"), "article")),
+    Spec("article", "05", ("peak_reserved_gb", "05_gradient-accum"), "micro-batch 4 x 4", "GB",
+         _sim("vit", ("bf16-true", "small-batch", "grad-accum"), "article")),
+    Spec("article", "06", ("peak_reserved_gb", "06_sgd-with-scheduler"), "SGD + cosine", "GB",
+         _sim("vit", ("bf16-true", "small-batch", "grad-accum", "sgd"), "article")),
+    Spec("article", "07_01", ("load_peak_reserved_gb", "07_01"), "load: fp32 on CPU, .to(cuda).to(fp16)", "GB",
+         _load("build-then-convert")),
+    Spec("article", "07_02", ("load_peak_reserved_gb", "07_02"), "load: init_module, 16-true", "GB",
+         _load("init-module")),
+    Spec("article", "07 derived fp32", ("fp32_gb", "(derived)"), "304,326,632 params x 4 B", "GB",
+         _derived_param_bytes(4)),
+    Spec("article", "07 derived fp16", ("fp16_gb", "(derived)"), "304,326,632 params x 2 B", "GB",
+         _derived_param_bytes(2)),
+    Spec("article", "08", ("peak_reserved_gb", "08_fsdp-with-01-2"), "FSDP x4 + checkpointing, rank 0", "GB",
+         _sim("vit", ("fsdp", "activation-checkpointing"), "article"), residual=_FSDP_RESIDUAL),
+    Spec("article", "09", ("peak_reserved_gb", "09_fsdp-cpu-offload-with-01-2"), "+ CPU offload, rank 0", "GB",
+         _sim("vit", ("fsdp", "activation-checkpointing", "cpu-offload"), "article"), residual=_FSDP_RESIDUAL),
+    Spec("article", "11", ("peak_reserved_gb", "11_delay-allocation"), "+ init_module(empty_init=False), rank 0",
+         "GB", _sim("vit", ("fsdp", "activation-checkpointing", "cpu-offload", "delayed-init"), "article"),
+         residual=_FSDP_RESIDUAL),
+    Spec("article", "ViT-H/14 one GPU", ("vit_h14_gb", "one GPU"), "16-mixed, batch 4, 518 px", "GB",
+         _sim("vit-h14", ("16-mixed",), "torch-2.1"), profile="torch-2.1",
+         residual="software not stated; bars read off a figure (+-0.1 GB)"),
+    Spec("article", "ViT-H/14 FSDP", ("vit_h14_gb", "FSDP"), "FSDP x4, rank 0", "GB",
+         _sim("vit-h14", ("16-mixed", "fsdp"), "torch-2.1"), profile="torch-2.1", residual=_VIT_H14_FSDP_RESIDUAL),
+    Spec("article", "ViT-H/14 + checkpointing", ("vit_h14_gb", "+ activation checkpointing"), "FSDP x4, rank 0",
+         "GB", _sim("vit-h14", ("16-mixed", "fsdp", "activation-checkpointing"), "torch-2.1"), profile="torch-2.1",
+         residual=_VIT_H14_FSDP_RESIDUAL),
+    Spec("article", "ViT-H/14 + offload", ("vit_h14_gb", "+ CPU offload"), "FSDP x4, rank 0", "GB",
+         _sim("vit-h14", ("16-mixed", "fsdp", "activation-checkpointing", "cpu-offload"), "torch-2.1"),
+         profile="torch-2.1", residual=_VIT_H14_FSDP_RESIDUAL),
+    Spec("article", "bonus_distilbert-before", ("peak_reserved_gb", "bonus_distilbert-before"),
+         "DistilBERT, DeepSpeed ZeRO-2 x4, 16-mixed", "GB", None,
+         residual=f"{TEXT_PENDING}; and DeepSpeed ZeRO-2 (no sim engine for it)"),
+    Spec("article", "bonus_distilbert-after", ("peak_reserved_gb", "bonus_distilbert-after"),
+         "DistilBERT, FSDP x4 + offload, bf16-true, 3 x 4", "GB", None,
+         residual=f"{TEXT_PENDING} (the FSDP replay takes any model with a block class: hook "
+                  "memclaims.sim.replay._model_fns)"),
+    Spec("article", "bonus_bigbird-after", ("peak_reserved_gb", "bonus_bigbird-after"),
+         "BigBird, FSDP x4 (no wrap) + offload, bf16-true, 1 x 12", "GB", None,
+         residual=f"{TEXT_PENDING} (the FSDP replay, accumulation included, takes any model with a block class; "
+                  "fsdp_auto_wrap=False makes one unit)"),
+    Spec("course", "Adam8bit state", ("adam8bit", "adam8bit_state_reported_mib"),
+         "bitsandbytes Adam8bit state, distilbert-base-cased", "MiB", _course("adam8bit_mib"),
+         residual="the slides round to 128"),
+    Spec("course", "Adam8bit state (measured)", ("adam8bit", "adam8bit_state_measured_bytes"),
+         "every tensor of the state, bytes", "B", _course("adam8bit_every_tensor")),
+    Spec("course", "AdamW state", ("adam8bit", "adamw_state_mib"), "torch AdamW state", "MiB", _course("adamw_mib")),
+    Spec("course", "8-bit estimate", ("adam8bit", "estimate_8bit_state_mib"), "1 B x 2 states per parameter",
+         "MiB", _course("estimate_mib")),
+)
+
+
+def build_table(root: str | Path = "baselines", only: set[str] | None = None) -> list[Row]:
+    """Predict every row (``only``: a subset of row names); CPU seconds and peak RSS per row."""
+    numbers = published(root)
+    rows = []
+    for spec in SPECS:
+        if only is not None and spec.row not in only:
+            continue
+        row = Row(spec.document, spec.row, spec.what, spec.unit, numbers.get(spec.key), profile=spec.profile)
+        if spec.predict is None:
+            row.residual = spec.residual
+        else:
+            started = time.process_time()
+            row.predicted = spec.predict()
+            row.cpu_s = round(time.process_time() - started, 2)
+            row.rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+            if not row.inside:
+                row.residual = spec.residual or "outside the band: not explained"
+        rows.append(row)
+    return rows
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if unit == "B" else (f"{value:.1f}" if unit == "MiB" else f"{value:.3f}")
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| document | row | what | unit | published | predicted | ratio | within +-5 % | residual |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r.ratio:.3f}" if r.ratio is not None else "-"
+        inside = "yes" if r.inside else ("pending" if r.predicted is None else "no")
+        lines.append(f"| {r.document} | {r.row} | {r.what} | {r.unit} | {_fmt(r.published, r.unit)} | "
+                     f"{_fmt(r.predicted, r.unit)} | {ratio} | {inside} | {r.residual if not r.inside else ''} |")
+    inside = sum(r.inside for r in rows)
+    predicted = sum(r.predicted is not None for r in rows)
+    lines.append("")
+    lines.append(f"{inside} of {len(rows)} published numbers within +-5 % ({predicted} predicted, "
+                 f"{len(rows) - predicted} pending). GB are decimal (max_memory_reserved / 1e9); MiB = 2**20 B.")
+    return "\n".join(lines)
+
+
+def to_json(rows: list[Row]) -> str:
+    return json.dumps([dict(asdict(r), ratio=r.ratio, inside=r.inside) for r in rows], indent=2)

@@ -1,0 +1,55 @@
+"""Transformers models on the sim: the replay checked against the cpu tier's exact bytes, the
+bonus scripts' text models at article scale, and CUDA's autocast policy where CPU autocast differs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memclaims import sim
+from memclaims.recipe import Sizes, resolve
+from memclaims.runner import RunOptions, run
+from memclaims.sim.autocast import cuda_autocast
+
+pytestmark = pytest.mark.sim
+
+
+def test_cuda_autocast_policy_on_the_cpu() -> None:
+    a = torch.randn(4, 4)
+    with cuda_autocast(torch.float16):
+        product = a @ a
+        assert product.dtype == torch.float16  # matmul: half, as both policies
+        assert torch.nn.functional.softmax(product, dim=-1).dtype == torch.float32  # fp32_set_opt_dtype
+        assert product.softmax(-1).dtype == torch.float32 and product.sum().dtype == torch.float32
+        assert product.pow(3).dtype == torch.float32  # fp32 list (gelu_new's pow)
+        assert torch.nn.functional.layer_norm(product, (4,)).dtype == torch.float32
+        assert torch.softmax(product, -1, dtype=torch.float16).dtype == torch.float16  # a named dtype wins
+
+
+@pytest.mark.parametrize(("name", "techniques"), [("hf:bert", ("bf16-true", "sgd")), ("distilbert", ("sgd",))])
+def test_replay_matches_the_cpu_tiers_exact_bytes(name: str, techniques: tuple[str, ...]) -> None:
+    """With the CPU's kernels and no GPU extras, the sim's live-byte peak is the real run's.
+
+    SGD without momentum: the optimizer step has no temporaries, so the comparison is not
+    about foreach (the sim replays the GPU's foreach path, a CPU run takes the per-tensor one)."""
+    recipe = resolve(name, "smoke", techniques, Sizes(seq_len=32))
+    measured = run(recipe, RunOptions(device="cpu", memory_steps=2, evaluate=False))
+    predicted = sim.simulate(recipe, profile="cpu-kernels", memory_steps=2)
+    assert predicted.param_count == measured.param_count
+    assert (predicted.param_bytes, predicted.grad_bytes) == (measured.param_bytes, measured.grad_bytes)
+    live = max(phase["live_bytes"] for phase in predicted.phases.values())
+    assert live == pytest.approx(measured.peak_allocated_bytes, rel=0.01)
+
+
+def test_distilbert_at_the_bonus_settings() -> None:
+    """bonus_distilbert-before's single-GPU analogue: batch 12 of 512 tokens, 16-mixed, eager attention."""
+    recipe = resolve("distilbert", "article", ["16-mixed"])
+    record = sim.simulate(recipe)
+    assert record.param_count == 66_955_010  # distilbert-base-uncased with a 2-label head (SIMULATION.md)
+    # exp_avg and exp_avg_sq in fp32, and one fp32 `step` per tensor (as AdamW in ARTICLE.md)
+    assert record.optimizer_state_bytes == 2 * 4 * record.param_count + 4 * record.param_tensor_count
+    states = record.param_bytes + record.grad_bytes + record.optimizer_state_bytes
+    # Activations of 12 x 512 tokens dominate: more than the model states, less than 10x them.
+    assert states < record.peak_reserved_total_bytes < 10 * states
+    shorter = sim.simulate(resolve("distilbert", "article", ["16-mixed"], Sizes(seq_len=256)))
+    assert shorter.peak_reserved_total_bytes < record.peak_reserved_total_bytes  # the --seq-len knob reaches the sim

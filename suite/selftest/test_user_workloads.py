@@ -1,0 +1,97 @@
+"""A workload from the user's own package runs through pytest: the README's example, registered
+from a temporary package with the ini option, selected with --memclaims-workload, with baselines."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from memclaims import user_workloads
+from memclaims.errors import UsageError
+from memclaims.recipe import resolve
+from memclaims.testing import make_project
+from memclaims.workloads import workload
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest_plugins = ["pytester"]
+
+
+def readme_example() -> str:
+    """The README's worked example (one fact in one place: the test runs what users copy)."""
+    blocks = re.findall(r"```python\n(# mywork/workload\.py\n.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) == 1, "README.md lost its worked user workload example"
+    return blocks[0]
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A user's project: their package, this suite's case test, and the ini option naming the factory.
+
+    Runs go through a subprocess: an in-process pytester session re-imports torch.distributed's
+    operator library, which torch refuses to register twice."""
+    make_project(pytester, ROOT, ini_extra="memclaims_workloads = mywork.workload:make\n")
+    pytester.mkpydir("mywork")
+    (pytester.path / "mywork" / "workload.py").write_text(readme_example())
+    (pytester.path / "test_techniques.py").write_text((ROOT / "suite" / "test_techniques.py").read_text())
+    # The subprocess finds the package (its cwd) and this project's memclaims and fixtures.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return pytester
+
+
+def test_registered_workload_runs_the_matrix_with_baselines(project: pytest.Pytester) -> None:
+    common = ["-m", "cpu", "--memclaims-matrix", "singles", "--memclaims-workload", "clusters-mlp",
+              "-k", "fabric or bf16-true or sgd", "-p", "no:cacheprovider",
+              "--memclaims-baselines-dir", str(project.path / "baselines")]
+    first = project.runpytest_subprocess(*common, "--update-baselines", "-v")
+    first.stdout.fnmatch_lines(["*test_case?cpu:clusters-mlp-smoke/bf16-true? PASSED*",
+                                "*test_case?cpu:clusters-mlp-smoke/sgd? PASSED*"])
+    assert first.parseoutcomes().get("passed") == 3 and "failed" not in first.parseoutcomes()
+    stored = "".join(p.read_text() for p in (project.path / "baselines").rglob("*.json"))
+    assert '"clusters-mlp-smoke/bf16-true"' in stored
+    # The second run compares against what the first stored.
+    second = project.runpytest_subprocess(*common)
+    assert second.parseoutcomes().get("passed") == 3 and "failed" not in second.parseoutcomes()
+
+
+def test_an_unknown_selected_workload_stops_the_run(project: pytest.Pytester) -> None:
+    result = project.runpytest_subprocess("--memclaims-workload", "nope", "--collect-only", "-p", "no:cacheprovider")
+    result.stderr.fnmatch_lines(["*unknown workload 'nope'; valid workloads: vit*clusters-mlp*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_a_factory_that_returns_no_workload_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "badfactory.py").write_text("def make():\n    return 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UsageError, match="returned int, not a memclaims Workload"):
+        user_workloads.register_spec("badfactory:make")
+    with pytest.raises(UsageError, match="expected package.module:factory"):
+        user_workloads.register_spec("badfactory")
+
+
+def test_registered_workloads_resolve_like_built_ins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "userwork.py").write_text(readme_example())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made = user_workloads.register_spec("userwork:make")
+    try:
+        recipe = resolve("clusters-mlp", "smoke", ["bf16-true", "sgd"])
+        assert workload("clusters-mlp") is made and recipe.id == "clusters-mlp-smoke/bf16-true+sgd"
+        assert recipe.batch_size == 32 and recipe.workload.block_class().__name__ == "Block"
+    finally:
+        user_workloads.forget("clusters-mlp")
+    with pytest.raises(UsageError, match="unknown workload 'clusters-mlp'"):
+        workload("clusters-mlp")
+
+
+def test_the_cli_finds_workloads_named_in_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "envwork.py").write_text(readme_example())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(user_workloads.ENV, "envwork:make")
+    monkeypatch.setattr(user_workloads, "_env_specs_loaded", set())
+    try:
+        assert resolve("clusters-mlp", "smoke", []).id == "clusters-mlp-smoke/fabric"
+        assert "clusters-mlp" in user_workloads.names()
+    finally:
+        user_workloads.forget("clusters-mlp")
