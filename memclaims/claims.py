@@ -33,13 +33,18 @@ ADAM_STEP_BYTES = 4  # torch keeps Adam's ``step`` as a float32 scalar tensor pe
 GB = 1e9
 MIB = 2**20
 
-# Sim bands: predicted ratio / published ratio. +-5 % where the replay reproduces both rows; the
-# replay predicts 05 15 % low (suite/test_sim.py, unexplained without a GPU), which moves the two
-# ratios that touch 05: 05/04 predicted 0.887 of published, 06/05 1.176.
+# Sim bands: predicted ratio / published ratio, +-5 %. The sim's `article` profile replays the
+# 2023-06 nightly's foreach Adam (memclaims.sim.eras), which puts every row of the chain within
+# +-5 %; 05/04 divides a row predicted 1.010 of published by one predicted 0.958: 1.054.
 SIM_BAND = (0.95, 1.05)
-SIM_BANDS = {"grad-accum-memory": (0.85, 0.95), "sgd-memory": (1.10, 1.25)}
-# gpu at article scale: another GPU generation and torch than the article's A100 + 2023 nightly.
+SIM_BANDS = {"grad-accum-memory": (0.95, 1.06)}
+# gpu at article scale: another GPU generation and torch than the article's A100 + 2023 nightly,
+# +-10 %. The ratios that touch row 05 also reach what the installed torch predicts (the sim's
+# gpu-tier profiles): since July 2023 foreach Adam no longer holds a second parameter-sized
+# temporary (pytorch#97712), so 05 is 0.855 of the article's, 05/04 0.892 of the published ratio
+# and 06/05 1.170 (memclaims.gpu_preflight, suite/test_gpu_preflight.py): +-10 % around both.
 GPU_BAND = (0.90, 1.10)
+GPU_BANDS = {"grad-accum-memory": (0.80, 1.10), "sgd-memory": (0.90, 1.29)}
 
 Lookup = Callable[[tuple[str, ...]], Record]
 Techniques = tuple[str, ...]
@@ -229,7 +234,7 @@ class Ratio:
             return Verdict(ok, f"{tier} at {num.scale} scale: ratio {measured:.3f} of {peak_metric(num)} (published "
                                f"{expected_published:.3f} at article scale); only the direction is asserted at "
                                f"this scale" + _sep(audit))
-        low, high = SIM_BANDS.get(self.claim, SIM_BAND) if tier == "sim" else GPU_BAND
+        low, high = SIM_BANDS.get(self.claim, SIM_BAND) if tier == "sim" else GPU_BANDS.get(self.claim, GPU_BAND)
         fidelity = measured / expected_published
         return Verdict(low <= fidelity <= high,
                        f"{_ids(num, den)}: ratio {measured:.3f} of {peak_metric(num)} ({_gb(num)} / {_gb(den)}), published "

@@ -34,7 +34,10 @@ def environment_facts(device: str) -> dict[str, Any]:
     from memclaims import environment
 
     if device == "cuda":
-        return environment.cuda_description()
+        import torch
+
+        # A run against faked CUDA statistics (the suite's own tests) has no device to describe.
+        return environment.cuda_description() if torch.cuda.is_available() else {}
     return environment.cpu_class_description()
 
 

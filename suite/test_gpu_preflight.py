@@ -88,7 +88,8 @@ def test_a_case_that_does_not_fit_the_card_fails(flight, monkeypatch) -> None:
 
     small = dataclasses.replace(profiles.PROFILES["a100"], name="tiny", total_memory_bytes=2**20)
     monkeypatch.setitem(profiles.PROFILES, "tiny", small)
-    row = flight.evaluate(pre.gpu_tier_claims()[1], "smoke", "tiny")
+    memory_claim = next(c for c in pre.gpu_tier_claims() if c.kind == "ratio")
+    row = flight.evaluate(memory_claim, "smoke", "tiny")
     assert row.verdict == pre.FAILS and "does not fit" in row.detail
 
 

@@ -206,7 +206,7 @@ def test_unknown_profile_lists_the_valid_ones():
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("workload, techniques", [("vit", ("fsdp", "adam8bit")), ("distilbert", ())])
+@pytest.mark.parametrize("workload, techniques", [("vit", ("fsdp", "adam8bit"))])
 def test_recipes_it_cannot_simulate_say_why(workload, techniques):
     with pytest.raises(UsageError, match="sim device cannot run"):
         simulate(resolve(workload, "article", techniques))

@@ -25,6 +25,8 @@ are what a GPU run would hold on the device. What had to be emulated, and why:
 
 from __future__ import annotations
 
+import dataclasses
+
 import gc
 import math
 from contextlib import contextmanager, nullcontext
@@ -403,7 +405,10 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
         from memclaims.sim import eight_bit
 
         # The layout was read outside the fake mode (simulate): it runs bitsandbytes for real.
-        optimizer, scheduler = eight_bit.build(recipe.optimizer, model, recipe.learning_rate, eight_bit_layout()), None
+        layout = eight_bit_layout()
+        if recipe.scale.min_8bit_size is not None:  # the scale's own threshold, as the real optimizer gets it
+            layout = dataclasses.replace(layout, min_8bit_size=recipe.scale.min_8bit_size)
+        optimizer, scheduler = eight_bit.build(recipe.optimizer, model, recipe.learning_rate, layout), None
     else:
         optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
     for group in optimizer.param_groups:

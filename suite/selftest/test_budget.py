@@ -35,9 +35,9 @@ def test_a_budgeted_run_trains_its_steps_scores_its_examples_and_declares_them(m
     calls: list[int] = []
     original = loop.TrainingLoop.train
 
-    def counting(self, model, optimizer, scheduler, batches, optimizer_steps, on_step=None):
+    def counting(self, model, optimizer, scheduler, batches, optimizer_steps, on_step=None, **phases):
         calls.append(optimizer_steps)
-        return original(self, model, optimizer, scheduler, batches, optimizer_steps, on_step)
+        return original(self, model, optimizer, scheduler, batches, optimizer_steps, on_step, **phases)
 
     monkeypatch.setattr(loop.TrainingLoop, "train", counting)
     record = run(budgeted, RunOptions(memory_steps=2))
