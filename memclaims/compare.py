@@ -41,6 +41,7 @@ _DEFAULTS: dict[str, dict[str, float | None]] = {
 }
 
 MIB = 1024 * 1024
+DISTRIBUTED_PHASE_TOLERANCE = 0.10
 
 
 def default_tolerances(device: str) -> dict[str, float | None]:
@@ -227,6 +228,10 @@ def compare(record: Record, baseline: Record, tolerances: Mapping[str, float | N
     """Compare ``record`` with ``baseline``; ``tolerances`` override the tier's defaults per metric
     (a ``phases`` entry sets every phase metric at once)."""
     tol: dict[str, float | None] = default_tolerances(record.device)
+    if record.devices > 1:
+        # A rank frees its collectives' buffers as communication completes, so within a phase the
+        # peak above its start moved by up to 4 % between two identical runs (FSDP2 over gloo).
+        tol["phases"] = DISTRIBUTED_PHASE_TOLERANCE
     tol.update(tolerances or {})
     if time_threshold_pct is not None:
         tol[STEP_TIME] = time_threshold_pct

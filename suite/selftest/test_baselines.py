@@ -443,3 +443,13 @@ def test_diverged_run_is_stored_as_valid_json(tmp_path: Path) -> None:
     stored = BaselineStore(tmp_path).load(ENV)["vit-smoke/fake-a"].record
     assert stored.final_loss is None and stored.nan_loss and stored.nan_step == 3
     assert stored.memory_losses == [2.4, None]
+
+
+def test_a_ranks_phase_peaks_get_the_distributed_tolerance() -> None:
+    phases = {"backward": {"allocated_bytes": PEAK, "above_start_bytes": 100_000, "reserved_bytes": None}}
+    moved = {"backward": dict(phases["backward"], above_start_bytes=104_000)}  # +4 %, seen between two runs
+    rank = {"devices": 2, "rank": 0}
+    assert not compare(fake_record(phases=moved, **rank), fake_record(phases=phases, **rank)).failures
+    assert compare(fake_record(phases=moved), fake_record(phases=phases)).failures  # one process: exact
+    far = {"backward": dict(phases["backward"], above_start_bytes=115_000)}
+    assert compare(fake_record(phases=far, **rank), fake_record(phases=phases, **rank)).failures
