@@ -15,10 +15,10 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 SPREAD_FILE = Path(__file__).resolve().parent.parent / "baselines" / "accuracy_spread.json"
 SEEDS = (123, 1, 2, 3, 4)  # 123 is the article's (and the suite's); the others measure the spread

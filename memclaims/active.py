@@ -9,7 +9,7 @@ technique whose effect is missing. Every case that runs a recipe asserts it is e
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from memclaims.recipe import Recipe
 from memclaims.record import Record

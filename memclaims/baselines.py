@@ -22,12 +22,12 @@ import fcntl
 import json
 import math
 import os
-import re
 import secrets
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from memclaims.environment import slug
 from memclaims.errors import MemclaimsError

@@ -17,8 +17,8 @@ The model (the session header prints its result; scripts/gpu-check measures the 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from memclaims.recipe import Recipe
 from memclaims.runner import RunOptions, accuracy_schedule
@@ -45,7 +45,7 @@ def _shape(recipe: Recipe) -> tuple[int, int, int, int]:
     return _vit_shape(recipe.workload.name, recipe.scale.name, recipe.workload.num_classes)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _vit_shape(workload: str, scale: str, num_classes: int) -> tuple[int, int, int, int]:
     """Counted from the architecture's sizes, not by building it: the session header runs this,
     and importing torchvision's models there (inside pytester's in-process sessions too) would load

@@ -7,7 +7,7 @@ Each rank's numbers depend on the world size and the rank (``Record.baseline_key
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from memclaims.baselines import Baseline, BaselineStore, environment_id
 from memclaims.compare import ACCURACY, MEMORY_METRICS, default_tolerances

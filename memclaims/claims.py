@@ -17,9 +17,10 @@ Sizes are checked as ratios, not as directions:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 from memclaims import published
 from memclaims.accuracy import BY_CLAIM as ACCURACY_PAIRS

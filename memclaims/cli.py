@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from memclaims import claims as claim_registry
 from memclaims import techniques as registry
@@ -254,9 +255,8 @@ def _reproduce_all(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from memclaims.baselines import BaselineStore
-    from memclaims.report import calibrate
-
     from memclaims.recipe import parse_id
+    from memclaims.report import calibrate
 
     if parse_id(args.recipe).sharded:  # ranks launched here, one baseline key per rank
         from memclaims.calibration import calibrate_ranks

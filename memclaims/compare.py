@@ -7,8 +7,9 @@ strict mode. Step time is reported, and fails only when the user sets a threshol
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from memclaims.record import Record
 

@@ -14,8 +14,9 @@ Set only for CUDA runs, and restored afterwards (except the environment variable
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
-from typing import Any, Iterator, MutableMapping
+from typing import Any
 
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 

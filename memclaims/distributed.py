@@ -18,9 +18,10 @@ import json
 import math
 import os
 import statistics
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -177,9 +178,9 @@ def fsdp_strategy(recipe: Recipe) -> Any:
 
 def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
     """The Fabric one rank of a sharded CUDA run uses (``memclaims.runner`` calls this)."""
-    from lightning.fabric import Fabric
-
     import os
+
+    from lightning.fabric import Fabric
 
     world = options.devices or default_devices(options.device)
     # torchrun across nodes: Fabric counts devices per node.

@@ -19,8 +19,9 @@ Rows:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from memclaims.recipe import resolve
 
@@ -60,8 +61,8 @@ def _states(record: Any) -> int:
 
 def article_rows(profile: str, progress: Callable[[str], None] | None) -> list[FidelityRow]:
     from memclaims import sim
-    from memclaims.fit import PUBLISHED_DIR
     from memclaims.baselines import load_published
+    from memclaims.fit import PUBLISHED_DIR
 
     published = load_published(PUBLISHED_DIR)
     rows: list[FidelityRow] = []

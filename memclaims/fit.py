@@ -20,10 +20,11 @@ extrapolated, +1.1 %; an 8-layer 1024-wide LLaMA, +10 %). The default replays ev
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from memclaims import techniques as registry
 from memclaims.errors import UsageError
@@ -202,9 +203,10 @@ def predict(recipe: Recipe, profile: str, exact: bool) -> tuple[int, int, str]:
 
 
 def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scale: str = "article",
-        sizes: Sizes = Sizes(), exact: bool = True, only: tuple[str, ...] = (),
+        sizes: Sizes | None = None, exact: bool = True, only: tuple[str, ...] = (),
         progress: Callable[[str], None] | None = None) -> FitResult:
     """``only``: consider combinations of these techniques only (default: every single-process one)."""
+    sizes = Sizes() if sizes is None else sizes
     from memclaims import sim
 
     sim.profile(profile)  # a bad profile name fails before any replay

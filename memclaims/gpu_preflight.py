@@ -18,14 +18,15 @@ deterministic cuBLAS setting (32 MiB workspaces everywhere) a100, h100 and h200 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from memclaims.claims import CLAIMS, Claim
 from memclaims.errors import UsageError
 from memclaims.recipe import resolve
 from memclaims.record import Record
-from memclaims.sim.profiles import GPU_TIER_PROFILES, Profile, profile as find_profile
+from memclaims.sim.profiles import GPU_TIER_PROFILES, Profile
+from memclaims.sim.profiles import profile as find_profile
 from memclaims.workloads import gpu_tier_scale
 
 HOLDS, FAILS, NOT_SIMULATED = "holds", "FAILS", "not simulated"

@@ -19,9 +19,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 GB = 1e9  # the article's unit: decimal GB of max_memory_reserved
 # Article rows: (row, techniques, published GB). 01-2 is the reference; 05 (accumulation) is the

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +129,10 @@ def default_head(model_type: str) -> str:
 
 
 def _mappings() -> tuple[dict[str, str], dict[str, str]]:
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    )
 
     return dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), dict(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
 
@@ -169,7 +171,7 @@ class HfSpec:
         return AutoConfig.for_model(self.model_type, **values)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _default_config(model_type: str) -> Any:
     from transformers import AutoConfig
 
@@ -365,7 +367,7 @@ def workload(name: str) -> Workload:
     return _workload(name_of(chosen.model_type, {**chosen.overrides, **_pseudo(chosen)}))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _workload(canonical: str) -> Workload:
     chosen = spec(canonical)
 

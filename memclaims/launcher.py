@@ -26,10 +26,11 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from memclaims.errors import MemclaimsError, UsageError
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from memclaims.probes import storage_bytes
-
 
 # The phases of a training step, in the order of scripts 01-04 and 06 (05 zeroes after the step).
 # The loss (and its scaling under accumulation) belongs to ``forward``; reading its value, the

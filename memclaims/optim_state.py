@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Sequence
 
 import torch
 from torch import nn

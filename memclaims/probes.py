@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn

@@ -10,7 +10,7 @@ or by its position (``@vit_h14_series/rows/0/peak_reserved_gb``).
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ TIERS = ("cpu", "sim", "gpu", "dist")
 KINDS = ("memory", "ratio", "accuracy", "time", "count")
 
 
-@lru_cache(maxsize=None)
+@cache
 def data(path: Path = PUBLISHED_FILE) -> dict[str, Any]:
     return json.loads(path.read_text())
 

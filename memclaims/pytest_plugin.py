@@ -290,7 +290,7 @@ def time_threshold(config: pytest.Config) -> float | None:
         raise pytest.UsageError(f"--memclaims-time-threshold expects a percentage, got {text!r}") from None
 
 
-def summary(config: pytest.Config) -> "Summary":
+def summary(config: pytest.Config) -> Summary:
     from memclaims.compare import Summary
 
     if SUMMARY_KEY not in config.stash:
@@ -373,7 +373,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 OOM_KEY = pytest.StashKey[list[dict[str, Any]]]()
 
 
-def note_out_of_memory(config: pytest.Config, case_id: str, error: "OutOfMemory") -> None:
+def note_out_of_memory(config: pytest.Config, case_id: str, error: OutOfMemory) -> None:
     """Remember a case that ran out of memory, for the end-of-run summary."""
     config.stash.setdefault(OOM_KEY, []).append(
         {"case": case_id, "phase": error.phase, "requested_bytes": error.requested_bytes})

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
-from typing import Any, Iterable
+from typing import Any
 
 from memclaims import techniques as registry
 from memclaims.errors import UsageError
-from memclaims.workloads import Scale, Workload, workload as find_workload
+from memclaims.workloads import Scale, Workload
+from memclaims.workloads import workload as find_workload
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class Sizes:
         return f"[{','.join(parts)}]" if parts else ""
 
     @classmethod
-    def parse(cls, text: str) -> "Sizes":
+    def parse(cls, text: str) -> Sizes:
         """The inverse of ``suffix`` without its brackets: ``batch=8,image=32``."""
         by_short = {short: name for name, short in cls.ID_NAMES.items()}
         values: dict[str, int] = {}

@@ -130,6 +130,6 @@ class Record:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "Record":
+    def from_dict(cls, raw: dict[str, Any]) -> Record:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in known})

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from memclaims.baselines import Baseline, BaselineStore, environment_id
 from memclaims.compare import ACCURACY, MEMORY_METRICS, MIB, default_tolerances
@@ -221,7 +221,7 @@ def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[st
         lines.append(f"| {r.row} {r.script} | {r.technique} | {r.ran_as or 'as asked'} | {r.published_gb:.2f} | "
                      f"{fmt(r.measured_bytes)} | {fmt(r.baseline_bytes)} | {r.published_ratio:.3f} | "
                      f"{ratio(r.measured_ratio)} | {_verdict_cell(r)} |")
-    lines += ["", f"## Model loading (07): load peak, its own unit and reference (07_01, build then convert)", "",
+    lines += ["", "## Model loading (07): load peak, its own unit and reference (07_01, build then convert)", "",
               f"| row | load | published (GB, load peak reserved) | measured ({unit}, load peak) | "
               f"baseline ({unit}) | published ratio to 07_01 | measured ratio | size verdict |",
               "|---|---|---|---|---|---|---|---|"]

@@ -9,16 +9,18 @@ from __future__ import annotations
 import os
 import re
 import statistics
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from memclaims import optimizers, probes as probe_module
+from memclaims import optimizers
+from memclaims import probes as probe_module
 from memclaims.errors import OutOfMemory, UsageError
 from memclaims.loop import TrainingLoop
 from memclaims.recipe import Recipe

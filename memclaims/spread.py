@@ -29,9 +29,10 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 CLASS_FACTOR = 1.5
 SEED_FACTOR = 2.0

@@ -7,9 +7,9 @@ one entry here (and, if it changes something new, one field the runner reads).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Iterable, Iterator
 
 from memclaims.errors import UsageError
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import csv
 import os
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -361,7 +362,7 @@ ARTICLE_BATCH = 12  # bonus scripts: 12 per GPU (DistilBERT before/after: 3 x 4 
 
 
 @lru_cache(maxsize=1)
-def text_workloads() -> dict[str, "Workload"]:
+def text_workloads() -> dict[str, Workload]:
     """The text workloads, keyed by name; built on first call (see the TYPE_CHECKING note above)."""
     from memclaims.workloads import Scale, Workload
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
-import torch
 from torch import nn
 from torch.utils.data import Dataset
 

@@ -106,9 +106,10 @@ MUTATIONS = [("bf16-true-accuracy", "lr-x10"), ("grad-accum-accuracy", "accumula
 def test_accuracy_claim_fails_under_mutation(name: str, mutation: str, record_cache: RecordCache) -> None:
     """A learning rate 10x off, or accumulated gradients never zeroed, in the candidate only: the
     claim's measured tolerance (baselines/accuracy_spread.json) must not let it pass."""
-    from memclaims.accuracy import BY_CLAIM, MUTATIONS as MAKE
+    from memclaims.accuracy import BY_CLAIM
+    from memclaims.accuracy import MUTATIONS as MAKE
     from memclaims.claims import CLAIMS_BY_NAME
-    from memclaims.runner import RunOptions, run
+    from memclaims.runner import run
 
     claim = CLAIMS_BY_NAME[name]
     candidate_t, reference_t = BY_CLAIM[name].on("cpu")

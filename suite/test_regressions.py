@@ -19,8 +19,9 @@ changes nothing and a changed version string, must stay green.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch

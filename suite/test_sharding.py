@@ -14,21 +14,22 @@ offload and delayed init mean something on one. The ViT-H/14 series runs when as
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
+from fixtures.messages import differs, not_related, who
 from memclaims import active, distributed
+from memclaims.claims import peak, peak_metric
 from memclaims.distributed import DistributedResult, expected_shard_bytes, run_distributed, run_distributed_many
 from memclaims.named_recipes import NAMED_RECIPES
-from memclaims.claims import peak, peak_metric
 from memclaims.pytest_plugin import option
-from memclaims.workloads import gpu_tier_scale
 from memclaims.recipe import parse_id, resolve
 from memclaims.record import Record
 from memclaims.runner import RunOptions, run
-from fixtures.messages import differs, not_related, who
+from memclaims.workloads import gpu_tier_scale
 
 WORLD = 2
 # The sharded run sums the two halves' mean losses in another order than one mean over the whole
@@ -118,7 +119,7 @@ def test_per_rank_model_state_is_about_one_over_n(single, sharded) -> None:
     up to dim-0 padding (here 1.4 % of the parameters: 2 x 164,756 B vs 324,904 B)."""
     shapes = _shapes()
     padding = sum(math.ceil(s[0] / WORLD) * WORLD * math.prod(s[1:]) for s in shapes) / sum(math.prod(s) for s in shapes)
-    for rank, record in enumerate(sharded[FSDP].records):
+    for record in sharded[FSDP].records:
         for key in ("param_bytes", "grad_bytes"):
             ratio = getattr(record, key) * WORLD / getattr(single, key)
             assert 1.0 <= ratio <= padding + 1e-12, (
@@ -312,7 +313,7 @@ def test_gpu_fsdp_with_checkpointing_below_single_gpu_peak(gpu_single, gpu_shard
 @needs_cuda(2)
 @pytest.mark.parametrize("devices", gpu_ids("vit"))
 def test_gpu_per_rank_model_state_about_one_over_n(gpu_single, gpu_sharded, devices) -> None:
-    for rank, record in enumerate(gpu_sharded[FSDP].records):
+    for record in gpu_sharded[FSDP].records:
         for key in ("param_bytes", "grad_bytes", "optimizer_state_bytes"):
             share = getattr(record, key) * devices / getattr(gpu_single, key)
             assert 1 - SHARD_TOLERANCE <= share <= 1 + SHARD_TOLERANCE, (

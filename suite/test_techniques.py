@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
+from fixtures.baselines import BaselineCheck
+from fixtures.records import RecordCache
 from memclaims import active, steady
 from memclaims.pytest_plugin import selected_workload
 from memclaims.techniques import TRUE_HALF_PRECISIONS
-from fixtures.baselines import BaselineCheck
-from fixtures.records import RecordCache
 
 _FP16_MIXED_ON_CPU = ("Lightning runs 16-mixed as bf16-mixed on the CPU (no float16 AMP there); "
                       "the bf16-mixed case measures what would run")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

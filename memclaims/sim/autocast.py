@@ -12,8 +12,9 @@ so the float32 copies a GPU saves for backward are what the replay saves.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F

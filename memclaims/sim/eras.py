@@ -29,8 +29,9 @@ description, against today's call signature, so today's ``Adam.step`` can call i
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor

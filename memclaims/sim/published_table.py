@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 GB = 1e9  # the article prints max_memory_reserved() / 1e9: decimal GB
 MIB = 2**20  # the course's "MB" are MiB

@@ -26,26 +26,27 @@ are what a GPU run would hold on the device. What had to be emulated, and why:
 from __future__ import annotations
 
 import dataclasses
-
 import gc
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from memclaims import optimizers
+from memclaims.errors import UsageError
 from memclaims.loop import watch_linear_outputs
 from memclaims.probes import PhaseRecorder, Reading, phase_entries
-from memclaims.errors import UsageError
 from memclaims.recipe import Recipe
 from memclaims.record import Record, library_versions
 from memclaims.sim.allocator import CachingAllocator
 from memclaims.sim.eras import optimizer_era
-from memclaims.sim.profiles import Profile, profile as find_profile
+from memclaims.sim.profiles import Profile
+from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.tracker import DeviceMemory
 
 PARAM_DTYPE = {"32-true": torch.float32, "16-mixed": torch.float32, "bf16-mixed": torch.float32,
@@ -238,7 +239,7 @@ class _Session:
         return self.recorder.measure(name, per_step=True)
 
     @contextmanager
-    def active(self) -> Iterator["_Session"]:
+    def active(self) -> Iterator[_Session]:
         was_enabled = gc.isenabled()
         # Frees follow reference counts only: a cyclic collection at a random moment would
         # make two runs differ (autograd graphs and fake tensors free by reference count).

@@ -33,9 +33,10 @@ unit and one more flat gradient per stream, which the bound below states), and t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +86,7 @@ class _Unit:
     full: torch.Tensor | None = None
     flat_grad_pending: int = 0
     grads_seen: int = 0
-    next_in_backward: "_Unit | None" = None
+    next_in_backward: _Unit | None = None
     host_shard: torch.Tensor | None = field(default=None, repr=False)
 
     @property

@@ -9,7 +9,8 @@ MemTracker does), which is exactly when the CUDA allocator would get the block b
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -10,7 +10,8 @@ keeping 3/4 of the activations.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

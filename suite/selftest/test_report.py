@@ -60,9 +60,8 @@ def test_reproduce_says_outside_the_band_and_by_how_much(tmp_path: Path) -> None
 
 
 def test_reproduce_on_the_sim_compares_with_published_ratios(tmp_path: Path, monkeypatch) -> None:
-    from suite.selftest.test_claim_checks import _fake_load
-
     import memclaims.timemodel as timemodel
+    from suite.selftest.test_claim_checks import _fake_load
 
     _fake_load(monkeypatch, 1.0)
     monkeypatch.setattr(timemodel, "predicted_ratio", lambda candidate, reference: 1 / 6.1)

@@ -9,6 +9,7 @@ import pytest
 
 from memclaims import matrix, spread
 from memclaims.baselines import BaselineStore
+from memclaims.record import Record
 
 ROOT = Path(__file__).resolve().parents[2]
 
