@@ -11,6 +11,8 @@ from memclaims.preflight import message, problems
 _BROKEN = problems()
 
 if _BROKEN:
+    from memclaims.pytest_options import pytest_addoption  # noqa: F401 - the options still parse
+
     def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(message(_BROKEN))
 else:

@@ -38,8 +38,9 @@ def test_a_broken_install_stops_pytest_with_one_line(tmp_path: Path) -> None:
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text(_BROKEN_TORCHVISION)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "shim"), str(ROOT)])}
+    # A plugin option on the command line must not turn the finding into "unrecognized arguments".
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           str(ROOT / "suite" / "test_claims.py")], cwd=ROOT, env=env,
+                           "--memclaims-matrix", "singles", str(ROOT / "suite" / "test_claims.py")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode == 4, output  # pytest's usage error: nothing ran
