@@ -21,10 +21,11 @@ def report(folder: Path) -> list[str]:
     if not files:
         return [f"no results in {folder}: run `nox -s matrix` first"]
     for path in files:
-        rows = json.loads(path.read_text(encoding="utf-8")).get("rows", [])
+        result = json.loads(path.read_text(encoding="utf-8"))
+        rows = result.get("rows", [])
         moved = [r for r in rows if r["verdict"] not in (OK, "info")]
         if not rows:
-            lines.append(f"{path.stem:<36} ran no case (see its log: the preflight names broken packages)")
+            lines.append(f"{path.stem:<36} ran no case: {result.get('error') or 'see its log'}")
         elif not moved:
             lines.append(f"{path.stem:<36} {len(rows)} numbers compared, none moved beyond tolerance")
         for r in moved:

@@ -43,12 +43,14 @@ def test_matrix_report_names_what_moved_under_which_library(tmp_path: Path) -> N
     still = dict(moved, case="cpu:vit-smoke/sgd", verdict="ok", now=1048576)
     (tmp_path / "torch2.14.1-lightning2.5.6.json").write_text(json.dumps({"rows": [moved, still]}))
     (tmp_path / "torch2.14.1-lightning2.6.6.json").write_text(json.dumps({"rows": [still]}))
-    (tmp_path / "torch2.13.0-lightning2.6.6.json").write_text(json.dumps({"rows": []}))
+    (tmp_path / "torch2.13.0-lightning2.6.6.json").write_text(json.dumps(
+        {"rows": [], "error": "ERROR: memclaims: the installed packages cannot run the suite: torchvision 0.28.0"}))
     lines = matrix.report(tmp_path)
     assert any("lightning2.5.6" in line and "cpu:vit-smoke/fabric" in line and "regression" in line
                and "(lightning 2.6.6 -> 2.5.6)" in line for line in lines)
     assert any("lightning2.6.6" in line and "none moved beyond tolerance" in line for line in lines)
-    assert any("torch2.13.0" in line and "ran no case" in line for line in lines)
+    assert any("torch2.13.0" in line and "ran no case: ERROR: memclaims: the installed packages" in line
+               for line in lines)
     assert not any("cpu:vit-smoke/sgd" in line for line in lines)
 
 
