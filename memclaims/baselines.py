@@ -296,22 +296,14 @@ class BaselineStore:
 
     def store_record(self, record: Record, tolerances: Mapping[str, float | None] | None = None,
                      profile: str | None = None, *, obtained: bool = False) -> Path:
-        """Store one measured Record with its tolerance overrides (default: the stored ones).
-
-        Only overrides are written: a tolerance equal to the tier's default is left out, so that
-        changing a default in memclaims.compare reaches every existing baseline. ``obtained``
-        writes to the environment's obtained file instead (see :meth:`accept`).
-        """
-        from memclaims.compare import default_tolerances
-
+        """Store one measured Record with its tolerance overrides (default: the stored ones);
+        ``obtained`` writes to the environment's obtained file instead (see :meth:`accept`)."""
         environment = environment_id(record, profile)
         if tolerances is None:
             previous = self.load(environment, fresh=True).get(record.baseline_key)
             tolerances = previous.tolerances if previous else {}
-        defaults = default_tolerances(record.device)
-        overrides = {k: v for k, v in tolerances.items() if k not in defaults or defaults[k] != v}
         target = environment + OBTAINED if obtained else environment
-        self.update(target, {record.baseline_key: Baseline(record=record, tolerances=overrides)})
+        self.update(target, {record.baseline_key: Baseline(record=record, tolerances=overrides(record, tolerances))})
         return self.path(target)
 
     def accept(self, environment: str) -> tuple[Path, list[str]]:
@@ -352,6 +344,15 @@ class BaselineStore:
                 raise BaselineError(f"tolerance file {path}: expected an object with schema {SCHEMA}")
             self._tolerances = data
         return self._tolerances
+
+
+def overrides(record: Record, tolerances: Mapping[str, float | None]) -> dict[str, float | None]:
+    """The tolerances that differ from the tier's defaults: only those are stored, so that changing
+    a default in memclaims.compare reaches every existing baseline."""
+    from memclaims.compare import default_tolerances
+
+    defaults = default_tolerances(record.device)
+    return {k: v for k, v in tolerances.items() if k not in defaults or defaults[k] != v}
 
 
 def load_published(root: str | os.PathLike[str]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from memclaims.baselines import Baseline, BaselineStore, environment_id
+from memclaims.baselines import Baseline, BaselineStore, environment_id, overrides
 from memclaims.compare import ACCURACY, MEMORY_METRICS, default_tolerances
 from memclaims.recipe import Recipe, parse_id
 from memclaims.record import Record
@@ -58,7 +58,8 @@ def calibrate_ranks(recipe_id: str, runs: int, store: BaselineStore, *, device: 
         key = records[0].baseline_key
         tolerances = spread_tolerances(records)
         kept = existing.get(key)
-        updates[key] = Baseline(record=kept.record if kept else records[0], tolerances=tolerances)
+        record = kept.record if kept else records[0]
+        updates[key] = Baseline(record=record, tolerances=overrides(record, tolerances))
         result[key] = tolerances
     store.update(environment, updates)
     return result

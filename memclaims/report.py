@@ -9,13 +9,12 @@ Also ``calibrate``: tolerances from the spread of repeated runs, with a floor.
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from memclaims.baselines import Baseline, BaselineStore, environment_id
-from memclaims.compare import ACCURACY, MEMORY_METRICS, MIB, default_tolerances
+from memclaims.baselines import Baseline, BaselineStore, environment_id, overrides
+from memclaims.compare import MIB
 from memclaims.recipe import Recipe, parse_id, resolve
 from memclaims.record import Record
 
@@ -298,21 +297,14 @@ def calibrate(recipe_id: str, runs: int, store: BaselineStore, *, device: str = 
 
     The floor is the tier's default tolerance: a deterministic tier must not get a zero tolerance.
     """
+    from memclaims.calibration import spread_tolerances
+
     run_fn = run_fn or _default_run
     recipe = parse_id(recipe_id)
     records = [run_fn(recipe, device, True) for _ in range(runs)]
-    floors = default_tolerances(records[0].device)
-    tolerances: dict[str, float | None] = dict(floors)
-    for metric in MEMORY_METRICS:
-        values = [getattr(r, metric) for r in records if getattr(r, metric) is not None]
-        if values and statistics.mean(values) > 0:
-            spread = (max(values) - min(values)) / statistics.mean(values)
-            tolerances[metric] = max(floors[metric] or 0.0, factor * spread)
-    accuracies = [r.accuracy for r in records if r.accuracy is not None]
-    if accuracies:
-        tolerances[ACCURACY] = max(floors[ACCURACY] or 0.0, factor * (max(accuracies) - min(accuracies)))
+    tolerances = spread_tolerances(records, factor)
     environment = environment_id(records[0])
     existing = store.load(environment, fresh=True).get(recipe.id)
     record = existing.record if existing else records[0]
-    store.update(environment, {recipe.id: Baseline(record=record, tolerances=tolerances)})
+    store.update(environment, {recipe.id: Baseline(record=record, tolerances=overrides(record, tolerances))})
     return tolerances

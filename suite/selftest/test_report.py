@@ -85,4 +85,5 @@ def test_calibrate_stores_spread_with_a_floor(tmp_path: Path) -> None:
     assert abs(tolerances["peak_allocated_bytes"] - 3 * 0.02 / (1.02 / 3 + 2 / 3)) < 1e-3
     assert tolerances["param_bytes"] == 0.005  # no spread: the floor
     stored = store.load("cpu-x86_64", fresh=True)["vit-smoke/bf16-true"]
-    assert stored.tolerances == tolerances
+    # Only what differs from the defaults is stored: the one metric that spread.
+    assert stored.tolerances == {"peak_allocated_bytes": tolerances["peak_allocated_bytes"]}
