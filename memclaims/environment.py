@@ -63,22 +63,10 @@ def cpu_class() -> str:
     return "-".join([cpu_capability(), *half_features()])
 
 
-def cpu_environment_id() -> str:
-    return f"cpu-{slug(platform.machine())}-{cpu_class()}-{torch_build()}"
-
-
 def cpu_class_description() -> dict[str, Any]:
     """The facts behind the id, stored in each CPU Record (``Record.environment``)."""
     return {"machine": platform.machine(), "capability": cpu_capability(),
             "half_features": half_features(), "torch_build": torch_build()}
-
-
-def cuda_environment_id() -> str:
-    import torch
-
-    name = torch.cuda.get_device_name(0)
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return f"{slug(name)}-cuda{torch.version.cuda}-cudnn{cudnn}"
 
 
 def cuda_description() -> dict[str, Any]:
