@@ -40,7 +40,7 @@ from torch import nn
 from memclaims import optimizers
 from memclaims.errors import UsageError
 from memclaims.loop import watch_linear_outputs
-from memclaims.probes import PhaseRecorder, Reading, phase_entries
+from memclaims.probes import PhaseRecorder, Reading, optimizer_state_tensors, phase_entries
 from memclaims.recipe import Recipe
 from memclaims.record import Record, library_versions
 from memclaims.sim.allocator import CachingAllocator
@@ -469,10 +469,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
                 with optimizer_era(session.profile.optimizer_era):
                     optimizer.step()
                 memory.in_optimizer = False
-            for state in optimizer.state.values():
-                for value in state.values():
-                    if isinstance(value, torch.Tensor):
-                        memory.tag(value, "optimizer_state")
+            for value in optimizer_state_tensors(optimizer):
+                memory.tag(value, "optimizer_state")
             if accumulation > 1:
                 with session.step_phase("zero_grad"):
                     optimizer.zero_grad()

@@ -44,6 +44,7 @@ from torch import nn
 
 from memclaims import optimizers
 from memclaims.errors import UsageError
+from memclaims.probes import optimizer_state_tensors
 from memclaims.recipe import Recipe
 from memclaims.sim.tracker import DeviceMemory
 
@@ -306,10 +307,8 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
         finally:
             memory.counting = True
             memory.in_optimizer = False
-        for state in optimizer.state.values():
-            for value in state.values():
-                if isinstance(value, torch.Tensor):
-                    memory.tag(value, "optimizer_state")
+        for value in optimizer_state_tensors(optimizer):
+            memory.tag(value, "optimizer_state")
         if accumulation > 1:
             optimizer.zero_grad()
         if scheduler is not None:
