@@ -188,3 +188,26 @@ def test_reproduce_all_on_one_gpu_runs_offload_and_says_fsdp_needs_two(tmp_path:
     assert series["vit-h14/fsdp-checkpointing-offload"].verdict == "holds"
     assert "every GPU of this machine instead of 4" in series["distilbert/after"].ran_as
     assert "smoke scale" not in series["distilbert/after"].ran_as
+
+
+def test_cli_all_adds_the_series_on_cpu_and_the_published_table_on_the_sim(tmp_path: Path, monkeypatch,
+                                                                           capsys) -> None:
+    import memclaims.report as report
+    from memclaims.cli import main
+    from memclaims.sim import published_table
+
+    asked: list[tuple[str, bool]] = []
+
+    def fake_reproduce(device: str, out: Path, **kwargs) -> list[report.Row]:
+        asked.append((device, kwargs["series"]))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "reproduce.md").write_text("chain\n")
+        return []
+
+    monkeypatch.setattr(report, "reproduce", fake_reproduce)
+    monkeypatch.setattr(published_table, "build_table", lambda root: [])
+    assert main(["reproduce", "--out", str(tmp_path)]) == 0
+    assert main(["reproduce", "--all", "--out", str(tmp_path)]) == 0
+    assert asked == [("cpu", False), ("cpu", True)]
+    assert main(["reproduce", "--device", "sim", "--all", "--out", str(tmp_path)]) == 0
+    assert asked == [("cpu", False), ("cpu", True)] and (tmp_path / "reproduce-all.md").is_file()
