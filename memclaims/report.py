@@ -16,7 +16,7 @@ from typing import Any
 
 from memclaims.baselines import Baseline, BaselineStore, environment_id, overrides
 from memclaims.compare import MIB
-from memclaims.errors import UsageError
+from memclaims.errors import OutOfMemory, UsageError
 from memclaims.recipe import Recipe, parse_id, resolve
 from memclaims.record import Record
 from memclaims.series import MeasureFn
@@ -107,7 +107,14 @@ def _default_measure(recipes: Sequence[Recipe], device: str) -> list[list[Record
     options = RunOptions(device=device, evaluate=False)
     sharded = [r for r in recipes if r.sharded]
     ranks = dict(zip([r.id for r in sharded], run_distributed_many(sharded, options) if sharded else []))
-    return [ranks[r.id].records if r.sharded else [_default_run(r, device, False)] for r in recipes]
+
+    def single(recipe: Recipe) -> list[Record]:
+        try:
+            return [_default_run(recipe, device, False)]
+        except OutOfMemory:  # bonus_bigbird-before on a GPU: the article's "not possible"
+            return []
+
+    return [ranks[r.id].records if r.sharded else single(r) for r in recipes]
 
 
 def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: BaselineStore | None = None,
@@ -196,14 +203,16 @@ def _series_rows(device: str, scale: str, measure_fn: MeasureFn) -> list[Row]:
     rows: list[Row] = []
     for name, _title, names in series_module.SERIES:
         mine = [b for b in bars if b.series == name]
-        first = measured.get(names[0], [None])[0]
+        first_ranks = measured.get(names[0])
+        first = first_ranks[0] if first_ranks else None
         first_gb = mine[0].named.published.peak_gb
         before: Record | None = None
         before_gb: float | None = None
         for index, bar in enumerate(mine):
-            record = measured[bar.named.name][0] if bar.named.name in measured else None
+            ranks = measured.get(bar.named.name)
+            record = ranks[0] if ranks else None
             gb = bar.named.published.peak_gb
-            verdict, size = "n/a", bar.why_not
+            verdict, size = "n/a", bar.why_not or ("out of memory on this device" if ranks == [] else "")
             if index:
                 result = series_module.step(before, record, peak, gb / before_gb if gb and before_gb else None)
                 if result.passed is not None:
@@ -335,8 +344,10 @@ def _series_tables(rows: list[Row], unit: str, fmt: Callable[[int | None], str],
         for index, r in enumerate(mine):
             published_gb = "did not run" if r.published_gb is None else f"{r.published_gb:.2f}"
             measured = fmt(r.measured_bytes) if r.measured_bytes is not None else "not run"
-            cell = "reference" if index == 0 else (f"n/a: {r.size.split(':')[0]}" if r.verdict == "n/a" and r.size
-                                                   else _verdict_cell(r))
+            if index == 0 and r.measured_bytes is not None:
+                cell = "reference"
+            else:
+                cell = f"n/a: {r.size.split(':')[0]}" if r.verdict == "n/a" and r.size else _verdict_cell(r)
             lines.append(f"| {r.row} | {r.script} | {r.technique} | {r.ran_as or 'as asked'} | {published_gb} | "
                          f"{measured} | {ratio(r.published_ratio) or 'n/a'} | {ratio(r.measured_ratio) or 'n/a'} | {cell} |")
     return lines

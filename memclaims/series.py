@@ -126,8 +126,10 @@ def floor(before: Record, after: Record, peak: Callable[[Record], int]) -> tuple
 def step(before: Record | None, after: Record | None, peak: Callable[[Record], int],
          published_ratio: float | None) -> Step:
     """The bar's verdict against the bar before it: below it, and not below the derived floor."""
-    if before is None or after is None:
+    if after is None:
         return Step(None, "")
+    if before is None:
+        return Step(None, "no bar before it ran here: no ratio to judge")
     shown = f"; published {published_ratio:.3f} (4 GPUs, article scale: shown, not asserted)" \
         if published_ratio is not None else "; no published ratio (the bar before did not run)"
     if "fsdp" in set(after.techniques) - set(before.techniques) and after.devices < 2:

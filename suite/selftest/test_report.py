@@ -180,14 +180,22 @@ def test_reproduce_all_says_when_a_series_bar_does_not_hold(tmp_path: Path) -> N
 
 def test_reproduce_all_on_one_gpu_runs_offload_and_says_fsdp_needs_two(tmp_path: Path) -> None:
     calls: list[list[str]] = []
+    measure = fake_measure(HOLDING, devices=1, calls=calls)
+
+    def bigbird_before_does_not_fit(recipes: list[Recipe], device: str) -> list[list[Record]]:
+        return [[] if r.id == "bigbird-article/fabric" else ranks for r, ranks in zip(recipes, measure(recipes, device))]
+
     series = {r.row: r for r in reproduce("cuda", tmp_path, run_fn=fake_run, series=True,
-                                          measure_fn=fake_measure(HOLDING, devices=1, calls=calls))
-              if r.kind == "series"}
+                                          measure_fn=bigbird_before_does_not_fit) if r.kind == "series"}
     assert "vit-h14-article/16-mixed+fsdp+activation-checkpointing+cpu-offload" in calls[0]
     assert series["vit-h14/fsdp"].verdict == "n/a" and "needs 2 devices" in series["vit-h14/fsdp"].size
     assert series["vit-h14/fsdp-checkpointing-offload"].verdict == "holds"
     assert "every GPU of this machine instead of 4" in series["distilbert/after"].ran_as
     assert "smoke scale" not in series["distilbert/after"].ran_as
+    # bonus_bigbird-before out of memory, as the article found: no ratio for its "after".
+    assert series["bigbird/before"].measured_bytes is None and series["bigbird/before"].size == "out of memory on this device"
+    assert series["bigbird/after"].verdict == "n/a" and series["bigbird/after"].measured_ratio is None
+    assert "| did not run | not run | n/a | n/a | n/a: out of memory on this device |" in (tmp_path / "reproduce.md").read_text()
 
 
 def test_cli_all_adds_the_series_on_cpu_and_the_published_table_on_the_sim(tmp_path: Path, monkeypatch,
