@@ -418,13 +418,14 @@ def _plot(rows: list[Row], device: str, scale: str, unit: str, div: float, path:
 def _plot_series(axis: Any, rows: list[Row], device: str, scale: str, measured_name: str) -> None:
     """One series: published and measured ratios to its first bar, side by side."""
     width, positions = 0.4, range(len(rows))
-    labels = [r.row.split("/", 1)[1] + ("" if r.measured_bytes is not None else "\n(not run here)") for r in rows]
+    labels = [r.row.split("/", 1)[1].replace("fsdp-", "fsdp\n+ ").replace("checkpointing-", "checkpointing\n+ ") + ("" if r.measured_bytes is not None else "\n(not run here)")
+              for r in rows]
     published_bars = axis.bar([p - width / 2 for p in positions], [r.published_ratio or 0 for r in rows], width,
                               color="tab:gray", label="published (4 GPUs, article scale)")
     measured_bars = axis.bar([p + width / 2 for p in positions], [r.measured_ratio or 0 for r in rows], width,
                              color="tab:orange", label=f"{measured_name} here ({device}, {scale} scale)")
-    axis.bar_label(published_bars, labels=[f"{r.published_ratio:.2f}" if r.published_ratio is not None else "did not run"
-                                           for r in rows], fontsize=7)
+    axis.bar_label(published_bars, labels=[f"{r.published_ratio:.2f}" if r.published_ratio is not None else
+                                           "did not run" if r.published_gb is None else "n/a" for r in rows], fontsize=7)
     axis.bar_label(measured_bars, labels=[f"{r.measured_ratio:.2f}" if r.measured_ratio is not None else "n/a"
                                           for r in rows], fontsize=7)
     axis.set_xticks(list(positions), labels, fontsize=7)
