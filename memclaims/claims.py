@@ -24,7 +24,7 @@ from typing import Any
 
 from memclaims import published
 from memclaims.accuracy import BY_CLAIM as ACCURACY_PAIRS
-from memclaims.accuracy import AccuracyPair
+from memclaims.accuracy import AccuracyPair, SpreadFile
 from memclaims.record import Record
 
 # Accuracy at article scale (gpu): the article's own spread over its chain (95.85-97.34 %).
@@ -125,7 +125,8 @@ def peak_metric(record: Record) -> str:
 def peak(record: Record) -> int:
     """The memory figure claims compare (``peak_metric``): reserved at article scale where the
     allocator reports it, else allocated (live) bytes."""
-    return getattr(record, peak_metric(record))
+    figure: int = getattr(record, peak_metric(record))  # one of the Record's int byte counts
+    return figure
 
 
 def _mib(n: int | float) -> str:
@@ -214,7 +215,9 @@ class Ratio:
 
     def published_ratio(self) -> float:
         numbers = published.numbers(self.claim)
-        return numbers[self.published_keys[0]] / numbers[self.published_keys[1]]
+        numerator: float = numbers[self.published_keys[0]]
+        denominator: float = numbers[self.published_keys[1]]
+        return numerator / denominator
 
     def recipes(self, tier: str) -> tuple[Techniques, ...]:
         num, den = self.on(tier)
@@ -533,7 +536,7 @@ def accuracy_tolerance(claim: str, scale: str) -> float:
 
 
 @lru_cache(maxsize=1)
-def accuracy_spread() -> dict[str, Any]:
+def accuracy_spread() -> SpreadFile:
     from memclaims import accuracy
 
     return accuracy.load()

@@ -57,7 +57,8 @@ def resolve(value: Any, source: dict[str, Any] | None = None) -> Any:
 
 def row(section: str, script: str) -> dict[str, Any]:
     """One logged run (``row('vit_chain', '03_bfloat16')``)."""
-    return lookup(f"@{section}/{script}")
+    logged: dict[str, Any] = lookup(f"@{section}/{script}")  # a row of a logged table is an object
+    return logged
 
 
 def claims() -> list[dict[str, Any]]:
@@ -65,7 +66,8 @@ def claims() -> list[dict[str, Any]]:
 
 
 def claim(claim_id: str) -> dict[str, Any]:
-    for entry in data()["claims"]:
+    entries: list[dict[str, Any]] = data()["claims"]
+    for entry in entries:
         if entry["id"] == claim_id:
             return entry
     raise UsageError(f"unknown claim {claim_id!r}; valid: {', '.join(c['id'] for c in data()['claims'])}")
