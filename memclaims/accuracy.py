@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from memclaims.techniques import ARTICLE_CHAIN
+
 SPREAD_FILE = Path(__file__).resolve().parent.parent / "baselines" / "accuracy_spread.json"
 SEEDS = (123, 1, 2, 3, 4)  # 123 is the article's (and the suite's); the others measure the spread
 
@@ -40,9 +42,7 @@ class AccuracyPair:
         return self.candidate, self.reference
 
 
-CHAIN_04 = ("bf16-true", "small-batch")
-CHAIN_05 = (*CHAIN_04, "grad-accum")
-CHAIN_06 = (*CHAIN_05, "sgd")
+_, _, CHAIN_04, CHAIN_05, CHAIN_06 = ARTICLE_CHAIN  # the chain's steps 04, 05 and 06
 
 PAIRS: tuple[AccuracyPair, ...] = (
     AccuracyPair("fabric-accuracy", ("fabric",), ("pytorch",)),

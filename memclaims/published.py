@@ -61,6 +61,16 @@ def row(section: str, script: str) -> dict[str, Any]:
     return logged
 
 
+def chain_row(techniques: tuple[str, ...]) -> dict[str, Any]:
+    """The logged ViT chain row (``vit_chain``) whose recipe is ``techniques``: its script and numbers."""
+    rows: list[dict[str, Any]] = data()["vit_chain"]
+    for entry in rows:
+        if set(entry["techniques"]) == set(techniques) and entry.get("peak_reserved_gb") is not None:
+            return entry
+    raise UsageError(f"no logged vit_chain row runs {'+'.join(techniques)}; "
+                     f"logged: {', '.join(r['script'] for r in rows if r.get('peak_reserved_gb') is not None)}")
+
+
 def claims() -> list[dict[str, Any]]:
     return list(data()["claims"])
 

@@ -24,6 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from memclaims import techniques as registry
 from memclaims.recipe import Recipe, resolve
 
 
@@ -152,8 +153,7 @@ def predicted_ratio(candidate: tuple[str, ...], reference: tuple[str, ...], gpu:
     return a.example_ms / b.example_ms
 
 
-CHAIN = (("fabric",), ("16-mixed",), ("bf16-true",), ("bf16-true", "small-batch"),
-         ("bf16-true", "small-batch", "grad-accum"), ("bf16-true", "small-batch", "grad-accum", "sgd"))
+CHAIN = ((registry.REFERENCE,), *registry.ARTICLE_CHAIN)  # 01-2 -> 06
 
 
 def chain_table(gpu: GpuPeaks = A100_40GB) -> list[dict[str, Any]]:
@@ -161,14 +161,13 @@ def chain_table(gpu: GpuPeaks = A100_40GB) -> list[dict[str, Any]]:
     the published epoch time and its ratio (published numbers from baselines/published.json)."""
     from memclaims import published
 
-    scripts = ("01-2_pytorch-fabric", "02_mixed-precision", "03_bfloat16", "04_lower-batchsize",
-               "05_gradient-accum", "06_sgd-with-scheduler")
+    logged = [published.chain_row(t) for t in CHAIN]
     predictions = [predict(resolve("vit", "article", t), gpu) for t in CHAIN]
     reference = predictions[0].example_ms
-    published_reference = published.row("vit_chain", scripts[0])["time_min"]
+    published_reference = logged[0]["time_min"]
     rows = []
-    for script, prediction in zip(scripts, predictions):
-        minutes = published.row("vit_chain", script)["time_min"]
+    for entry, prediction in zip(logged, predictions):
+        script, minutes = entry["script"], entry["time_min"]
         rows.append({"script": script, "recipe": prediction.recipe,
                      "predicted_ms_per_example": round(prediction.example_ms, 4),
                      "predicted_ratio": round(prediction.example_ms / reference, 4),

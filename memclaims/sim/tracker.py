@@ -17,11 +17,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from memclaims.record import ACTIVATIONS, CATEGORIES
 from memclaims.sim.allocator import CachingAllocator
 from memclaims.sim.profiles import Profile
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations_and_temporaries")
-OTHER = "activations_and_temporaries"
+OTHER = ACTIVATIONS  # what an untagged storage counts as
 
 aten = torch.ops.aten
 # Ops that run cuBLAS GEMMs on a GPU: the first one on each thread creates that handle's workspace.
