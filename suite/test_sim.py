@@ -52,6 +52,7 @@ def sims(record_cache: RecordCache) -> Callable[[tuple[str, ...]], Record]:
 
 @pytest.fixture(scope="module")
 def loads() -> dict[str, LoadResult]:
+    """Each 07 load simulated once per module (a few seconds each), shared by the load tests."""
     return {row: simulate_load(mode) for row, (mode, _) in LOAD_ROWS.items()}
 
 
@@ -420,6 +421,7 @@ SHARDED = {"08": ("fsdp", "activation-checkpointing"),
 
 @pytest.fixture(scope="module")
 def sharded_records() -> dict[str, Record]:
+    """Rank 0 of the sharded replays 08, 09 and 11, simulated once per module for the FSDP tests."""
     return {name: simulate(resolve("vit", "article", techniques)) for name, techniques in SHARDED.items()}
 
 
