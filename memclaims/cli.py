@@ -259,9 +259,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if parse_id(args.recipe).sharded:  # ranks launched here, one baseline key per rank
         from memclaims.calibration import calibrate_ranks
 
-        tolerances = calibrate_ranks(args.recipe, args.runs, BaselineStore(args.baselines_dir), device=args.device,
-                                     devices=args.devices, timeout_s=args.timeout or None)
-        print(json.dumps(tolerances, indent=2, sort_keys=True))
+        per_rank = calibrate_ranks(args.recipe, args.runs, BaselineStore(args.baselines_dir), device=args.device,
+                                   devices=args.devices, timeout_s=args.timeout or None)
+        print(json.dumps(per_rank, indent=2, sort_keys=True))
         return 0
     tolerances = calibrate(args.recipe, args.runs, BaselineStore(args.baselines_dir), device=args.device)
     print(json.dumps(tolerances, indent=2, sort_keys=True))
