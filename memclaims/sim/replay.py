@@ -589,7 +589,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
             with session.host():
                 # Fabric converts true precisions on the host; the unsharded (compute) copy is param_dtype.
                 with _default_dtype(shard_dtype):
-                    model = build(recipe.scale.name, recipe.workload.num_classes)
+                    model = build(recipe.scale, recipe.workload.num_classes)
             moved = not recipe.cpu_offload  # Fabric.setup moves the model before the strategy wraps it
             if moved:
                 _move(model)

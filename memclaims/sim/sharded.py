@@ -97,6 +97,14 @@ class _RunAhead:
         self.pending.clear()
 
 
+def backward_run_ahead_bound(param_count: int, param_dtype: torch.dtype) -> int:
+    """Upper bound of what the backward's CPU run-ahead can add (``UNMODELLED["record_stream"]``): every
+    unit's unsharded flat parameter (unshard stream) and unsharded flat gradient (freed with
+    ``record_stream`` on the post-backward stream) still taken at once, i.e. two unsharded models in
+    ``param_dtype``. The replay itself frees them at once (the lower end)."""
+    return 2 * param_count * param_dtype.itemsize
+
+
 def mixed_precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype]:
     """(param_dtype, reduce_dtype) of Lightning's FSDPPrecision for ``precision`` (installed Lightning)."""
     from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
@@ -262,17 +270,22 @@ class _Wrapped(nn.Module):
         super().__init__()
         self.block, self.unit, self.checkpointing, self.order = block, unit, checkpointing, order
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.unit.unshard()
         if self.unit not in self.order:
             self.order.append(self.unit)
         if self.checkpointing:
             from torch.utils.checkpoint import checkpoint
 
-            y = checkpoint(self.block, x, use_reentrant=False)
+            y = checkpoint(self.block, *args, use_reentrant=False, **kwargs)
         else:
-            y = self.block(x)
-        y = cast(torch.Tensor, _PreBackward.apply(y, self.unit))
+            y = self.block(*args, **kwargs)
+        # FSDP1 registers its pre-backward hook on every tensor output (text blocks return tuples).
+        if isinstance(y, torch.Tensor):
+            y = cast(torch.Tensor, _PreBackward.apply(y, self.unit))
+        elif isinstance(y, tuple):
+            y = tuple(cast(torch.Tensor, _PreBackward.apply(t, self.unit))
+                      if isinstance(t, torch.Tensor) and t.requires_grad else t for t in y)
         self.unit.reshard(after_forward=True)
         return y
 
@@ -347,12 +360,12 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     # scripts): step at batch 0 and every accum-th batch, zero_grad after the step, and no
     # ``no_backward_sync``, so every micro-batch reduce-scatters into the sharded gradient.
     for batch_index in range(memory_steps * accumulation + 1):
-        inputs, targets = inputs_fn(recipe.scale.name, recipe.micro_batch_size)
+        inputs, targets = inputs_fn(recipe.scale, recipe.micro_batch_size)
         sharded.root.unshard()  # the root's pre-forward; FSDP1 keeps the root unsharded after forward
         with attention:
             x = precision.convert_input(inputs)
             with precision.forward_context():
-                out = sharded.model(x)
+                out = recipe.workload.logits(sharded.model, x)
             del x
             logits = precision.convert_output(out)
             del out
