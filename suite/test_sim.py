@@ -456,16 +456,18 @@ def sharded_ratio(record: Record, script: str) -> float:
     return record.peak_reserved_total_bytes / GB / published()[("peak_reserved_gb", script)]
 
 
-def test_fsdp_row_08_within_band_of_published(sharded_records, record_property):
+def test_fsdp_row_08_within_band_of_published(sharded_records, baseline_check, record_property):
     """Row 08 with FSDP1 as the 2023-06 nightly ran it: no rate limiter, so the forward's all-gather
     buffers stay taken (memclaims.sim.sharded._RunAhead). Rate-limited, the replay gave 0.820."""
     ratio = sharded_ratio(sharded_records["08"], SHARDED_SCRIPTS["08"])
     record_property("ratio", round(ratio, 4))
     assert 0.95 <= ratio <= 1.05, f"08: {ratio:.3f}"
+    baseline_check.check(f"sim:{sharded_records['08'].recipe}", sharded_records["08"], record_property)
 
 
 @pytest.mark.parametrize("name", ["09", "11"])
-def test_fsdp_offload_rows_below_published_by_less_than_the_stated_bound(sharded_records, name, record_property):
+def test_fsdp_offload_rows_below_published_by_less_than_the_stated_bound(sharded_records, name, baseline_check,
+                                                                         record_property):
     """Offload rows: predicted low by what the replay does not time (the backward's CPU run-ahead), never
     by more than its bound (published_table's residual); and no further below than 0.88 (0.909 now)."""
     from memclaims.sim.published_table import published
@@ -478,6 +480,7 @@ def test_fsdp_offload_rows_below_published_by_less_than_the_stated_bound(sharded
     bound = backward_run_ahead_bound(record.param_count, torch.float32)
     assert record.peak_reserved_total_bytes <= published_bytes <= record.peak_reserved_total_bytes + bound
     assert 0.88 <= ratio <= 1.0, f"{name}: {ratio:.3f}"
+    baseline_check.check(f"sim:{record.recipe}", record, record_property)
 
 
 def test_text_fsdp_after_row_below_published_by_less_than_the_stated_bound(record_property):

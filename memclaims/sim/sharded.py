@@ -50,7 +50,7 @@ evaluation loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -275,9 +275,20 @@ class _Wrapped(nn.Module):
         if self.unit not in self.order:
             self.order.append(self.unit)
         if self.checkpointing:
+            from torch.overrides import _get_current_function_mode_stack
             from torch.utils.checkpoint import checkpoint
 
-            y = checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+            from memclaims.sim.autocast import CudaAutocastPolicy
+
+            # checkpoint restores torch.autocast's state for the recompute (on a GPU: CUDA autocast's
+            # whole policy); the emulated CUDA policy is a function mode it does not know: re-enter it.
+            stack = _get_current_function_mode_stack()  # type: ignore[no-untyped-call]
+            policy = any(isinstance(m, CudaAutocastPolicy) for m in stack)
+
+            def contexts() -> tuple[Any, Any]:
+                return nullcontext(), (CudaAutocastPolicy() if policy else nullcontext())
+
+            y = checkpoint(self.block, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         else:
             y = self.block(*args, **kwargs)
         # FSDP1 registers its pre-backward hook on every tensor output (text blocks return tuples).
@@ -341,7 +352,7 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
 
 
 def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
-          inputs_fn: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]], precision: Any,
+          inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]], precision: Any,
           attention: Any) -> dict[str, int]:
     """The 01-2 loop (zero_grad after the forward pass) under FSDP1, on rank 0."""
     memory: DeviceMemory = session.memory
