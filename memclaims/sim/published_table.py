@@ -156,11 +156,12 @@ _FSDP_RESIDUAL = (
     "_move_module_to_device: at most +1/W model). NCCL buffers are outside the caching allocator (0)")
 _VIT_H14_FSDP_RESIDUAL = (
     "software of the ViT-H/14 series is not stated: replayed with the torch 2.1 release profile (rate "
-    "limiter on, PR #104900) and the installed Lightning's FSDP mixed precision (16-mixed all-gathers in "
-    "fp16); bars read off a figure (+-0.1 GB). If the series ran the article's nightly, the forward's "
-    "all-gather buffers stay taken as in rows 08/09 (profile 'article': see the row's note); the rest of the "
-    "shortfall is the same kind as row 09's: CPU run-ahead in the backward, at most "
-    "sharded.backward_run_ahead_bound")
+    "limiter on, PR #104900; the installed Lightning's FSDP mixed precision: 16-mixed all-gathers in fp16); "
+    "bars read off a figure (+-0.1 GB). The series cannot be placed in one era: with the article's nightly "
+    "(profile 'article': no rate limiter, as rows 08/09) the three FSDP bars come out 0.87 / 0.85 / 0.65 "
+    "(the offload bar then within sharded.backward_run_ahead_bound of published, as row 09), but the "
+    "one-GPU bar 1.17 (the nightly's foreach Adam temporaries) instead of 1.06. Not explained without "
+    "the series' torch version")
 _DEEPSPEED_RESIDUAL = (
     "not predicted: DeepSpeed ZeRO-2 (Lightning's strategy='deepspeed_stage_2') has no sim engine. Per-rank "
     "accounting of what it allocates, not replayed: the fp16 model whole on every rank, fp32 master weights, "
