@@ -74,8 +74,9 @@ UNMODELLED = {
                      "CPU runs ahead there is timing, not modelled: the replay frees the backward's "
                      "unsharded parameters and flat gradients at once. Bound: at most every unit's "
                      "unsharded parameter and flat gradient more (backward_run_ahead_bound)",
-    "evaluation": "the validation loop (no_grad, one unit unsharded at a time) stays below the training "
-                  "peak and is not replayed",
+    "evaluation": "the validation loop (no_grad: no saved activations; its all-gathers, run ahead or not, "
+                  "reuse the unshard pool the training forward filled) stays below the training peak and is "
+                  "not replayed",
 }
 
 
