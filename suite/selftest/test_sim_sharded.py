@@ -164,3 +164,14 @@ def test_offload_flattens_each_unit_on_the_device_before_its_shard_goes_to_the_h
 def test_limit_all_gathers_follows_the_profiles_torch() -> None:
     assert not sh.limit_all_gathers(PROFILES["article"].optimizer_era)  # 2023-06-23 nightly
     assert sh.limit_all_gathers(PROFILES["torch-2.1"].optimizer_era)  # PR #104900 is in 2.1
+
+
+def test_checkpointed_blocks_recompute_under_the_emulated_cuda_autocast() -> None:
+    """16-mixed + checkpointing: the recompute runs the same CUDA autocast policy as the forward
+    (torch's checkpoint restores autocast state; the emulated policy is re-entered), else the
+    recomputed layer norms come out in half precision and checkpoint refuses them."""
+    from memclaims.recipe import resolve
+    from memclaims.sim import simulate
+
+    record = simulate(resolve("vit", "smoke", ("16-mixed", "fsdp", "activation-checkpointing")))
+    assert record.peak_reserved_total_bytes and record.devices == WORLD
