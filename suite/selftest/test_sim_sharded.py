@@ -39,7 +39,8 @@ class Toy(nn.Module):
         self.head = nn.Linear(WIDTH, 3)  # the root unit: 123 parameters, padded to 124
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(x))
+        out: torch.Tensor = self.head(self.blocks(x))
+        return out
 
 
 @contextmanager
