@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from fixtures.records import RecordCache
 from memclaims import published
@@ -448,16 +449,56 @@ def test_delayed_init_equals_offload_as_published(sharded_records):
     assert sharded_records["11"].peak_reserved_total_bytes == sharded_records["09"].peak_reserved_total_bytes
 
 
-def test_fsdp_rows_are_lower_bounds_within_the_stated_shortfall(sharded_records):
-    """The FSDP rows are predicted low (residual explained in published_table); the replay never
-    exceeds the published figure and stays above 0.6 of it, so a regression either way shows."""
+SHARDED_SCRIPTS = {"08": "08_fsdp-with-01-2", "09": "09_fsdp-cpu-offload-with-01-2", "11": "11_delay-allocation"}
+
+
+def sharded_ratio(record: Record, script: str) -> float:
     from memclaims.sim.published_table import published
 
-    numbers = published()
-    scripts = {"08": "08_fsdp-with-01-2", "09": "09_fsdp-cpu-offload-with-01-2", "11": "11_delay-allocation"}
-    for name, record in sharded_records.items():
-        ratio = record.peak_reserved_total_bytes / GB / numbers[("peak_reserved_gb", scripts[name])]
-        assert 0.6 <= ratio <= 1.0, f"{name}: {ratio:.3f}"
+    return record.peak_reserved_total_bytes / GB / published()[("peak_reserved_gb", script)]
+
+
+def test_fsdp_row_08_within_band_of_published(sharded_records, baseline_check, record_property):
+    """Row 08 with FSDP1 as the 2023-06 nightly ran it: no rate limiter, so the forward's all-gather
+    buffers stay taken (memclaims.sim.sharded._RunAhead). Rate-limited, the replay gave 0.820."""
+    ratio = sharded_ratio(sharded_records["08"], SHARDED_SCRIPTS["08"])
+    record_property("ratio", round(ratio, 4))
+    assert 0.95 <= ratio <= 1.05, f"08: {ratio:.3f}"
+    baseline_check.check(f"sim:{sharded_records['08'].recipe}", sharded_records["08"], record_property)
+
+
+@pytest.mark.parametrize("name", ["09", "11"])
+def test_fsdp_offload_rows_below_published_by_less_than_the_stated_bound(sharded_records, name, baseline_check,
+                                                                         record_property):
+    """Offload rows: predicted low by what the replay does not time (the backward's CPU run-ahead), never
+    by more than its bound (published_table's residual); and no further below than 0.88 (0.909 now)."""
+    from memclaims.sim.published_table import published
+    from memclaims.sim.sharded import backward_run_ahead_bound
+
+    record = sharded_records[name]
+    ratio = sharded_ratio(record, SHARDED_SCRIPTS[name])
+    record_property("ratio", round(ratio, 4))
+    published_bytes = published()[("peak_reserved_gb", SHARDED_SCRIPTS[name])] * GB
+    bound = backward_run_ahead_bound(record.param_count, torch.float32)
+    assert record.peak_reserved_total_bytes <= published_bytes <= record.peak_reserved_total_bytes + bound
+    assert 0.88 <= ratio <= 1.0, f"{name}: {ratio:.3f}"
+    baseline_check.check(f"sim:{record.recipe}", record, record_property)
+
+
+def test_text_fsdp_after_row_below_published_by_less_than_the_stated_bound(record_property):
+    """bonus_distilbert-after on the sim (FSDP1 x4 + offload, bf16-true, 3 x 4): within the same bound."""
+    from memclaims.named_recipes import NAMED_RECIPES
+    from memclaims.sim.published_table import published
+    from memclaims.sim.sharded import backward_run_ahead_bound
+
+    recipe = NAMED_RECIPES["distilbert-after"]
+    record = simulate(resolve(recipe.workload, "article", recipe.techniques))
+    published_bytes = published()[("peak_reserved_gb", "bonus_distilbert-after")] * GB
+    record_property("ratio", round(record.peak_reserved_total_bytes / published_bytes, 4))
+    assert record.param_bytes == record.grad_bytes == record.optimizer_state_bytes == 0  # offload
+    bound = backward_run_ahead_bound(record.param_count, torch.bfloat16)
+    assert record.peak_reserved_total_bytes <= published_bytes <= record.peak_reserved_total_bytes + bound
+    assert 0.85 <= record.peak_reserved_total_bytes / published_bytes <= 1.0
 
 
 def test_fsdp_with_checkpointing_far_below_one_gpu(sharded_records, sims):
@@ -485,16 +526,24 @@ def test_published_accessor_reads_every_number_the_table_names():
         assert isinstance(numbers[spec.key], (int, float)), spec.key
 
 
+def test_table_predicts_every_row_but_deepspeeds():
+    from memclaims.sim.published_table import SPECS
+
+    assert [s.row for s in SPECS if s.predict is None] == ["bonus_distilbert-before"]
+    # Rows outside the band carry their explanation (the sharded text rows included).
+    assert all(s.residual for s in SPECS if s.row.startswith(("08", "09", "11", "bonus_", "ViT-H/14 ")))
+
+
 def test_table_rows_in_band_pending_or_explained():
-    from memclaims.sim.published_table import TEXT_PENDING, build_table, markdown
+    from memclaims.sim.published_table import build_table, markdown
 
     cheap = {"07_01", "07_02", "07 derived fp32", "Adam8bit state", "Adam8bit state (measured)", "AdamW state",
-             "8-bit estimate", "bonus_distilbert-after", "bonus_bigbird-after", "bonus_distilbert-before"}
+             "8-bit estimate", "bonus_distilbert-before"}
     rows = build_table(only=cheap)
     assert {r.row for r in rows} == cheap
     for r in rows:
-        if r.predicted is None:
-            assert r.residual.startswith(TEXT_PENDING)
+        if r.predicted is None:  # only DeepSpeed ZeRO-2's row, with its per-rank accounting in words
+            assert r.row == "bonus_distilbert-before" and r.residual.startswith("not predicted: DeepSpeed")
         else:
             assert r.inside or r.residual, r.row
             assert r.cpu_s is not None
