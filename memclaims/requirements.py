@@ -57,9 +57,6 @@ class Needs:
                      options=self.options | other.options, paths=self.paths | other.paths,
                      unsupported=tuple(dict.fromkeys(self.unsupported + other.unsupported)))
 
-    def __bool__(self) -> bool:
-        return self != NOTHING
-
 
 NOTHING = Needs()
 
