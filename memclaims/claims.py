@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from memclaims import published
+from memclaims import published, requirements
 from memclaims import techniques as registry
 from memclaims.accuracy import BY_CLAIM as ACCURACY_PAIRS
 from memclaims.accuracy import AccuracyPair, SpreadFile
@@ -631,6 +631,22 @@ def skip_reason(claim: Claim, tier: str) -> str | None:
     if tier in claim.checks:
         return f"checked by {claim.checks[tier]}"
     return claim.not_on.get(tier, f"claim {claim.name!r} is not checked on the {tier} tier")
+
+
+def needs(claim: Claim, tier: str) -> requirements.Needs:
+    """What checking ``claim`` on ``tier`` needs (memclaims.requirements): the catalogue's reason
+    where the tier does not check it (data: no machine changes it), else the tier's device and
+    what every recipe the check looks up needs (bitsandbytes for an 8-bit recipe, the sim's replay)."""
+    why_not = skip_reason(claim, tier)
+    if why_not:
+        return requirements.Needs(unsupported=(why_not,))
+    from memclaims.recipe import resolve
+
+    result = requirements.Needs(cuda_devices=1 if tier == "gpu" else 0)
+    scale = "smoke" if tier == "cpu" else "article"  # any valid scale: needs do not depend on size
+    for techniques in claim.check.recipes_on(tier) if claim.check else ():
+        result |= requirements.for_recipe(resolve(claim.workload, scale, techniques), tier)
+    return result
 
 
 def coverage_problems() -> list[str]:

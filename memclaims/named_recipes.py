@@ -2,10 +2,11 @@
 course's 8-bit Adam lesson.
 
 Each names its workload, its techniques and the published numbers. Some need what memclaims does
-not have (DeepSpeed, DDP) or a CUDA GPU (CPU offload): ``unmet`` says which,
-so a test or the CLI can skip the recipe with that reason instead of running something else. The
-number of GPUs is not a requirement: sharded recipes run on as many as the machine has, and the
-Record says how many; ``devices`` is what the published run used.
+not have (DeepSpeed, DDP) or a CUDA GPU (CPU offload): ``needs`` says what, in
+memclaims.requirements' terms, so a test skips the recipe with the same reason as every other case
+and the CLI lists the same unmet needs (``unmet``). The number of GPUs is not a requirement:
+sharded recipes run on as many as the machine has, and the Record says how many; ``devices`` is
+what the published run used.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memclaims import published as published_numbers
-from memclaims import techniques as registry
+from memclaims import requirements
 from memclaims.errors import UsageError
 from memclaims.recipe import Recipe, resolve
 
@@ -54,26 +55,27 @@ class NamedRecipe:
     source: str
     published: Published
     devices: int = 1  # GPUs the published run used
-    # What the script did that no memclaims technique expresses yet (e.g. DeepSpeed, 12-step accumulation).
+    # What the script did that no memclaims technique expresses yet (e.g. DeepSpeed, DDP): no
+    # install makes these runnable, so they are requirements.Needs.unsupported.
     extra_needs: tuple[str, ...] = ()
     note: str = ""
     scale: str = "article"
     state_bytes: dict[str, int] = field(default_factory=dict)  # published optimizer-state figures
 
-    def unmet(self, cuda_devices: int = 0) -> list[str]:
-        """What this machine (with ``cuda_devices`` GPUs) and this registry lack to run the recipe;
-        empty when runnable."""
-        missing = [f"technique {t!r} (not registered yet)" for t in self.techniques if t not in registry.BY_NAME]
-        missing += list(self.extra_needs)
-        cuda_only = [t for t in self.techniques if t in registry.BY_NAME and "cuda" in registry.BY_NAME[t].requires]
-        if cuda_only and cuda_devices < 1:
-            missing.append(f"a CUDA GPU ({', '.join(cuda_only)})")
-        return missing
+    def needs(self) -> requirements.Needs:
+        """What running the recipe here needs: its techniques' (a CUDA GPU for offload, which moves
+        the run there; bitsandbytes working where the run is, for 8-bit Adam), and what memclaims
+        cannot express (DeepSpeed, DDP)."""
+        return requirements.for_techniques(self.techniques, "cpu") | requirements.Needs(unsupported=self.extra_needs)
 
-    def resolve(self, cuda_devices: int = 0) -> Recipe:
+    def unmet(self, cuda_devices: int | None = None) -> list[str]:
+        """The needs this machine (or one with ``cuda_devices`` GPUs) does not meet; empty when runnable."""
+        return requirements.unmet(self.needs(), requirements.Machine(cuda_devices=cuda_devices))
+
+    def resolve(self, cuda_devices: int | None = None) -> Recipe:
         problems = self.unmet(cuda_devices)
         if problems:
-            raise UsageError(f"named recipe {self.name!r} needs {'; '.join(problems)}")
+            raise UsageError(f"named recipe {self.name!r} cannot run here: {'; '.join(problems)}")
         return resolve(self.workload, self.scale, self.techniques)
 
 
@@ -81,7 +83,7 @@ NAMED_RECIPES: dict[str, NamedRecipe] = {r.name: r for r in (
     NamedRecipe(
         "distilbert-before", "distilbert", ("16-mixed",), "bonus_distilbert-before",
         _logged("llm_bonus", "bonus_distilbert-before"), devices=4,
-        extra_needs=("DeepSpeed ZeRO stage 2 (strategy='deepspeed_stage_2'; no memclaims technique)",),
+        extra_needs=("DeepSpeed ZeRO stage 2 (strategy='deepspeed_stage_2'): memclaims has no technique for it",),
         note="Adam 5e-5, batch 12 per GPU, 1 epoch; the 'before' already shards optimizer state and gradients",
     ),
     NamedRecipe(
@@ -94,7 +96,7 @@ NAMED_RECIPES: dict[str, NamedRecipe] = {r.name: r for r in (
     NamedRecipe(
         "bigbird-before", "bigbird", ("fabric",), "bonus_bigbird-before",
         _logged("llm_bonus", "bonus_bigbird-before"), devices=4,
-        extra_needs=("DDP over 4 GPUs (strategy='ddp'; no memclaims technique)",),
+        extra_needs=("DDP over 4 GPUs (strategy='ddp'): memclaims has no technique for it",),
         note="fp32, batch 12 per GPU at up to 4096 tokens",
     ),
     NamedRecipe(

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from functools import lru_cache
 from typing import Any
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from memclaims import requirements
 from memclaims.errors import UsageError
 
 # The course sets a weight decay on the decayed group; TrainingArguments' default (0.0) would make
@@ -40,36 +40,15 @@ def parameter_groups(model: nn.Module, weight_decay: float = WEIGHT_DECAY) -> li
     ]
 
 
-@lru_cache(maxsize=1)
-def bitsandbytes_unavailable() -> str | None:
-    """Why bitsandbytes' 8-bit optimizers cannot run on the CPU here, or None when they can.
-
-    Importing is not enough: a build without a CPU backend imports fine and fails at the first
-    step, so one tiny 8-bit step (a tensor at the 8-bit threshold) is the check.
-    """
-    try:
-        import bitsandbytes as bnb
-    except Exception as error:  # ImportError, or a broken native library raising at import
-        return f"bitsandbytes does not import: {type(error).__name__}: {error}"
-    try:
-        probe = nn.Parameter(torch.ones(4096))
-        optimizer = bnb.optim.Adam8bit([probe], lr=1e-3)
-        probe.grad = torch.ones_like(probe)
-        optimizer.step()
-    except Exception as error:
-        return (f"bitsandbytes {getattr(bnb, '__version__', '?')} has no working CPU backend for 8-bit "
-                f"optimizers: {type(error).__name__}: {error}")
-    return None
-
-
-def prepare(name: str) -> None:
+def prepare(name: str, device: str = "cpu") -> None:
     """Work an optimizer does once per process, done before any measured phase.
 
-    bitsandbytes' availability check steps a tiny optimizer; inside a phase, only the first 8-bit
-    case of a session would count its tensors, and a case's bytes would depend on test order.
+    bitsandbytes' check (memclaims.requirements) steps a tiny optimizer on the device; inside a
+    phase, only the first 8-bit case of a session would count its tensors, and a case's bytes
+    would depend on test order.
     """
     if name in EIGHT_BIT:
-        bitsandbytes_unavailable()
+        requirements.bitsandbytes_problem(device)
 
 
 def build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
@@ -88,7 +67,9 @@ def build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
         groups = parameter_groups(model)
         if name == "adamw":
             return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps), None
-        reason = bitsandbytes_unavailable()
+        # The device the parameters live on is where bitsandbytes steps (CPU with offloaded FSDP).
+        device = next((p.device.type for p in model.parameters()), "cpu")
+        reason = requirements.bitsandbytes_problem(device if device in requirements.DEVICES else "cpu")
         if reason:
             raise UsageError(f"technique {name!r} needs bitsandbytes' 8-bit optimizers: {reason}")
         import bitsandbytes as bnb

@@ -1,8 +1,9 @@
-"""The pytest side of memclaims: options, case generation, capabilities and the record cache.
+"""The pytest side of memclaims: options, case generation, requirements and the record cache.
 
 The only module of the library that imports pytest; conftest.py loads it. Cases are generated
-from the technique registry: invalid combinations never become cases, and a case whose tier the
-machine cannot run is skipped with a reason that says what it needs.
+from the technique registry: invalid combinations never become cases. What a test needs from the
+machine is declared with the ``requires`` marker (a case's needs come from its recipe); at
+collection every unmet need becomes one skip with one joined reason (memclaims.requirements).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from memclaims import requirements
 from memclaims import techniques as registry
 from memclaims.pytest_options import SELECTIONS, pytest_addoption  # noqa: F401 - the hook, registered here
 from memclaims.recipe import resolve
@@ -31,6 +33,9 @@ MARKERS = {
     "gpu": "real CUDA at article scale (or --memclaims-gpu-scale smoke), allocator statistics",
     "dist": "several processes through torch.distributed (gloo on CPU, NCCL on GPU)",
     "slow": "takes more than a few seconds even at smoke scale",
+    "requires": "requires(Needs | cuda_devices=N, bitsandbytes='cpu'|'cuda', packages=..., options=..., paths=..., "
+                "unsupported=...): skipped at collection, with every unmet need in one reason "
+                "(memclaims.requirements)",
 }
 
 
@@ -115,8 +120,8 @@ def case_params(config: pytest.Config, workload: str = "vit") -> list[Any]:
     for tier in TIERS:
         for techniques in selection(config):
             recipe = resolve(workload, tier_scale(config, tier, workload), techniques)
-            params.append(pytest.param(tier, techniques, id=f"{tier}:{recipe.id}",
-                                       marks=getattr(pytest.mark, tier)))
+            marks = [getattr(pytest.mark, tier), pytest.mark.requires(requirements.for_case(recipe, tier))]
+            params.append(pytest.param(tier, techniques, id=f"{tier}:{recipe.id}", marks=marks))
     return params
 
 
@@ -143,6 +148,43 @@ def register_workloads(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if {"tier", "techniques"} <= set(metafunc.fixturenames):
         metafunc.parametrize(("tier", "techniques"), case_params(metafunc.config, selected_workload(metafunc.config)))
+
+
+# --- requirements -----------------------------------------------------------------------------
+
+def item_needs(item: pytest.Item) -> requirements.Needs:
+    """Everything the item's ``requires`` markers (its own, its class's, its module's) ask for."""
+    from memclaims.errors import UsageError
+
+    found = requirements.NOTHING
+    for mark in item.iter_markers("requires"):
+        for given in mark.args:
+            if not isinstance(given, requirements.Needs):
+                raise pytest.UsageError(f"{item.nodeid}: requires() takes a memclaims.requirements.Needs or "
+                                        f"keywords, got {given!r}")
+            found |= given
+        try:
+            found |= requirements.needs(**mark.kwargs)
+        except (TypeError, UsageError) as error:
+            raise pytest.UsageError(f"{item.nodeid}: requires({mark.kwargs}): {error}") from None
+    return found
+
+
+# After -m / -k deselection (trylast), so that a probe such as bitsandbytes' step runs only for a
+# selected test that needs it; skipping at collection means no fixture is set up for it.
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def opted_in(name: str) -> bool:
+        try:
+            return flag(config, name)
+        except ValueError:  # pytest's "no option named ...": a typo in a requires(options=...)
+            raise pytest.UsageError(f"requires(options={name!r}): memclaims has no option --memclaims-{name}") from None
+
+    machine = requirements.Machine(opted_in=opted_in)
+    for item in items:
+        reason = requirements.reason(item_needs(item), machine)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 # --- pytest-xdist ------------------------------------------------------------------------------

@@ -292,7 +292,7 @@ def _run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe, memory_
     steps_per_epoch = len(train_loader) // recipe.accumulation_steps
 
     probe.prepare()
-    optimizers.prepare(recipe.optimizer)
+    optimizers.prepare(recipe.optimizer, options.device)
     reference_load = None
     if recipe.init_on_device:
         reference_load = session.reference_load()

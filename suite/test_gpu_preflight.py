@@ -43,7 +43,7 @@ def _params() -> list[Any]:
         for profile in GPU_TIER_PROFILES:
             for claim in pre.gpu_tier_claims():
                 reason = _not_simulated(claim, requested)
-                marks = [pytest.mark.skip(reason=f"not simulated: {reason}")] if reason else []
+                marks = [pytest.mark.requires(unsupported=f"not simulated: {reason}")] if reason else []
                 params.append(pytest.param(claim, requested, profile, marks=marks,
                                            id=f"{profile}:{gpu_tier_scale(claim.workload, requested)}:{claim.name}"))
     return params

@@ -26,8 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from fixtures.capabilities import missing_capability
-from memclaims import active, steady
+from memclaims import active, requirements, steady
 from memclaims.compare import Comparison, compare
 from memclaims.recipe import Recipe, resolve
 from memclaims.record import Record
@@ -52,8 +51,9 @@ def _measure(name: str) -> Record:
     return run(_recipe(name), RunOptions(device="cpu", evaluate=name in WITH_ACCURACY))
 
 
-# Decided at collection: without bitsandbytes the 8-bit recipe is neither measured nor injected.
-NO_BITSANDBYTES = missing_capability("cpu", frozenset({"bitsandbytes"}))
+# Decided at collection, by the one check the requires marker below also uses: without a working
+# bitsandbytes the 8-bit recipe is neither measured nor injected.
+NO_BITSANDBYTES = requirements.reason(requirements.needs(bitsandbytes="cpu"))
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +212,7 @@ def test_foreach_adam_intermediates_are_caught_in_the_optimizer_step(clean, monk
     _assert_named(verdict, "vit-smoke/fabric", "phases.optimizer_step.above_start_bytes", "optimizer_step")
 
 
-@pytest.mark.skipif(NO_BITSANDBYTES is not None, reason=str(NO_BITSANDBYTES))
+@pytest.mark.requires(bitsandbytes="cpu")
 def test_eight_bit_state_left_in_32_bit_is_caught(clean, monkeypatch) -> None:
     inject_eight_bit_as_32_bit(monkeypatch)
     verdict = _judge("adam8bit", clean)

@@ -251,11 +251,6 @@ PUBLISHED_08_11 = {techniques: published.row("multi_gpu", script)["peak_reserved
 SHARD_TOLERANCE = 0.05
 
 
-def needs_cuda(count: int) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(
-        GPUS < count, reason=f"needs {count} CUDA device{'s' if count > 1 else ''}; torch sees {GPUS}")
-
-
 def gpu_ids(name: str) -> list[Any]:
     """One param whose id says how many GPUs ran: ``[gpu:vit@4gpu]``."""
     return [pytest.param(GPUS, id=f"gpu:{name}@{GPUS}gpu")]
@@ -296,7 +291,7 @@ def _report(record_property: Callable[[str, object], None], result: DistributedR
 
 @pytest.mark.dist
 @pytest.mark.gpu
-@needs_cuda(2)
+@pytest.mark.requires(cuda_devices=2)
 @pytest.mark.parametrize("devices", gpu_ids("vit"))
 def test_gpu_fsdp_with_checkpointing_below_single_gpu_peak(gpu_single, gpu_sharded, devices,
                                                            record_property) -> None:
@@ -311,7 +306,7 @@ def test_gpu_fsdp_with_checkpointing_below_single_gpu_peak(gpu_single, gpu_shard
 
 @pytest.mark.dist
 @pytest.mark.gpu
-@needs_cuda(2)
+@pytest.mark.requires(cuda_devices=2)
 @pytest.mark.parametrize("devices", gpu_ids("vit"))
 def test_gpu_per_rank_model_state_about_one_over_n(gpu_single, gpu_sharded, devices) -> None:
     for record in gpu_sharded[FSDP].records:
@@ -325,7 +320,7 @@ def test_gpu_per_rank_model_state_about_one_over_n(gpu_single, gpu_sharded, devi
 
 @pytest.mark.dist
 @pytest.mark.gpu
-@needs_cuda(1)
+@pytest.mark.requires(cuda_devices=1)
 @pytest.mark.parametrize("devices", gpu_ids("vit"))
 def test_gpu_activation_checkpointing_lowers_the_peak(gpu_sharded, devices) -> None:
     for plain, checkpointed in zip(gpu_sharded[FSDP].records, gpu_sharded[FSDP_AC].records):
@@ -335,7 +330,7 @@ def test_gpu_activation_checkpointing_lowers_the_peak(gpu_sharded, devices) -> N
 
 @pytest.mark.dist
 @pytest.mark.gpu
-@needs_cuda(1)
+@pytest.mark.requires(cuda_devices=1)
 @pytest.mark.parametrize("devices", gpu_ids("vit"))
 def test_gpu_cpu_offload_lowers_gpu_peak_raises_host_memory_and_time(gpu_sharded, devices,
                                                                      record_property) -> None:
@@ -353,7 +348,7 @@ def test_gpu_cpu_offload_lowers_gpu_peak_raises_host_memory_and_time(gpu_sharded
 
 @pytest.mark.dist
 @pytest.mark.gpu
-@needs_cuda(1)
+@pytest.mark.requires(cuda_devices=1)
 @pytest.mark.parametrize("devices", gpu_ids("vit"))
 def test_gpu_delayed_init_changes_nothing(gpu_sharded, devices, record_property) -> None:
     """Article (logs of 11): 6.03 -> 6.03 GB."""
@@ -366,7 +361,7 @@ def test_gpu_delayed_init_changes_nothing(gpu_sharded, devices, record_property)
 
 @pytest.mark.dist
 @pytest.mark.gpu
-@needs_cuda(1)
+@pytest.mark.requires(cuda_devices=1)
 @pytest.mark.parametrize("techniques", [FSDP, *ARTICLE_08_11],
                          ids=[f"gpu:vit/{'+'.join(t)}@{GPUS}gpu" for t in [FSDP, *ARTICLE_08_11]])
 def test_gpu_every_rank_against_its_baseline(gpu_sharded, techniques, baseline_check, record_property) -> None:
@@ -384,7 +379,7 @@ BONUS_AFTER = {"distilbert-after": NAMED_RECIPES["distilbert-before"].published.
 
 @pytest.mark.dist
 @pytest.mark.gpu
-@needs_cuda(1)
+@pytest.mark.requires(cuda_devices=1)
 @pytest.mark.parametrize("name", list(BONUS_AFTER), ids=[f"gpu:{n}@{GPUS}gpu" for n in BONUS_AFTER])
 def test_gpu_bonus_after_recipe(name, gpu_scale, request, baseline_check, record_property) -> None:
     named = NAMED_RECIPES[name]
@@ -409,10 +404,8 @@ H14_SERIES = (H14_FSDP, H14_FSDP_AC, H14_FSDP_AC + ("cpu-offload",))
 
 
 @pytest.fixture(scope="module")
-def vit_h14_series(request: pytest.FixtureRequest, record_cache, gpu_scale) -> dict[tuple[str, ...], Any]:
-    if option(request.config, "vit-h14") != "true":
-        pytest.skip("the ViT-H/14 series runs only when asked: add --memclaims-vit-h14 "
-                    "(633M parameters at 518 px; the published bars used 4 GPUs)")
+def vit_h14_series(record_cache, gpu_scale) -> dict[tuple[str, ...], Any]:
+    """Its tests require --memclaims-vit-h14 (an opt-in: the series is large)."""
     series: dict[tuple[str, ...], Any] = {H14_ONE_GPU: record_cache.get("gpu", resolve("vit-h14", _at("vit-h14", gpu_scale), H14_ONE_GPU))}
     results = run_distributed_many([resolve("vit-h14", _at("vit-h14", gpu_scale), t) for t in H14_SERIES],
                                    RunOptions(device="cuda", evaluate=False), GPUS, timeout_s=600)
@@ -427,7 +420,7 @@ def _h14_published(techniques: tuple[str, ...]) -> float | None:
 
 @pytest.mark.dist
 @pytest.mark.gpu
-@needs_cuda(2)
+@pytest.mark.requires(cuda_devices=2, options="vit-h14")
 @pytest.mark.parametrize("devices", gpu_ids("vit-h14"))
 def test_gpu_vit_h14_fsdp_below_one_gpu(vit_h14_series, devices, record_property) -> None:
     """Series: 22.6 GB on one GPU -> 17.2 GB per GPU with FSDP (4 GPUs)."""
@@ -441,7 +434,7 @@ def test_gpu_vit_h14_fsdp_below_one_gpu(vit_h14_series, devices, record_property
 
 @pytest.mark.dist
 @pytest.mark.gpu
-@needs_cuda(1)
+@pytest.mark.requires(cuda_devices=1, options="vit-h14")
 @pytest.mark.parametrize("devices", gpu_ids("vit-h14"))
 def test_gpu_vit_h14_checkpointing_then_offload_descend(vit_h14_series, devices, record_property) -> None:
     """Series: 17.2 -> 9.0 GB with activation checkpointing -> 6.7 GB with CPU offload (4 GPUs)."""

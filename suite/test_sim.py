@@ -337,16 +337,10 @@ def test_profiles_name_their_optimizer_era():
 
 # --- 8-bit optimizers (memclaims.sim.eight_bit) -----------------------------------------------
 
-def _bitsandbytes_reason() -> str | None:
-    from memclaims.optimizers import bitsandbytes_unavailable
-
-    return bitsandbytes_unavailable()
-
-
 EIGHT_BIT_CASES = [("adam8bit",), ("bf16-true", "adamw8bit")]
 
 
-@pytest.mark.skipif(_bitsandbytes_reason() is not None, reason=f"needs bitsandbytes on the CPU: {_bitsandbytes_reason()}")
+@pytest.mark.requires(bitsandbytes="cpu")
 @pytest.mark.parametrize("techniques", EIGHT_BIT_CASES, ids=["+".join(t) for t in EIGHT_BIT_CASES])
 def test_eight_bit_state_is_bitsandbytes_own_on_the_cpu(techniques):
     """The sim's 8-bit state (layout arithmetic) is byte for byte what a real bitsandbytes optimizer
@@ -375,14 +369,14 @@ def test_eight_bit_state_is_bitsandbytes_own_on_the_cpu(techniques):
     assert any("bitsandbytes" in note for note in predicted.notes)
 
 
-@pytest.mark.skipif(_bitsandbytes_reason() is not None, reason=f"needs bitsandbytes on the CPU: {_bitsandbytes_reason()}")
+@pytest.mark.requires(bitsandbytes="cpu")
 def test_eight_bit_state_at_article_scale_is_a_quarter_of_adams():
     adam8 = simulate(resolve("vit", "article", ["bf16-true", "small-batch", "adam8bit"]), memory_steps=1)
     # bf16 Adam state is 4 B per parameter; 8-bit is 2 B plus absmax and the small fp32 tensors.
     assert 2 * adam8.param_count < adam8.optimizer_state_bytes < 2.1 * adam8.param_count
 
 
-@pytest.mark.skipif(_bitsandbytes_reason() is not None, reason=f"needs bitsandbytes on the CPU: {_bitsandbytes_reason()}")
+@pytest.mark.requires(bitsandbytes="cpu")
 @pytest.mark.parametrize("name", ["adam8bit", "adamw8bit"])
 def test_eight_bit_state_model_matches_a_real_step_tensor_for_tensor(name):
     """On a model with both 8-bit (>= min_8bit_size) and fp32-state tensors, and a bf16 one, the

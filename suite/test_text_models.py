@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from fixtures.messages import differs, not_related
-from memclaims import active, distributed, optimizers
-from memclaims.errors import DataError
+from memclaims import active, distributed, requirements
+from memclaims.errors import DataError, UsageError
 from memclaims.named_recipes import NAMED_RECIPES
 from memclaims.recipe import parse_id, resolve
 from memclaims.record import Record
@@ -46,12 +46,6 @@ def smoke(workload_name: str, *techniques: str, evaluate: bool = True) -> Record
     if key not in _RUNS:
         _RUNS[key] = run(resolve(workload_name, "smoke", techniques), RunOptions(device="cpu", evaluate=evaluate))
     return _RUNS[key]
-
-
-def require_bitsandbytes() -> None:
-    reason = optimizers.bitsandbytes_unavailable()
-    if reason:
-        pytest.skip(reason)
 
 
 # --- workloads and configs ----------------------------------------------------------------------
@@ -165,14 +159,11 @@ def test_imdb_from_the_raw_folder(tmp_path) -> None:
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("name", list(NAMED_RECIPES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.requires(r.needs())) for n, r in NAMED_RECIPES.items()])
 def test_named_recipe(name: str) -> None:
     recipe = NAMED_RECIPES[name]
     assert recipe.workload in WORKLOADS and recipe.source
-    unmet = recipe.unmet(torch.cuda.device_count())
-    if unmet:
-        pytest.skip(f"{name} needs {'; '.join(unmet)}")
-    resolved = recipe.resolve(torch.cuda.device_count())
+    resolved = recipe.resolve()
     assert resolved.workload.name == recipe.workload
 
 
@@ -184,7 +175,15 @@ def test_named_recipes_carry_the_published_numbers() -> None:
     assert NAMED_RECIPES["bigbird-after"].published.peak_gb == 4.03
     assert NAMED_RECIPES["bigbird-before"].published.peak_gb is None
     # Offload needs a GPU; the number of GPUs is not a requirement (the Record says how many ran).
-    assert after.unmet(0) == ["a CUDA GPU (cpu-offload)"] and after.unmet(1) == []
+    assert after.needs() == requirements.Needs(cuda_devices=1)
+    unmet = after.unmet(cuda_devices=0)
+    assert len(unmet) == 1 and unmet[0].startswith("needs a CUDA GPU"), unmet
+    assert after.unmet(cuda_devices=1) == []
+    # What memclaims cannot express is data: no GPU count makes DeepSpeed or DDP runnable.
+    before = NAMED_RECIPES["distilbert-before"]
+    assert any("DeepSpeed" in need for need in before.unmet(cuda_devices=4))
+    with pytest.raises(UsageError, match="named recipe 'distilbert-before' cannot run here: .*DeepSpeed"):
+        before.resolve(cuda_devices=4)
     # BigBird "after": micro-batch 1 x 12, FSDP without an auto-wrap policy, as the script.
     bigbird = NAMED_RECIPES["bigbird-after"].resolve(cuda_devices=1)
     assert (bigbird.batch_size, bigbird.micro_batch_size, bigbird.accumulation_steps) == (12, 1, 12)
@@ -217,8 +216,8 @@ def test_smoke_adamw_learns() -> None:
 
 
 @pytest.mark.cpu
+@pytest.mark.requires(bitsandbytes="cpu")
 def test_smoke_adam8bit_peak_and_accuracy() -> None:
-    require_bitsandbytes()
     adamw, eight = smoke("distilbert-cased", "adamw"), smoke("distilbert-cased", "adam8bit")
     saved_state = adamw.optimizer_state_bytes - eight.optimizer_state_bytes
     assert eight.optimizer_state_bytes <= 0.3 * adamw.optimizer_state_bytes, not_related(
@@ -236,13 +235,17 @@ def test_smoke_adam8bit_peak_and_accuracy() -> None:
 
 
 @pytest.mark.cpu
-def test_smoke_adafactor_and_combinations() -> None:
+def test_smoke_adafactor() -> None:
     adamw = smoke("distilbert-cased", "adamw")
     factor = smoke("distilbert-cased", "adafactor", evaluate=False)
     assert factor.optimizer_state_bytes < 0.1 * adamw.optimizer_state_bytes, not_related(
         factor, "< 0.1 x", adamw, "optimizer_state_bytes")
     assert factor.peak_allocated_bytes < adamw.peak_allocated_bytes, not_related(factor, "<", adamw, "peak_allocated_bytes")
-    require_bitsandbytes()
+
+
+@pytest.mark.cpu
+@pytest.mark.requires(bitsandbytes="cpu")
+def test_smoke_eight_bit_combination() -> None:
     combined = smoke("distilbert", "bf16-true", "grad-accum", "adamw8bit", evaluate=False)
     assert (combined.precision, combined.accumulation_steps) == ("bf16-true", 4), (
         f"{combined.recipe}: precision {combined.precision!r}, accumulation_steps {combined.accumulation_steps}")

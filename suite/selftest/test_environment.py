@@ -69,7 +69,7 @@ _SENSITIVE = ("cpu:vit-smoke/fabric] or cpu:vit-smoke/bf16-true] or cpu:vit-smok
 @pytest.mark.cpu
 @pytest.mark.slow
 @pytest.mark.parametrize("cpu_class", runnable_classes() or [pytest.param(
-    "none", marks=pytest.mark.skip(reason="this machine runs only ATen's default class"))])
+    "none", marks=pytest.mark.requires(unsupported="this machine runs only ATen's default class"))])
 def test_committed_baselines_hold_under_another_cpu_class(cpu_class: str) -> None:
     env = {**os.environ, "ATEN_CPU_CAPABILITY": cpu_class}
     done = subprocess.run([sys.executable, "-m", "pytest", "suite/test_techniques.py", "-m", "cpu", "-q",

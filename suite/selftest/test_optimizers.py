@@ -8,6 +8,7 @@ take one optimizer step per optimizer on a tiny batch (2 x 16 tokens): a full ar
 from __future__ import annotations
 
 import sys
+import types
 import warnings
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memclaims import optim_state, optimizers, techniques
+from memclaims import optim_state, optimizers, requirements, techniques
 from memclaims.errors import UsageError
 from memclaims.probes import optimizer_state_tensors, storage_bytes
 from memclaims.workloads import workload
@@ -25,13 +26,6 @@ PARAMS, TENSORS = 65_783_042, 104  # the course's distilbert-base-cased with a 2
 ADAMW_ELEMENTS, ADAMW_BYTES = 131_566_188, 526_264_752
 ADAM8BIT_MEASURED = 134_082_160  # bitsandbytes 0.50.2, CPU, every tensor in optimizer.state
 MIB = 2**20
-
-
-def require_bitsandbytes() -> None:
-    """One skip, with the reason, where bitsandbytes' 8-bit optimizers cannot run on this CPU."""
-    reason = optimizers.bitsandbytes_unavailable()
-    if reason:
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,9 +104,9 @@ def test_adamw_state_exact(article_model: nn.Module) -> None:
 
 
 @pytest.mark.cpu
+@pytest.mark.requires(bitsandbytes="cpu")
 @pytest.mark.parametrize("name", ["adam8bit", "adamw8bit"])
 def test_eight_bit_state_exact(article_model: nn.Module, name: str) -> None:
-    require_bitsandbytes()
     params = list(article_model.parameters())
     every, distinct = state_after_one_step(article_model, name)
     assert every == optim_state.adam8bit_bytes(params)
@@ -128,8 +122,8 @@ def test_eight_bit_state_exact(article_model: nn.Module, name: str) -> None:
 
 
 @pytest.mark.cpu
+@pytest.mark.requires(bitsandbytes="cpu")
 def test_layout_read_from_library() -> None:
-    require_bitsandbytes()
     import inspect
 
     import bitsandbytes as bnb
@@ -151,41 +145,53 @@ def test_adafactor_state(article_model: nn.Module) -> None:
     assert every < 0.01 * ADAMW_BYTES  # factored second moment only: ~0.7 MB vs 526 MB
 
 
+@pytest.fixture
+def fresh_check() -> Iterator[None]:
+    """bitsandbytes' check is cached per process: each of these tests sees its own answer, and
+    the tests after them the real one."""
+    requirements.bitsandbytes_problem.cache_clear()
+    yield
+    requirements.bitsandbytes_problem.cache_clear()
+
+
 @pytest.mark.cpu
-def test_skip_when_bitsandbytes_does_not_import(monkeypatch: pytest.MonkeyPatch) -> None:
-    optimizers.bitsandbytes_unavailable.cache_clear()
+def test_bitsandbytes_that_does_not_import_is_a_requirement_not_a_crash(
+        monkeypatch: pytest.MonkeyPatch, fresh_check: None) -> None:
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # makes `import bitsandbytes` raise ImportError
-    try:
-        reason = optimizers.bitsandbytes_unavailable()
-        assert reason is not None and reason.startswith("bitsandbytes does not import")
-        with pytest.raises(pytest.skip.Exception, match="bitsandbytes does not import"):
-            require_bitsandbytes()
-        with pytest.raises(UsageError, match="needs bitsandbytes"):
-            optimizers.build("adam8bit", nn.Linear(2, 2), 1e-3, 1)
-    finally:
-        optimizers.bitsandbytes_unavailable.cache_clear()
+    reason = requirements.reason(requirements.needs(bitsandbytes="cpu"))
+    assert reason is not None and "bitsandbytes does not import" in reason and "pip install" in reason, reason
+    with pytest.raises(UsageError, match="needs bitsandbytes"):
+        optimizers.build("adam8bit", nn.Linear(2, 2), 1e-3, 1)
+
+
+class _NoBackend(torch.optim.Optimizer):
+    """What bitsandbytes without a CPU backend does: it builds, and fails at the first step."""
+
+    def __init__(self, params: object, lr: float = 1e-3, **kwargs: object) -> None:
+        super().__init__(params, {"lr": lr})  # type: ignore[arg-type]
+
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        raise NotImplementedError("no CPU implementation of optimizer_update_8bit_blockwise")
+
+
+def installed_without_a_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An importable bitsandbytes whose 8-bit optimizers fail at the first step, whether or not
+    the real one is installed here (so this runs on every machine)."""
+    fake = types.ModuleType("bitsandbytes")
+    fake.__version__ = "0.0-no-backend"  # type: ignore[attr-defined]
+    fake.optim = types.SimpleNamespace(Adam8bit=_NoBackend, AdamW8bit=_NoBackend)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "bitsandbytes", fake)
 
 
 @pytest.mark.cpu
-def test_skip_when_bitsandbytes_has_no_cpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    try:
-        import bitsandbytes as bnb
-    except Exception as error:
-        pytest.skip(f"bitsandbytes does not import here ({error}); the import path is tested above")
-
-    class NoBackend(torch.optim.Optimizer):
-        def __init__(self, params: object, lr: float = 1e-3) -> None:
-            super().__init__(params, {"lr": lr})
-
-        def step(self, closure: object = None) -> None:
-            raise NotImplementedError("no CPU implementation of optimizer_update_8bit_blockwise")
-
-    optimizers.bitsandbytes_unavailable.cache_clear()
-    monkeypatch.setattr(bnb.optim, "Adam8bit", NoBackend)
-    try:
-        reason = optimizers.bitsandbytes_unavailable()
-        assert reason is not None and "no working CPU backend" in reason
-        with pytest.raises(pytest.skip.Exception, match="no working CPU backend"):
-            require_bitsandbytes()
-    finally:
-        optimizers.bitsandbytes_unavailable.cache_clear()
+def test_bitsandbytes_without_a_backend_is_unmet_not_failing(monkeypatch: pytest.MonkeyPatch,
+                                                              fresh_check: None) -> None:
+    installed_without_a_backend(monkeypatch)
+    problem = requirements.bitsandbytes_problem("cpu")
+    assert problem is not None and "no working CPU backend" in problem and "0.0-no-backend" in problem
+    reason = requirements.reason(requirements.needs(bitsandbytes="cpu"))
+    assert reason is not None and reason.startswith("needs bitsandbytes' 8-bit optimizers on the CPU: ")
+    assert "no working CPU backend" in reason
+    # The case that would have run it skips (the requirement) instead of failing at build.
+    with pytest.raises(UsageError, match="no working CPU backend"):
+        optimizers.build("adam8bit", nn.Linear(64, 64), 1e-3, 1)

@@ -18,10 +18,6 @@ def suite(pytester: pytest.Pytester) -> pytest.Pytester:
     make_project(pytester, ROOT).makepyfile(test_cases="""
         def test_case(tier, techniques, record_cache):
             recipe = record_cache.recipe(tier, "vit", techniques)
-            from fixtures.capabilities import missing_capability
-            reason = missing_capability(tier)
-            if reason:
-                import pytest; pytest.skip(reason)
             assert recipe.techniques == techniques
     """)
     return pytester
@@ -38,14 +34,20 @@ def test_markers_select_tiers(suite: pytest.Pytester) -> None:
     assert outcomes.get("passed", 0) > 0 and "failed" not in outcomes
 
 
-def test_gpu_cases_skip_with_what_they_need(suite: pytest.Pytester) -> None:
-    import torch
+def test_gpu_cases_skip_with_what_they_need(suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memclaims import requirements
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+    monkeypatch.setattr(requirements, "cuda_device_count", lambda: 0)  # in-process run: any machine is GPU-less
     result = suite.runpytest("-m", "gpu", "--memclaims-matrix", "singles", "-rs")
     result.stdout.fnmatch_lines(["*needs a CUDA GPU: torch.cuda.is_available() is False*"])
-    assert result.parseoutcomes().get("skipped", 0) > 0 and "failed" not in result.parseoutcomes()
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped", 0) > 0 and set(outcomes) == {"skipped", "deselected"}, outcomes
+
+
+def test_cpu_16_mixed_case_skips_at_collection_with_why(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("-m", "cpu", "--memclaims-matrix", "singles", "-rs", "-k", "16-mixed and not bf16")
+    result.stdout.fnmatch_lines(["*Lightning runs 16-mixed as bf16-mixed on the CPU*"])
+    assert result.parseoutcomes().get("skipped") == 1, result.parseoutcomes()
 
 
 def test_header_prints_how_many_cases_each_selection_holds(suite: pytest.Pytester) -> None:

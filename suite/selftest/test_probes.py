@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
@@ -135,7 +133,7 @@ def test_host_memory_falls_back_to_the_lifetime_peak(tmp_path) -> None:
     assert peak is None or peak > 0
 
 
-@pytest.mark.skipif(not Path(HostMemory.CLEAR_REFS).exists(), reason="needs Linux's /proc/self/clear_refs")
+@pytest.mark.requires(paths=HostMemory.CLEAR_REFS)  # Linux's per-process peak reset
 def test_host_memory_peak_is_per_span_on_linux() -> None:
     host = HostMemory()
     host.start()

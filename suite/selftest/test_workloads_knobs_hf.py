@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memclaims import cli, hf, optimizers
+from memclaims import cli, hf
 from memclaims.errors import UsageError
 from memclaims.recipe import Sizes, parse_id, resolve
 from memclaims.runner import RunOptions, run
@@ -125,8 +125,7 @@ def test_block_class_comes_from_the_model() -> None:
     assert resolve("hf:bert", "smoke", []).workload.block_class().__name__ == "BertLayer"  # no _no_split_modules
 
 
-@pytest.mark.skipif(optimizers.bitsandbytes_unavailable() is not None,
-                    reason=f"bitsandbytes 8-bit optimizers do not run here: {optimizers.bitsandbytes_unavailable()}")
+@pytest.mark.requires(bitsandbytes="cpu")
 def test_hf_gpt2_trains_on_the_cpu_in_bf16_with_adam8bit() -> None:
     recipe = resolve("hf:gpt2", "smoke", ["bf16-true", "adam8bit"])
     record = run(recipe, RunOptions(device="cpu", memory_steps=2, evaluate=False))
