@@ -89,8 +89,9 @@ def article_rows(profile: str, progress: Callable[[str], None] | None) -> list[F
 
 def hf_rows(progress: Callable[[str], None] | None) -> list[FidelityRow]:
     from memclaims import sim
+    from memclaims.options import RunOptions
     from memclaims.recipe import Sizes
-    from memclaims.runner import RunOptions, run
+    from memclaims.runner import run
 
     rows: list[FidelityRow] = []
     for name, techniques in HF_MODELS:

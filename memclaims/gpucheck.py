@@ -118,8 +118,9 @@ def history_cost() -> dict[str, Any]:
     import tempfile
 
     from memclaims import diagnosis
+    from memclaims.options import RunOptions
     from memclaims.recipe import resolve
-    from memclaims.runner import RunOptions, run
+    from memclaims.runner import run
 
     recipe = resolve("vit", "article", ("bf16-true",))
     result: dict[str, Any] = {"recipe": recipe.id}

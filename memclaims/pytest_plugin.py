@@ -86,7 +86,7 @@ def gpu_budget_line(config: pytest.Config) -> str:
     """The gpu tier's estimated cost for this selection (memclaims.budget's per-case model)."""
     from memclaims import budget
     from memclaims.errors import UsageError
-    from memclaims.runner import RunOptions
+    from memclaims.options import RunOptions
 
     cifar = bool(option(config, "data-dir") or os.environ.get("MEMCLAIMS_DATA_DIR"))
     cases = []

@@ -57,14 +57,10 @@ class Row:
 
 
 def _default_run(recipe: Recipe, device: str, evaluate: bool) -> Record:
-    from memclaims.runner import RunOptions, run
+    from memclaims.measure import measure
+    from memclaims.options import RunOptions
 
-    if device == "sim":
-        from memclaims import sim
-
-        return sim.simulate(recipe)
-
-    return run(recipe, RunOptions(device=device, evaluate=evaluate))
+    return measure(recipe, RunOptions(device=device, evaluate=evaluate))[0]
 
 
 def _train_bytes(record: Record, device: str) -> int | None:

@@ -57,8 +57,9 @@ def cpu_recipes() -> list[str]:
 
 def measure_here(recipe_ids: Iterable[str], seeds: Sequence[int]) -> dict[str, dict[str, float | None]]:
     """Accuracy of each recipe at each seed, in this process (this process's CPU class)."""
+    from memclaims.options import RunOptions
     from memclaims.recipe import parse_id
-    from memclaims.runner import RunOptions, run
+    from memclaims.runner import run
 
     out: dict[str, dict[str, float | None]] = {}
     for recipe_id in recipe_ids:
