@@ -14,7 +14,7 @@ Rows:
   uses, no cuBLAS workspaces), which checks the replay itself where no GPU number exists.
   Causal-LM rows come out about 13 % high, by one (batch x sequence, vocabulary) logits tensor: the
   sim replays the article's scripts, which keep ``logits`` bound through ``backward``; the cpu
-  runner's loop (``runner._Session.forward_loss``) drops it before. Classification rows match.
+  runner's loop (``runner.FabricEngine.forward_loss``) drops it before. Classification rows match.
 """
 
 from __future__ import annotations
