@@ -124,11 +124,11 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 @contextmanager
 def _era_init() -> Iterator[None]:
     original = nn.init.trunc_normal_
-    nn.init.trunc_normal_ = _trunc_normal_21  # type: ignore[assignment]
+    nn.init.trunc_normal_ = _trunc_normal_21
     try:
         yield
     finally:
-        nn.init.trunc_normal_ = original  # type: ignore[assignment]
+        nn.init.trunc_normal_ = original
 
 
 _INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "xavier_uniform_",
@@ -278,7 +278,7 @@ def _attention_context(profile: Profile, dtype: torch.dtype) -> Any:
 # --- load --------------------------------------------------------------------------------------
 
 
-def _load(session: _Session, recipe: Recipe, build: Callable[[str, int | None], nn.Module]) -> nn.Module:
+def _load(session: _Session, recipe: Recipe, build: Callable[[Any, int | None], nn.Module]) -> nn.Module:
     """The recipe's load phase, as ``runner.FabricEngine.build`` + ``fabric.setup`` do it on a GPU."""
     classes = recipe.workload.num_classes
     spec = PRECISIONS[recipe.precision]
@@ -381,7 +381,7 @@ class _Precision:
             if self.scale is None:
                 self.scale = torch.full((), GRAD_SCALE)
             loss = loss * self.scale
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
 
 
 def _default_memory_steps(recipe: Recipe) -> int:
@@ -464,7 +464,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     optimizer, scheduler = _optimizer(recipe, model)
     for p in model.parameters():
         memory.tag(p, "parameters")
-        p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, "gradients"))
+        p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+            lambda param: memory.tag(param.grad, "gradients"))
     loop = _SimLoop(session, recipe)
     # Each batch is made while the previous one is still bound, as a loader's next batch is moved
     # to the device; one more than the steps need, as the loop stops at the last step.
@@ -594,7 +595,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         precision = _Precision(recipe)
         attention = _attention_context(chosen, precision.compute)
         with session.phase(phases, "train"):
-            states = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
+            states: dict[str, Any] = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
         breakdown = dict(session.memory.breakdown_at_peak)
         site = dict(session.memory.reserved_peak_site)
         del model, wrapped
