@@ -29,9 +29,10 @@ import torch
 from fixtures.capabilities import missing_capability
 from memclaims import active, steady
 from memclaims.compare import Comparison, compare
+from memclaims.options import RunOptions
 from memclaims.recipe import Recipe, resolve
 from memclaims.record import Record
-from memclaims.runner import RunOptions, run
+from memclaims.runner import run
 
 pytestmark = pytest.mark.cpu
 

@@ -25,10 +25,11 @@ from memclaims import active, lightning_fsdp
 from memclaims.claims import peak, peak_metric
 from memclaims.distributed import DistributedResult, expected_shard_bytes, run_distributed, run_distributed_many
 from memclaims.named_recipes import NAMED_RECIPES
+from memclaims.options import RunOptions
 from memclaims.pytest_plugin import option
 from memclaims.recipe import parse_id, resolve
 from memclaims.record import Record
-from memclaims.runner import RunOptions, run
+from memclaims.runner import run
 from memclaims.workloads import gpu_tier_scale
 
 WORLD = 2

@@ -17,9 +17,10 @@ from fixtures.messages import differs, not_related
 from memclaims import active, lightning_fsdp, optimizers
 from memclaims.errors import DataError
 from memclaims.named_recipes import NAMED_RECIPES
+from memclaims.options import RunOptions
 from memclaims.recipe import parse_id, resolve
 from memclaims.record import Record
-from memclaims.runner import RunOptions, run
+from memclaims.runner import run
 from memclaims.text import TEXT_MODELS, PadToLongest, SyntheticReviews, config, imdb_rows, text_data
 from memclaims.workloads import WORKLOADS, workload
 

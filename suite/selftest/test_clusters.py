@@ -105,8 +105,8 @@ def test_cli_run_timeout_is_an_option_not_a_hidden_limit(monkeypatch, capsys) ->
 def test_sharded_fabric_is_given_the_environment_memclaims_chose(monkeypatch, in_slurm_job) -> None:
     import lightning.fabric
 
+    from memclaims.options import RunOptions
     from memclaims.recipe import resolve
-    from memclaims.runner import RunOptions
 
     built: list[dict] = []
 
