@@ -19,6 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
+
+from memclaims.techniques import ARTICLE_CHAIN
 
 SPREAD_FILE = Path(__file__).resolve().parent.parent / "baselines" / "accuracy_spread.json"
 SEEDS = (123, 1, 2, 3, 4)  # 123 is the article's (and the suite's); the others measure the spread
@@ -39,9 +42,7 @@ class AccuracyPair:
         return self.candidate, self.reference
 
 
-CHAIN_04 = ("bf16-true", "small-batch")
-CHAIN_05 = (*CHAIN_04, "grad-accum")
-CHAIN_06 = (*CHAIN_05, "sgd")
+_, _, CHAIN_04, CHAIN_05, CHAIN_06 = ARTICLE_CHAIN  # the chain's steps 04, 05 and 06
 
 PAIRS: tuple[AccuracyPair, ...] = (
     AccuracyPair("fabric-accuracy", ("fabric",), ("pytorch",)),
@@ -59,27 +60,29 @@ BY_CLAIM = {p.claim: p for p in PAIRS}
 @contextmanager
 def learning_rate_times(factor: float) -> Iterator[None]:
     """Every recipe's learning rate multiplied by ``factor`` (a mutation a claim must catch)."""
+    from unittest import mock
+
     from memclaims.recipe import Recipe
 
-    original = Recipe.learning_rate
-    Recipe.learning_rate = property(lambda self: factor * original.fget(self))  # type: ignore[method-assign]
-    try:
+    # The property object itself (Recipe.learning_rate would be its value to mypy), and its getter.
+    original: property = vars(Recipe)["learning_rate"]
+    getter = original.fget
+    assert getter is not None
+    # patch.object swaps the class attribute and restores it on the way out (mypy reads an assignment
+    # to a method or property as a mistake; here it is the mutation).
+    with mock.patch.object(Recipe, "learning_rate", property(lambda self: factor * getter(self))):
         yield
-    finally:
-        Recipe.learning_rate = original  # type: ignore[method-assign]
 
 
 @contextmanager
 def accumulation_never_zeroed() -> Iterator[None]:
     """Broken accumulation: gradients pile up over every step (zero_grad after a step is lost)."""
+    from unittest import mock
+
     import torch
 
-    original = torch.optim.Optimizer.zero_grad
-    torch.optim.Optimizer.zero_grad = lambda self, set_to_none=True: None  # type: ignore[method-assign]
-    try:
+    with mock.patch.object(torch.optim.Optimizer, "zero_grad", lambda self, set_to_none=True: None):
         yield
-    finally:
-        torch.optim.Optimizer.zero_grad = original  # type: ignore[method-assign]
 
 
 MUTATIONS = {"lr-x10": lambda: learning_rate_times(10.0), "lr-div10": lambda: learning_rate_times(0.1),
@@ -111,7 +114,41 @@ def tolerance_from(differences: list[float], floor: float = 0.02, step: float = 
     return round(max(floor, math.ceil(round(worst_drop / step, 6)) * step), 4)
 
 
-def measure(seeds: tuple[int, ...] = SEEDS) -> dict:
+class Measured(TypedDict):
+    """What ``measure`` trained: accuracy by recipe then seed, and by mutation then candidate."""
+
+    seeds: list[int]
+    accuracy: dict[str, dict[str, float]]
+    mutated_accuracy: dict[str, dict[str, float]]
+    seconds: float
+
+
+class ClaimSpread(TypedDict):
+    """One claim's same-seed differences and the tolerance drawn from them (``summarise``)."""
+
+    candidate: str
+    reference: str
+    differences: list[float]
+    tolerance: float
+    smallest_drop_caught: float
+    mutation_drops: dict[str, float]
+    mutations_caught: list[str]
+
+
+class Spread(Measured):
+    """``summarise``'s result: the measurement, each claim's spread, and how it was made."""
+
+    claims: dict[str, ClaimSpread]
+    how: str
+
+
+class SpreadFile(Spread, total=False):
+    """baselines/accuracy_spread.json: a Spread and the library versions it was measured with."""
+
+    versions: dict[str, str | None]
+
+
+def measure(seeds: tuple[int, ...] = SEEDS) -> Measured:
     """Train every pair's recipes at every seed, and each candidate under each mutation at the first."""
     started = time.time()
     recipes = sorted({t for p in PAIRS for t in p.on("cpu")})
@@ -128,12 +165,12 @@ def measure(seeds: tuple[int, ...] = SEEDS) -> dict:
             "seconds": round(time.time() - started, 1)}
 
 
-def summarise(raw: dict) -> dict:
+def summarise(raw: Measured) -> Spread:
     """Per claim: same-seed differences, tolerance, and the smallest drop the suite's seed catches."""
     seeds = [str(s) for s in raw["seeds"]]
     first = seeds[0]
     accuracy, mutated = raw["accuracy"], raw["mutated_accuracy"]
-    claims = {}
+    claims: dict[str, ClaimSpread] = {}
     for pair in PAIRS:
         candidate, reference = ("+".join(t) for t in pair.on("cpu"))
         diffs = [round(accuracy[candidate][s] - accuracy[reference][s], 4) for s in seeds]
@@ -157,8 +194,9 @@ def summarise(raw: dict) -> dict:
         "never zeroed")}
 
 
-def load(path: Path = SPREAD_FILE) -> dict:
-    return json.loads(path.read_text())
+def load(path: Path = SPREAD_FILE) -> SpreadFile:
+    spread: SpreadFile = json.loads(path.read_text())
+    return spread
 
 
 def main() -> None:
@@ -168,8 +206,7 @@ def main() -> None:
     args = parser.parse_args()
     import memclaims.record
 
-    result = summarise(measure(tuple(args.seeds)))
-    result["versions"] = memclaims.record.library_versions()
+    result: SpreadFile = {**summarise(measure(tuple(args.seeds))), "versions": memclaims.record.library_versions()}
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(json.dumps(result["claims"], indent=2))
 

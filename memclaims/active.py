@@ -28,7 +28,10 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
     only a comparison shows (activation checkpointing lowers what the forward pass saves).
     """
     found: list[str] = []
-    say = lambda technique, text: found.append(f"{record.recipe}: {technique} is not active: {text}")  # noqa: E731
+
+    def say(technique: str, text: str) -> None:
+        found.append(f"{record.recipe}: {technique} is not active: {text}")
+
     single = record.devices == 1
     _precision(recipe, record, single, say)
     _batch(recipe, record, say)

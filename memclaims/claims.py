@@ -23,9 +23,10 @@ from functools import lru_cache
 from typing import Any
 
 from memclaims import published
+from memclaims import techniques as registry
 from memclaims.accuracy import BY_CLAIM as ACCURACY_PAIRS
-from memclaims.accuracy import AccuracyPair
-from memclaims.record import Record
+from memclaims.accuracy import AccuracyPair, SpreadFile
+from memclaims.record import ACTIVATIONS, BUFFERS, CATEGORIES, OPTIMIZER_STATE, Record
 
 # Accuracy at article scale (gpu): the article's own spread over its chain (95.85-97.34 %).
 ARTICLE_ACCURACY_TOLERANCE = 0.02
@@ -49,7 +50,9 @@ GPU_BANDS = {"grad-accum-memory": (0.80, 1.10), "sgd-memory": (0.90, 1.29)}
 
 Lookup = Callable[[tuple[str, ...]], Record]
 Techniques = tuple[str, ...]
-CHAIN_04: Techniques = ("bf16-true", "small-batch")
+# The chain from the reference (01-2) to 06, and the steps the claims name.
+CHAIN: tuple[Techniques, ...] = ((registry.REFERENCE,), *registry.ARTICLE_CHAIN)
+_, _, _, CHAIN_04, CHAIN_05, CHAIN_06 = CHAIN
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ def peak_metric(record: Record) -> str:
 def peak(record: Record) -> int:
     """The memory figure claims compare (``peak_metric``): reserved at article scale where the
     allocator reports it, else allocated (live) bytes."""
-    return getattr(record, peak_metric(record))
+    figure: int = getattr(record, peak_metric(record))  # one of the Record's int byte counts
+    return figure
 
 
 def _mib(n: int | float) -> str:
@@ -134,7 +138,7 @@ def _mib(n: int | float) -> str:
 
 # --- sizes ---------------------------------------------------------------------------------------
 
-FP32_STATE = ("parameters", "gradients", "optimizer_state", "activations_and_temporaries", "buffers")
+FP32_STATE = (*CATEGORIES, BUFFERS)
 
 
 def _steps(record: Record) -> int:
@@ -148,7 +152,7 @@ def _scaled(record: Record, factors: dict[str, float]) -> float:
     """The record's training peak with each category of its breakdown scaled (1 where not named)."""
     total = 0.0
     for category, value in record.breakdown.items():
-        if category == "optimizer_state":  # the step counters stay float32, unless the state goes
+        if category == OPTIMIZER_STATE:  # the step counters stay float32, unless the state goes
             steps = _steps(record) if factors.get(category, 1.0) else 0
             total += (value - steps) * factors.get(category, 1.0) + steps
         else:
@@ -157,7 +161,7 @@ def _scaled(record: Record, factors: dict[str, float]) -> float:
 
 
 HALF_EVERYTHING = {c: 0.5 for c in FP32_STATE}
-QUARTER_ACTIVATIONS = {"activations_and_temporaries": 0.25}
+QUARTER_ACTIVATIONS = {ACTIVATIONS: 0.25}
 
 
 @dataclass(frozen=True)
@@ -181,17 +185,17 @@ DERIVATIONS: dict[str, Derivation] = {
     "16-mixed-memory": Derivation(
         ("fabric",), {}, (1.0, 1.0), "parameters, gradients and Adam state stay fp32; autocast keeps "
         "between half and all of the activations: ratio between those bounds",
-        interval=({"activations_and_temporaries": 0.5}, {"activations_and_temporaries": 1.0})),
+        interval=({ACTIVATIONS: 0.5}, {ACTIVATIONS: 1.0})),
     "bf16-true-memory": Derivation(("fabric",), HALF_EVERYTHING, (0.95, 1.15),
                                    "every category of fp32 halves (bf16-true), against bf16-mixed"),
     "small-batch-memory": Derivation(("bf16-true",), QUARTER_ACTIVATIONS, (0.95, 1.05),
                                      "activations / 4 (batch / 4); model state unchanged"),
     "grad-accum-memory": Derivation(CHAIN_04, QUARTER_ACTIVATIONS, (0.90, 1.10),
                                     "activations / 4 (micro-batch / 4); model state unchanged"),
-    "sgd-memory": Derivation((*CHAIN_04, "grad-accum"), {"optimizer_state": 0.0}, (0.999, 1.001),
+    "sgd-memory": Derivation(CHAIN_05, {OPTIMIZER_STATE: 0.0}, (0.999, 1.001),
                              "Adam's two states (and step counters) gone, nothing else changes"),
-    "overall-20x": Derivation(("fabric",), {**HALF_EVERYTHING, "optimizer_state": 0.0,
-                                            "activations_and_temporaries": 0.5 / 16}, (0.95, 1.15),
+    "overall-20x": Derivation(("fabric",), {**HALF_EVERYTHING, OPTIMIZER_STATE: 0.0,
+                                            ACTIVATIONS: 0.5 / 16}, (0.95, 1.15),
                               "fp32 halved, activations / 16 (batch / 4, micro-batch / 4), no Adam state"),
 }
 
@@ -214,7 +218,9 @@ class Ratio:
 
     def published_ratio(self) -> float:
         numbers = published.numbers(self.claim)
-        return numbers[self.published_keys[0]] / numbers[self.published_keys[1]]
+        numerator: float = numbers[self.published_keys[0]]
+        denominator: float = numbers[self.published_keys[1]]
+        return numerator / denominator
 
     def recipes(self, tier: str) -> tuple[Techniques, ...]:
         num, den = self.on(tier)
@@ -383,10 +389,6 @@ def _nan(tier: str, get: Lookup) -> Verdict:
                                     f"(published: NaN by batch {at})")
 
 
-CHAIN: tuple[Techniques, ...] = (("fabric",), ("16-mixed",), ("bf16-true",), CHAIN_04, (*CHAIN_04, "grad-accum"),
-                                 (*CHAIN_04, "grad-accum", "sgd"))
-
-
 def _chain_combines(tier: str, get: Lookup) -> Verdict:
     records = [get(t) for t in CHAIN]
     steps = [peak(b) < peak(a) for a, b in zip(records, records[1:])]
@@ -414,10 +416,10 @@ def micro_batch_one(recipe: Any) -> Any:
 def _batch_one(tier: str, get: Lookup) -> Verdict:
     from memclaims.sim import simulate
 
-    accum = get((*CHAIN_04, "grad-accum"))
+    accum = get(CHAIN_05)
     from memclaims.recipe import resolve
 
-    one = simulate(micro_batch_one(resolve("vit", accum.scale, (*CHAIN_04, "grad-accum"))))
+    one = simulate(micro_batch_one(resolve("vit", accum.scale, CHAIN_05)))
     cut = 1 - peak(one) / peak(accum)
     claimed = published.numbers("batch-1-further-75")["further_cut"]
     state = accum.param_bytes + accum.grad_bytes + accum.optimizer_state_bytes
@@ -496,9 +498,9 @@ RATIOS = (
     Ratio("bf16-true-memory", ("bf16-true",), ("16-mixed",), ("bf16-true_gb", "16-mixed_gb"),
           cpu_denominator=("bf16-mixed",)),
     Ratio("small-batch-memory", CHAIN_04, ("bf16-true",), ("batch16_gb", "batch64_gb")),
-    Ratio("grad-accum-memory", (*CHAIN_04, "grad-accum"), CHAIN_04, ("accum_gb", "batch16_gb")),
-    Ratio("sgd-memory", (*CHAIN_04, "grad-accum", "sgd"), (*CHAIN_04, "grad-accum"), ("sgd_gb", "adam_gb")),
-    Ratio("overall-20x", (*CHAIN_04, "grad-accum", "sgd"), ("fabric",), ("end_gb", "fp32_gb")),
+    Ratio("grad-accum-memory", CHAIN_05, CHAIN_04, ("accum_gb", "batch16_gb")),
+    Ratio("sgd-memory", CHAIN_06, CHAIN_05, ("sgd_gb", "adam_gb")),
+    Ratio("overall-20x", CHAIN_06, ("fabric",), ("end_gb", "fp32_gb")),
 )
 
 CPU_SIM_GPU = frozenset({"cpu", "sim", "gpu"})
@@ -514,7 +516,7 @@ CHECKS: dict[str, Check] = {
     "bf16-true-no-nan": Check(_no_nan(("bf16-true",)), frozenset({"cpu", "gpu"}), {"*": (("bf16-true",),)}),
     "16-true-nan": Check(_nan, frozenset({"gpu"}), {"*": (("16-true",),)}),
     "init-module-param-count": Check(_load_param_count, frozenset({"sim"})),
-    "batch-1-further-75": Check(_batch_one, frozenset({"sim"}), {"*": ((*CHAIN_04, "grad-accum"),)}),
+    "batch-1-further-75": Check(_batch_one, frozenset({"sim"}), {"*": (CHAIN_05,)}),
     "chain-combines": Check(_chain_combines, frozenset({"sim"}), {"*": CHAIN}),
     **{c: Check(_course(c), frozenset({"cpu"})) for c in (
         "course-param-count", "course-estimate-125", "course-bytes-per-param", "course-adamw-elements",
@@ -533,7 +535,7 @@ def accuracy_tolerance(claim: str, scale: str) -> float:
 
 
 @lru_cache(maxsize=1)
-def accuracy_spread() -> dict[str, Any]:
+def accuracy_spread() -> SpreadFile:
     from memclaims import accuracy
 
     return accuracy.load()
@@ -598,8 +600,8 @@ TIME_RATIOS = (
     TimeRatio("16-mixed-time", ("16-mixed",), ("fabric",), ("16-mixed_min", "fp32_min")),
     TimeRatio("bf16-true-time", ("bf16-true",), ("16-mixed",), ("bf16-true_min", "16-mixed_min")),
     TimeRatio("small-batch-time", CHAIN_04, ("bf16-true",), ("batch16_min", "batch64_min")),
-    TimeRatio("grad-accum-time", (*CHAIN_04, "grad-accum"), CHAIN_04, ("accum_min", "batch16_min")),
-    TimeRatio("sgd-time", (*CHAIN_04, "grad-accum", "sgd"), (*CHAIN_04, "grad-accum"), ("sgd_min", "adam_min")),
+    TimeRatio("grad-accum-time", CHAIN_05, CHAIN_04, ("accum_min", "batch16_min")),
+    TimeRatio("sgd-time", CHAIN_06, CHAIN_05, ("sgd_min", "adam_min")),
 )
 CHECKS.update({p.claim: Check(_accuracy(p), frozenset({"cpu", "gpu"}), {t: p.on(t) for t in ("cpu", "gpu")},
                               needs_accuracy=True) for p in ACCURACY_PAIRS.values()})

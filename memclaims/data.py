@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,15 +16,21 @@ from memclaims.errors import DataError
 DATA_DIR_ENV = "MEMCLAIMS_DATA_DIR"
 SPLIT_SEED = 123  # the article's seed, reused for the offline split
 
+# One example of the built-in data sets: an image or a row of token ids, and its class label.
+Example = tuple[torch.Tensor, int]
+Batch = tuple[dict[str, torch.Tensor], torch.Tensor]  # a collated text batch: (model inputs, labels)
+
 
 @dataclass(frozen=True)
 class DataBundle:
     name: str  # what the Record calls the data set
-    train: Dataset
-    test: Dataset
+    # Examples only the bundle's collate step (the DataLoader's default, or TextBundle.collate_fn)
+    # interprets: the built-in sets yield ``Example``, a user workload's sets anything.
+    train: Dataset[Any]
+    test: Dataset[Any]
 
 
-class ResizedImages(Dataset):
+class ResizedImages(Dataset[Example]):
     """Images as separate per-sample tensors, resized up front when small, else on access.
 
     Per-sample storages matter for the CPU probe: indexing one big tensor makes views of its

@@ -18,9 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from memclaims.record import Record
+from memclaims.record import CATEGORIES, Record
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations_and_temporaries")
 DEFAULT_HISTORY_ENTRIES = 100_000
 
 # How many allocator events CudaProbe.prepare asks torch to keep (0: history off). A process-wide

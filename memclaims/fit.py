@@ -76,7 +76,8 @@ def article_effects() -> dict[str, Effect]:
             added, removed = names - before, before - names
             replaced = 1.0
             for name in removed:  # 03 replaces 16-mixed: its ratio is taken against the reference
-                replaced *= effects[name].time_ratio if name in effects and effects[name].time_ratio else 1.0
+                earlier = effects.get(name)
+                replaced *= earlier.time_ratio if earlier is not None and earlier.time_ratio else 1.0
             delta_acc = None
             if row.get("accuracy_pct") is not None and previous.get("accuracy_pct") is not None:
                 delta_acc = row["accuracy_pct"] - previous["accuracy_pct"]

@@ -116,11 +116,13 @@ class Preflight:
         except UsageError as error:
             return Row(claim.name, profile_name, scale, NOT_SIMULATED, str(error))
         chosen = find_profile(profile_name)
-        too_big = [r for r in records.values()
-                   if chosen.total_memory_bytes and r.peak_reserved_total_bytes > chosen.total_memory_bytes]
+        # A simulated Record always carries the never-reset reserved peak (sim.replay sets it).
+        reserved = {r.recipe: r.peak_reserved_total_bytes or 0 for r in records.values()}
+        card = chosen.total_memory_bytes or 0  # 0: the profile names no card size, nothing is too big
+        too_big = [r for r in records.values() if card and reserved[r.recipe] > card]
         if too_big:
-            detail = "; ".join(f"{r.recipe} needs {r.peak_reserved_total_bytes / 2**30:.2f} GiB reserved, the "
-                               f"card has {chosen.total_memory_bytes / 2**30:.2f} GiB" for r in too_big)
+            detail = "; ".join(f"{r.recipe} needs {reserved[r.recipe] / 2**30:.2f} GiB reserved, the "
+                               f"card has {card / 2**30:.2f} GiB" for r in too_big)
             return Row(claim.name, profile_name, scale, FAILS, f"does not fit: {detail}")
         if claim.needs_accuracy:
             records = {k: dataclasses.replace(r, accuracy=_SAME_ACCURACY) for k, r in records.items()}

@@ -24,15 +24,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memclaims import published
+from memclaims import techniques as registry
+
 GB = 1e9  # the article's unit: decimal GB of max_memory_reserved
-# Article rows: (row, techniques, published GB). 01-2 is the reference; 05 (accumulation) is the
-# sim's known gap, so the five rows are 01-2, 02, 03, 04, 06.
-ROWS = (("01-2", ("fabric",), 26.84), ("02", ("16-mixed",), 18.21), ("03", ("bf16-true",), 13.82),
-        ("04", ("bf16-true", "small-batch"), 5.69),
-        ("06", ("bf16-true", "small-batch", "grad-accum", "sgd"), 2.02))
+# The article's chain rows this check runs: 01-2 (the reference) to 06, but 05 (accumulation),
+# the sim's known gap.
+SKIPPED_ROWS = ("05",)
 SIM_PROFILE = "h100"
 OFFLOAD = ("fsdp", "activation-checkpointing", "cpu-offload")
+OFFLOAD_SCRIPT = "09_fsdp-cpu-offload-with-01-2"  # the article's logged run of OFFLOAD, on 4 GPUs
 HISTORY_ENTRIES = 100_000
+
+
+def rows() -> list[tuple[str, tuple[str, ...], float]]:
+    """(row, techniques, published GB) of each chain row the check runs, from published.json."""
+    found = []
+    for techniques in ((registry.REFERENCE,), *registry.ARTICLE_CHAIN):
+        entry = published.chain_row(techniques)
+        row = entry["script"].split("_")[0]  # "01-2_pytorch-fabric" -> "01-2"
+        if row not in SKIPPED_ROWS:
+            found.append((row, techniques, float(entry["peak_reserved_gb"])))
+    return found
 
 
 @dataclass(frozen=True)
@@ -64,7 +77,7 @@ def steps(outdir: Path) -> list[Step]:
                                 "--memclaims-summary-json", str(outdir / "smoke-summary.json"),
                                 "--memclaims-artifacts", str(outdir / "artifacts"), "-p", "no:cacheprovider",
                                 "-q", "-rfE"), 240)]
-    for row, techniques, _ in ROWS:
+    for row, techniques, _ in rows():
         plan.append(Step(f"cuda-{row}", _memclaims("run", "vit", *_techniques(techniques), "--device", "cuda",
                                                     "--scale", "article", "--steps", "3", "--no-eval", "--json"), 26))
     plan.append(Step("fsdp-offload", _memclaims("run", "vit", *_techniques(OFFLOAD), "--device", "cuda", "--scale",
@@ -85,7 +98,7 @@ def sim_rows() -> dict[str, Any]:
 
     return {row: {"peak_reserved_total_bytes": sim.simulate(resolve("vit", "article", techniques),
                                                             profile=SIM_PROFILE).peak_reserved_total_bytes}
-            for row, techniques, _ in ROWS}
+            for row, techniques, _ in rows()}
 
 
 # --- steps that run inside this module --------------------------------------------------------
@@ -153,14 +166,16 @@ def report(results: dict[str, dict[str, Any]]) -> str:
     lines += [f"| {name} | {r['status']} | {r['seconds']:.0f} |" for name, r in results.items()]
     lines += ["", "Article rows (--steps 3 --no-eval), peak reserved, decimal GB:", "",
               f"| row | published | measured | sim ({SIM_PROFILE}) | measured / published |", "|---|---|---|---|---|"]
-    for row, _, published in ROWS:
+    for row, _, published_gb in rows():
         cuda = (results.get(f"cuda-{row}", {}).get("json") or {}).get("peak_reserved_total_bytes")
         sim = ((results.get("sim", {}).get("json") or {}).get(row) or {}).get("peak_reserved_total_bytes")
-        ratio = f"{cuda / GB / published:.3f}" if cuda else "-"
-        lines.append(f"| {row} | {published:.2f} | {_gb(cuda)} | {_gb(sim)} | {ratio} |")
+        ratio = f"{cuda / GB / published_gb:.3f}" if cuda else "-"
+        lines.append(f"| {row} | {published_gb:.2f} | {_gb(cuda)} | {_gb(sim)} | {ratio} |")
     offload = results.get("fsdp-offload", {}).get("json") or {}
+    logged = published.row("multi_gpu", OFFLOAD_SCRIPT)
     lines += ["", f"FSDP + checkpointing + offload, one GPU: rank-0 peak reserved "
-              f"{_gb((offload.get('rank0') or {}).get('peak_reserved_total_bytes'))} GB (published 6.03 GB per GPU on 4)"]
+              f"{_gb((offload.get('rank0') or {}).get('peak_reserved_total_bytes'))} GB "
+              f"(published {logged['peak_reserved_gb']:.2f} GB per GPU on {logged['devices']})"]
     history = results.get("history", {}).get("json") or {}
     if history:
         off, on = history.get("history_0", {}), history.get(f"history_{HISTORY_ENTRIES}", {})

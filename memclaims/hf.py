@@ -20,10 +20,11 @@ data directory tokenized with the tokenizer saved in its ``tokenizer/`` folder.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -235,16 +236,19 @@ def check_scale(spec_: HfSpec, name: str, scale: Scale) -> None:
 def architecture(spec_: HfSpec, scale: Scale) -> nn.Module:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    auto = AutoModelForCausalLM if spec_.head == "causal-lm" else AutoModelForSequenceClassification
-    model = auto.from_config(spec_.config(scale), attn_implementation=spec_.attn_implementation)
+    config, attention = spec_.config(scale), spec_.attn_implementation
+    if spec_.head == "causal-lm":
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+    else:
+        model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention)
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False  # training: no key/value cache (Trainer does the same)
-    return model
+    return cast(nn.Module, model)  # from_config is unannotated: a PreTrainedModel, an nn.Module
 
 
 def causal_logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """(B*L, vocab) next-token logits: a view of the model's output, no copy (see ``CausalBatch``)."""
-    logits = model(**inputs).logits
+    logits: torch.Tensor = model(**inputs).logits
     return logits.reshape(-1, logits.shape[-1])
 
 
@@ -261,7 +265,7 @@ def block_class(model_type: str) -> type[nn.Module]:
     module = __import__(model_class.__module__, fromlist=["_"])
     for name in names:
         if hasattr(module, name):
-            return getattr(module, name)
+            return cast(type[nn.Module], getattr(module, name))
     # No _no_split_modules (BERT): the class repeated in the model's longest stack of layers.
     smoke = architecture(spec(f"{HF_PREFIX}{model_type}"), Scale("smoke", "", 1, 0.0, 0.0, 1, 1))
     stacks = [list(m) for m in smoke.modules() if isinstance(m, nn.ModuleList) and len(m)
@@ -275,7 +279,7 @@ def block_class(model_type: str) -> type[nn.Module]:
 # --- data --------------------------------------------------------------------------------------
 
 
-class SyntheticSequences(Dataset):
+class SyntheticSequences(Dataset[data.Example]):
     """Fixed-length token sequences from ``text.SyntheticReviews``' words, tiled to the length, with
     the review's sentiment label: deterministic, offline, learnable by both heads."""
 
@@ -328,7 +332,8 @@ def load_data(spec_: HfSpec, scale: Scale, data_dir: str | os.PathLike[str] | No
     vocab = int(spec_.config(scale).vocab_size)
     if root is None:
         train_size, test_size = text.SYNTHETIC_SIZES[scale.name]
-        collate = CausalBatch(0) if spec_.head == "causal-lm" else ClassBatch()
+        collate: Callable[[list[data.Example]], data.Batch] = \
+            CausalBatch(0) if spec_.head == "causal-lm" else ClassBatch()
         return text.TextBundle(name="synthetic-tokens", train=SyntheticSequences(train_size, data.SPLIT_SEED, length, vocab),
                                test=SyntheticSequences(test_size, data.SPLIT_SEED + 1, length, vocab), collate_fn=collate)
     tokenizer = _local_tokenizer(root)

@@ -64,12 +64,11 @@ def eight_bit_layout() -> EightBitLayout:
     """Read the layout from the installed library by letting ``init_state`` allocate probe states."""
     import bitsandbytes as bnb
 
-    optimizer_class = bnb.optim.Adam8bit
-    min_8bit_size = int(inspect.signature(optimizer_class.__init__).parameters["min_8bit_size"].default)
+    min_8bit_size = int(inspect.signature(bnb.optim.Adam8bit.__init__).parameters["min_8bit_size"].default)
 
     def init(numel: int) -> dict[str, torch.Tensor]:
         param = nn.Parameter(torch.zeros(numel))
-        optimizer = optimizer_class([param])
+        optimizer = bnb.optim.Adam8bit([param])
         optimizer.init_state(optimizer.param_groups[0], param, 0, 0)
         return {k: v for k, v in optimizer.state[param].items() if isinstance(v, torch.Tensor)}
 
@@ -80,7 +79,7 @@ def eight_bit_layout() -> EightBitLayout:
     blocksize = numel // blocks
     if blocks * blocksize != numel or state_plus["absmax1"].numel() != math.ceil((numel + 1) / blocksize):
         raise RuntimeError(f"bitsandbytes {bnb.__version__}: unexpected block layout ({blocks} blocks for {numel})")
-    probe_args = optimizer_class([nn.Parameter(torch.zeros(1))]).args
+    probe_args = bnb.optim.Adam8bit([nn.Parameter(torch.zeros(1))]).args
     return EightBitLayout(
         version=bnb.__version__,
         min_8bit_size=min_8bit_size,

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from memclaims.errors import UsageError
 
@@ -22,7 +23,8 @@ def training_arguments_defaults() -> dict[str, float]:
     """betas and eps as ``TrainingArguments`` defines them, read from its fields (no instance needed)."""
     from transformers import TrainingArguments
 
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    # Numeric defaults only: a field without a default holds dataclasses.MISSING, no number.
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if isinstance(f.default, (int, float))}
     return {k: float(defaults[k]) for k in ("adam_beta1", "adam_beta2", "adam_epsilon")}
 
 
@@ -71,7 +73,7 @@ def prepare(name: str) -> None:
 
 
 def build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
-          min_8bit_size: int | None = None) -> tuple[torch.optim.Optimizer, Any]:
+          min_8bit_size: int | None = None) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
     """(optimizer, scheduler or None) for the recipe's optimizer ``name``; ``min_8bit_size``: the
     8-bit optimizers' threshold (None: bitsandbytes' default)."""
     if name == "adam":
@@ -82,18 +84,19 @@ def build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
         return optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total_steps))
     if name == "adamw" or name in EIGHT_BIT:
         hf = training_arguments_defaults()
-        kwargs = dict(lr=learning_rate, betas=(hf["adam_beta1"], hf["adam_beta2"]), eps=hf["adam_epsilon"])
+        betas, eps = (hf["adam_beta1"], hf["adam_beta2"]), hf["adam_epsilon"]
         groups = parameter_groups(model)
         if name == "adamw":
-            return torch.optim.AdamW(groups, **kwargs), None
+            return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps), None
         reason = bitsandbytes_unavailable()
         if reason:
             raise UsageError(f"technique {name!r} needs bitsandbytes' 8-bit optimizers: {reason}")
         import bitsandbytes as bnb
 
-        if min_8bit_size is not None:
-            kwargs["min_8bit_size"] = min_8bit_size
-        return getattr(bnb.optim, EIGHT_BIT[name])(groups, **kwargs), None
+        threshold = {} if min_8bit_size is None else {"min_8bit_size": min_8bit_size}
+        eight_bit: torch.optim.Optimizer = getattr(bnb.optim, EIGHT_BIT[name])(
+            groups, lr=learning_rate, betas=betas, eps=eps, **threshold)
+        return eight_bit, None
     if name == "adafactor":
         from transformers.optimization import Adafactor
 

@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from memclaims.record import ACTIVATIONS, BUFFERS, GRADIENTS, OPTIMIZER_STATE, PARAMETERS
+
 
 @dataclass
 class PhasePeak:
@@ -241,14 +243,14 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None)
 # torch's MemTracker already tracks every storage through a dispatch mode with weakref finalizers
 # and sorts it by category; we only map its categories onto the Record's.
 _CATEGORY = {
-    "Parameter": "parameters",
-    "Buffer": "buffers",
-    "Gradient": "gradients",
-    "Optstate": "optimizer_state",
-    "Activation": "activations_and_temporaries",
-    "Temp": "activations_and_temporaries",
-    "Input": "activations_and_temporaries",
-    "Other": "activations_and_temporaries",
+    "Parameter": PARAMETERS,
+    "Buffer": BUFFERS,
+    "Gradient": GRADIENTS,
+    "Optstate": OPTIMIZER_STATE,
+    "Activation": ACTIVATIONS,
+    "Temp": ACTIVATIONS,
+    "Input": ACTIVATIONS,
+    "Other": ACTIVATIONS,
 }
 
 
@@ -258,7 +260,7 @@ def _breakdown(snapshot: dict[Any, int]) -> dict[str, int]:
         label = getattr(key, "value", key)
         if label == "Total":
             continue
-        category = _CATEGORY.get(str(label), "activations_and_temporaries")
+        category = _CATEGORY.get(str(label), ACTIVATIONS)
         result[category] = result.get(category, 0) + int(value)
     return result
 
@@ -377,13 +379,13 @@ class CudaProbe:
         if self._model_states is not None:
             states = model_state_bytes(*self._model_states)
             peak.breakdown = {
-                "parameters": states["param_bytes"],
-                "gradients": states["grad_bytes"],
-                "optimizer_state": states["optimizer_state_bytes"],
+                PARAMETERS: states["param_bytes"],
+                GRADIENTS: states["grad_bytes"],
+                OPTIMIZER_STATE: states["optimizer_state_bytes"],
             }
             # The allocator does not label blocks: the rest of the peak is activations and
             # temporaries, derived by subtraction.
-            peak.breakdown["activations_and_temporaries"] = max(0, peak.allocated_bytes - sum(peak.breakdown.values()))
+            peak.breakdown[ACTIVATIONS] = max(0, peak.allocated_bytes - sum(peak.breakdown.values()))
 
     def step_phase(self, name: str) -> Any:
         return self._recorder.measure(name, per_step=True)

@@ -57,7 +57,18 @@ def resolve(value: Any, source: dict[str, Any] | None = None) -> Any:
 
 def row(section: str, script: str) -> dict[str, Any]:
     """One logged run (``row('vit_chain', '03_bfloat16')``)."""
-    return lookup(f"@{section}/{script}")
+    logged: dict[str, Any] = lookup(f"@{section}/{script}")  # a row of a logged table is an object
+    return logged
+
+
+def chain_row(techniques: tuple[str, ...]) -> dict[str, Any]:
+    """The logged ViT chain row (``vit_chain``) whose recipe is ``techniques``: its script and numbers."""
+    rows: list[dict[str, Any]] = data()["vit_chain"]
+    for entry in rows:
+        if set(entry["techniques"]) == set(techniques) and entry.get("peak_reserved_gb") is not None:
+            return entry
+    raise UsageError(f"no logged vit_chain row runs {'+'.join(techniques)}; "
+                     f"logged: {', '.join(r['script'] for r in rows if r.get('peak_reserved_gb') is not None)}")
 
 
 def claims() -> list[dict[str, Any]]:
@@ -65,7 +76,8 @@ def claims() -> list[dict[str, Any]]:
 
 
 def claim(claim_id: str) -> dict[str, Any]:
-    for entry in data()["claims"]:
+    entries: list[dict[str, Any]] = data()["claims"]
+    for entry in entries:
         if entry["id"] == claim_id:
             return entry
     raise UsageError(f"unknown claim {claim_id!r}; valid: {', '.join(c['id'] for c in data()['claims'])}")

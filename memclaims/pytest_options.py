@@ -1,8 +1,9 @@
 """The command-line and ini options of memclaims' pytest plugin.
 
-Apart from the plugin because it must import nothing but pytest: with a broken install the
-environment preflight (conftest.py) still registers them, so that a command line naming them
-reaches the preflight's one line instead of an "unrecognized arguments" error.
+Apart from the plugin because it must import nothing but pytest (and the technique registry,
+which imports nothing outside the standard library): with a broken install the environment
+preflight (conftest.py) still registers them, so that a command line naming them reaches the
+preflight's one line instead of an "unrecognized arguments" error.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Any
 
 import pytest
 
-SELECTIONS = ("singles", "default", "full")
+from memclaims import techniques
+
+SELECTIONS = tuple(techniques.SELECTIONS)  # the names --memclaims-matrix takes
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -94,11 +94,13 @@ def sized_scale(work: Workload, scale: Scale, sizes: Sizes, accumulates: bool) -
     if sizes.accumulation_steps is not None and not accumulates:
         raise UsageError(f"--accumulation-steps {sizes.accumulation_steps} needs the grad-accum technique "
                          "(-t grad-accum), which splits each batch into that many micro-batches")
-    changes = {name: value for name, value in (("batch_size", sizes.batch_size), ("image_size", sizes.image_size),
-                                               ("seq_len", sizes.seq_len),
-                                               ("accumulation_steps", sizes.accumulation_steps))
-               if value is not None}
-    sized = replace(scale, **changes) if changes else scale
+    # Each knob by name, so that replace() can check it against its Scale field's type.
+    sized = scale if sizes == Sizes() else replace(
+        scale,
+        batch_size=scale.batch_size if sizes.batch_size is None else sizes.batch_size,
+        image_size=scale.image_size if sizes.image_size is None else sizes.image_size,
+        seq_len=scale.seq_len if sizes.seq_len is None else sizes.seq_len,
+        accumulation_steps=scale.accumulation_steps if sizes.accumulation_steps is None else sizes.accumulation_steps)
     if work.check_scale is not None:
         work.check_scale(sized)
     return sized

@@ -13,6 +13,16 @@ from typing import Any
 
 VERSIONED_PACKAGES = ("torch", "torchvision", "lightning", "transformers", "bitsandbytes", "torchmetrics")
 
+# The memory categories of ``Record.breakdown``, in the order reports list them. Every probe fills
+# these four; the CPU probe also counts registered buffers apart (none in these models' training
+# state), under BUFFERS.
+PARAMETERS = "parameters"
+GRADIENTS = "gradients"
+OPTIMIZER_STATE = "optimizer_state"
+ACTIVATIONS = "activations_and_temporaries"
+CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS)
+BUFFERS = "buffers"
+
 
 def library_versions() -> dict[str, str | None]:
     """Installed versions, read from package metadata (nothing is imported, so this is cheap)."""

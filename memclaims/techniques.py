@@ -7,7 +7,7 @@ one entry here (and, if it changes something new, one field the runner reads).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -89,7 +89,9 @@ TECHNIQUES: tuple[Technique, ...] = (
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}
 REFERENCE = "fabric"
 
-# The article's cumulative single-GPU chain, 02 -> 06: each entry changes the previous by one thing.
+# The article's cumulative single-GPU chain, 02 -> 06: each entry changes the previous by one thing
+# (01-2, the REFERENCE, comes before it). The one table of the chain's recipes; each step's logged
+# script and numbers are its row in baselines/published.json (``published.chain_row``).
 ARTICLE_CHAIN: tuple[tuple[str, ...], ...] = (
     ("16-mixed",),
     ("bf16-true",),
@@ -199,3 +201,21 @@ def default_selection(pool: tuple[Technique, ...] | None = None) -> list[tuple[s
 def full_matrix(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ...]]:
     pool = single_process() if pool is None else pool
     return [canonical(c) for c in valid_combinations(pool)]
+
+
+# The named selections of technique combinations, the one table of their names (pytest's
+# --memclaims-matrix, ``memclaims benchmark --selection``, ``memclaims list``'s case counts).
+SELECTIONS: dict[str, Callable[[], list[tuple[str, ...]]]] = {
+    "singles": lambda: singles(single_process()),
+    "default": lambda: default_selection(),
+    "full": lambda: full_matrix(),
+}
+
+
+def selection(name: str) -> list[tuple[str, ...]]:
+    """The combinations the selection ``name`` runs (``SELECTIONS``)."""
+    try:
+        select = SELECTIONS[name]
+    except KeyError:
+        raise UsageError(f"unknown selection {name!r}; valid selections: {', '.join(SELECTIONS)}") from None
+    return select()

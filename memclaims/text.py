@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -132,7 +132,7 @@ class WordTokenizer:
         return " ".join(self.vocabulary[i] for i in ids)
 
 
-class SyntheticReviews(Dataset):
+class SyntheticReviews(Dataset[data.Example]):
     """Review ``i`` is generated from (seed, i) alone: deterministic, lazy, any size.
 
     A review mixes neutral words with sentiment words; the label's polarity always has strictly
@@ -167,7 +167,7 @@ class SyntheticReviews(Dataset):
 # --- IMDb from a local copy ---------------------------------------------------------------------
 
 
-class TokenizedTexts(Dataset):
+class TokenizedTexts(Dataset[data.Example]):
     """(text, label) rows tokenized on access with the model's own (cached) tokenizer."""
 
     def __init__(self, rows: list[tuple[str, int]], tokenizer: Any, max_length: int,
@@ -281,7 +281,8 @@ def architecture(model: TextModel, scale: Scale, num_classes: int | None = 2) ->
     """Randomly initialised, in the era's attention implementation (the sim builds this)."""
     from transformers import AutoModelForSequenceClassification
 
-    return AutoModelForSequenceClassification.from_config(config(model, scale), attn_implementation=ATTENTION)
+    return cast(nn.Module, AutoModelForSequenceClassification.from_config(config(model, scale),
+                                                                          attn_implementation=ATTENTION))
 
 
 def fake_inputs(model: TextModel, scale: Scale, batch: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

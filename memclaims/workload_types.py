@@ -89,5 +89,6 @@ class Workload:
     def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
         if self.logits_fn is not None:
             return self.logits_fn(model, inputs)
+        # nn.Module.__call__ is typed Any: the logits' type is the workload's contract.
         logits: torch.Tensor = model(**inputs).logits if isinstance(inputs, dict) else model(inputs)
         return logits

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -61,18 +61,19 @@ class VitFamily:
             raise UsageError(f"image size {size} is not a multiple of the patch size {patch} of {self.builder} "
                              f"at scale {scale.name!r}; valid image sizes are multiples of {patch}, e.g. {valid}")
 
+    # torchvision ships no type information: its models are cast to nn.Module where they leave this class.
     def architecture(self, scale: Scale | str, num_classes: int | None = 10) -> nn.Module:
         """Randomly initialised; ``num_classes=None`` keeps the stock 1000-class head (07 scripts)."""
         import torchvision.models as models
 
         sizes = self._sizes(scale.name if isinstance(scale, Scale) else scale)
         if sizes:
-            return models.VisionTransformer(num_classes=num_classes or 10,
-                                            **dict(sizes, image_size=self.image_size(scale)))
+            return cast(nn.Module, models.VisionTransformer(num_classes=num_classes or 10,
+                                                            **dict(sizes, image_size=self.image_size(scale))))
         model = getattr(models, self.builder)(weights=None, image_size=self.image_size(scale))
         if num_classes is not None:
             model.heads.head = nn.Linear(in_features=self.hidden_dim, out_features=num_classes)
-        return model
+        return cast(nn.Module, model)
 
     def _weights(self) -> Any:
         import torchvision.models as models
@@ -81,7 +82,8 @@ class VitFamily:
         return getattr(getattr(models, enum_name), member)
 
     def weights_cached(self) -> bool:
-        filename = os.path.basename(self._weights().url)
+        url: str = self._weights().url
+        filename = os.path.basename(url)
         return (Path(torch.hub.get_dir()) / "checkpoints" / filename).is_file()
 
     def build(self, scale: Scale) -> tuple[nn.Module, str]:
@@ -93,7 +95,7 @@ class VitFamily:
         # Loading from the hub cache never downloads: the file is already there.
         model = getattr(models, self.builder)(weights=self._weights())
         model.heads.head = nn.Linear(in_features=self.hidden_dim, out_features=10)
-        return model, "pretrained"
+        return cast(nn.Module, model), "pretrained"
 
     def data(self, scale: Scale, data_dir: str | os.PathLike[str] | None) -> data.DataBundle:
         return data.images(self.image_size(scale), data_dir)
@@ -102,7 +104,7 @@ class VitFamily:
 def _vit_block() -> type[nn.Module]:
     from torchvision.models.vision_transformer import EncoderBlock
 
-    return EncoderBlock
+    return cast(type[nn.Module], EncoderBlock)
 
 
 # Five measured steps: step 1 creates the optimizer state, step 2 is the first steady step, and

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from fixtures.messages import differs, not_related, who
-from memclaims import active, lightning_fsdp
+from memclaims import active, lightning_fsdp, published
 from memclaims.claims import peak, peak_metric
 from memclaims.distributed import DistributedResult, expected_shard_bytes, run_distributed, run_distributed_many
 from memclaims.named_recipes import NAMED_RECIPES
@@ -245,8 +245,9 @@ def test_distributed_refusals_are_usage_errors() -> None:
 GPUS = torch.cuda.device_count()
 GB = 1e9  # the article prints max_memory_reserved() / 1e9
 ARTICLE_08_11 = (FSDP_AC, FSDP_AC + ("cpu-offload",), FSDP_AC + ("cpu-offload", "delayed-init"))
-# Rank 0 of the article's 4-GPU runs, decimal GB (ARTICLE.md).
-PUBLISHED_08_11 = {ARTICLE_08_11[0]: 6.59, ARTICLE_08_11[1]: 6.03, ARTICLE_08_11[2]: 6.03}
+# Rank 0 of the article's 4-GPU runs 08, 09 and 11, decimal GB (baselines/published.json).
+PUBLISHED_08_11 = {techniques: published.row("multi_gpu", script)["peak_reserved_gb"] for techniques, script in
+                   zip(ARTICLE_08_11, ("08_fsdp-with-01-2", "09_fsdp-cpu-offload-with-01-2", "11_delay-allocation"))}
 # A GPU run's allocator may differ from the exact shard by FlatParameter padding and rounding.
 SHARD_TOLERANCE = 0.05
 

@@ -64,6 +64,8 @@ class EightBitStateModel(torch.optim.Optimizer):
         if layout.unorm_bytes:
             state["unorm_vec"] = torch.zeros((1,), dtype=torch.float32)
 
+    # Narrower than Optimizer.step's overloads on purpose: the state model computes no loss, so it
+    # takes no closure to return one from.
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         for group in self.param_groups:

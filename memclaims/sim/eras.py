@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -52,7 +52,8 @@ def _step_value(step: Tensor) -> float:
 def multi_tensor_adam_2023_06(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
                               exp_avg_sqs: list[Tensor], max_exp_avg_sqs: list[Tensor],
                               state_steps: list[Tensor], grad_scale: Tensor | None, found_inf: Tensor | None,
-                              *, amsgrad: bool, beta1: Any, beta2: Any, lr: Any, weight_decay: float,
+                              *, amsgrad: bool, beta1: float | Tensor, beta2: float | Tensor, lr: float | Tensor,
+                              weight_decay: float,
                               eps: float, maximize: bool, capturable: bool, differentiable: bool,
                               decoupled_weight_decay: bool = False, has_complex: bool = False) -> None:
     """foreach Adam / AdamW of the 2023-06 nightly, op for op in what it allocates."""
@@ -62,10 +63,16 @@ def multi_tensor_adam_2023_06(params: list[Tensor], grads: list[Tensor], exp_avg
         raise NotImplementedError("the 2023-06 foreach Adam is reconstructed for capturable=False, "
                                   "differentiable=False, no grad scaler only")
     beta1, beta2, lr = float(beta1), float(beta2), float(lr)
+    # torch types the argument list[list[Tensor | None]]; lists are invariant, so our list[list[Tensor]]
+    # needs the same ignore torch's own _multi_tensor_adam carries for this call.
     grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype(
         [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps])  # type: ignore[list-item]
-    for (device_params, device_grads, device_exp_avgs, device_exp_avg_sqs, device_max_exp_avg_sqs,
-         device_state_steps), _ in grouped.values():
+    for groups, _ in grouped.values():
+        # Every list passed in holds tensors only (no None entries), so each group does too.
+        (device_params, grads_in, device_exp_avgs, device_exp_avg_sqs, device_max_exp_avg_sqs,
+         device_state_steps) = (cast(list[Tensor], group) for group in groups)
+        # torch's foreach ops return tuples; the gradients may be replaced by such a temporary.
+        device_grads: list[Tensor] | tuple[Tensor, ...] = grads_in
         if maximize:
             device_grads = torch._foreach_neg(tuple(device_grads))  # a temporary, kept to the end
         torch._foreach_add_(device_state_steps, 1)
@@ -108,8 +115,8 @@ def optimizer_era(era: str) -> Iterator[None]:
     import torch.optim.adam as adam_module
 
     original = adam_module._multi_tensor_adam
-    adam_module._multi_tensor_adam = multi_tensor_adam_2023_06  # type: ignore[assignment]
+    adam_module._multi_tensor_adam = multi_tensor_adam_2023_06
     try:
         yield
     finally:
-        adam_module._multi_tensor_adam = original  # type: ignore[assignment]
+        adam_module._multi_tensor_adam = original

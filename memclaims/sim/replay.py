@@ -568,6 +568,9 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
     notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
                  f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} (installed Lightning's "
                  f"FSDPPrecision); not modelled: " + "; ".join(sharded.UNMODELLED.values()))
+    if not sharded.limit_all_gathers(chosen.optimizer_era):
+        notes.append("limit_all_gathers=False (FSDP1's default before pytorch PR #104900): the forward's all-gather "
+                     "buffers stay taken until the first pre-backward hook (memclaims.sim.sharded._RunAhead)")
     if recipe.delayed_init:
         notes.append("init_module(empty_init=False) under FSDPStrategy builds on the host (no device context): "
                      "the load replays as without it")
@@ -579,14 +582,15 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
             with session.host():
                 # Fabric converts true precisions on the host; the unsharded (compute) copy is param_dtype.
                 with _default_dtype(shard_dtype):
-                    model = build(recipe.scale.name, recipe.workload.num_classes)
+                    model = build(recipe.scale, recipe.workload.num_classes)
             moved = not recipe.cpu_offload  # Fabric.setup moves the model before the strategy wraps it
             if moved:
                 _move(model)
             wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=world,
                                    shard_dtype=shard_dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                                    offload=recipe.cpu_offload, checkpointing=recipe.activation_checkpointing,
-                                   auto_wrap=recipe.workload.fsdp_auto_wrap, moved=moved)
+                                   auto_wrap=recipe.workload.fsdp_auto_wrap, moved=moved,
+                                   limit_gathers=sharded.limit_all_gathers(chosen.optimizer_era))
             if param_dtype != shard_dtype:  # the compute copies the units all-gather (host fakes, uncounted)
                 with session.host():
                     _move(model, param_dtype)

@@ -21,22 +21,38 @@ FSDP1's allocations emulated around the real model's forward and backward (per-r
   briefly); the reduce-scatter writes a shard-sized gradient (cast to the reduce dtype first
   when it differs) and the full one is freed; with offload the sharded gradient goes to the host;
 - the optimizer steps over the shards (Adam state ``2/W`` of the model), on the host with offload;
+- with offload, each unit's reduce-scattered gradient stays on the device as ``_saved_grad_shard``
+  (``_runtime_utils._post_backward_hook``: kept to accumulate into, only copied to the pinned host
+  gradient) until the end-of-backward callback (``_post_backward_final_callback`` ->
+  ``FlatParamHandle.prepare_gradient_for_optim`` deletes it): a whole rank's gradient shard, 1/W of the
+  model, is on the device at the end of every backward even though the step runs on the host;
+- no rate limiter in the article's nightly (``limit_all_gathers=False``, FSDP1's default until pytorch
+  PR #104900 of 2023-07-11; Lightning's FSDPStrategy never set it): an unsharded flat parameter is
+  freed with ``record_stream`` on the compute stream (``FlatParamHandle._free_unsharded_flat_param``),
+  so its block returns to the unshard stream's pool only when the GPU has run that unit. The loop syncs
+  once per iteration (torchmetrics' ``update`` validates with ``torch.unique``), after which the CPU
+  issues the forward (a few hundred kernels, well within the launch queue) long before the GPU has run
+  its first blocks: every unit's all-gather buffer of the forward is live at once in the unshard
+  stream's pool (PR #83917, which added the limiter: "preventing a fast CPU thread from over-allocating
+  blocks to the all-gather stream"). The replay holds them until the first pre-backward hook has
+  all-gathered (so those two take fresh blocks too), then frees them;
 - streams: all-gathers run on FSDP's unshard stream and reduce-scatters on its post-backward
   stream; the allocator keeps free blocks per stream, which is what makes FSDP reserve more than
   it allocates.
 
 Not predicted, and bounded in ``UNMODELLED``: NCCL's own buffers (outside the caching allocator,
-so outside ``max_memory_reserved``: 0 by construction), the cross-stream frees that the real
-allocator delays until the stream's work completes (``record_stream``: at most one more unsharded
-unit and one more flat gradient per stream, which the bound below states), and the evaluation loop.
+so outside ``max_memory_reserved``: 0 by construction), how far the CPU also runs ahead in the
+backward (timing: the replay frees the backward's unsharded parameters and gradients at once; at
+most every unit's unsharded parameter and flat gradient more, ``backward_run_ahead_bound``), and the
+evaluation loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -54,12 +70,40 @@ DEFAULT_STREAM, UNSHARD_STREAM, POST_BACKWARD_STREAM = 0, 1, 2
 UNMODELLED = {
     "nccl": "NCCL's communication buffers are cudaMalloc'd outside the caching allocator: not in "
             "max_memory_reserved, so 0 by construction",
-    "record_stream": "frees across streams wait for the stream's work in the real allocator; the replay "
-                     "frees at once. Bound: at most one more unsharded unit and one more flat gradient "
-                     "alive (2 x the largest unit's bytes)",
-    "evaluation": "the validation loop (no_grad, one unit unsharded at a time) stays below the training "
-                  "peak and is not replayed",
+    "record_stream": "in the backward, frees across streams (record_stream) wait for the GPU; how far the "
+                     "CPU runs ahead there is timing, not modelled: the replay frees the backward's "
+                     "unsharded parameters and flat gradients at once. Bound: at most every unit's "
+                     "unsharded parameter and flat gradient more (backward_run_ahead_bound)",
+    "evaluation": "the validation loop (no_grad: no saved activations; its all-gathers, run ahead or not, "
+                  "reuse the unshard pool the training forward filled) stays below the training peak and is "
+                  "not replayed",
 }
+
+
+def limit_all_gathers(optimizer_era: str) -> bool:
+    """FSDP1's ``limit_all_gathers`` default in the torch a profile replays: ``False`` in the 2023-06-23
+    nightly (the era whose foreach Adam the ``2023-06`` optimizer era replays), ``True`` from pytorch
+    PR #104900 (merged 2023-07-11, in the 2.1 release) on."""
+    return optimizer_era != "2023-06"
+
+
+@dataclass(eq=False)
+class _RunAhead:
+    """The forward's unsharded flat parameters whose frees wait for the GPU (no rate limiter)."""
+
+    limit_all_gathers: bool
+    pending: list[torch.Tensor] = field(default_factory=list)
+
+    def release(self) -> None:
+        self.pending.clear()
+
+
+def backward_run_ahead_bound(param_count: int, param_dtype: torch.dtype) -> int:
+    """Upper bound of what the backward's CPU run-ahead can add (``UNMODELLED["record_stream"]``): every
+    unit's unsharded flat parameter (unshard stream) and unsharded flat gradient (freed with
+    ``record_stream`` on the post-backward stream) still taken at once, i.e. two unsharded models in
+    ``param_dtype``. The replay itself frees them at once (the lower end)."""
+    return 2 * param_count * param_dtype.itemsize
 
 
 def mixed_precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype]:
@@ -67,7 +111,8 @@ def mixed_precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype]:
     from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
 
     config = FSDPPrecision(precision).mixed_precision_config  # type: ignore[arg-type]
-    return config.param_dtype, config.reduce_dtype
+    # None would mean "keep the parameters' dtype"; every precision FSDPPrecision accepts sets both.
+    return config.param_dtype or torch.float32, config.reduce_dtype or torch.float32
 
 
 @dataclass(eq=False)
@@ -89,6 +134,8 @@ class _Unit:
     grads_seen: int = 0
     next_in_backward: _Unit | None = None
     host_shard: torch.Tensor | None = field(default=None, repr=False)
+    run_ahead: _RunAhead = field(default_factory=lambda: _RunAhead(True))
+    saved_grad_shard: torch.Tensor | None = field(default=None, repr=False)  # offload: on the device
 
     @property
     def numel(self) -> int:
@@ -113,16 +160,25 @@ class _Unit:
         """FSDP1's wrap of one unit: flatten its parameters (a cat), keep rank 0's padded/W slice (a
         clone) and free the rest. ``on_device``: Fabric's ``setup`` already moved the whole model to
         the device (``move_to_device=True``, rows 08 and the ViT-H/14 FSDP bars), so the originals are
-        freed as their unit flattens; with offload (``move_to_device=False``) all of it stays on the host."""
-        if self.offload:
-            self.memory.counting = False
+        freed as their unit flattens. With offload (``move_to_device=False``) the model is on the host,
+        but Lightning passes ``device_id``, so ``_init_utils._move_module_to_device`` moves the unit's
+        parameters to the device first: they are flattened and sharded there, and only the shard goes
+        to the host (``_init_param_handle_from_params``: ``flat_param_to(cpu)``), unit after unit."""
+        moved_here = [torch.empty(p.shape, dtype=self.shard_dtype) for p in self.params] if self.offload else []
+        flat = torch.empty(self.padded, dtype=self.shard_dtype)  # flatten_tensors: cat
+        if on_device:
+            for p in self.params:  # the originals' storage, replaced by views into the flat parameter
+                self.memory.forget(p)
+        del moved_here
+        shard = torch.empty(self.padded // self.world, dtype=self.shard_dtype)
+        del flat  # flat_param.set_(shard): the full flat storage is released
+        if not self.offload:
+            self.shard = nn.Parameter(shard)
+            return
+        del shard  # flat_param_to(cpu): the shard moves to (pinned) host memory
+        self.memory.counting = False
         try:
-            flat = torch.empty(self.padded, dtype=self.shard_dtype)  # flatten_tensors: cat
-            if on_device:
-                for p in self.params:  # the originals' storage, replaced by views into the flat parameter
-                    self.memory.forget(p)
             self.shard = nn.Parameter(torch.empty(self.padded // self.world, dtype=self.shard_dtype))
-            del flat  # flat_param.set_(shard): the full flat storage is released
         finally:
             self.memory.counting = True
 
@@ -137,7 +193,11 @@ class _Unit:
             self.full = torch.empty(self.padded, dtype=self.param_dtype)
             del staged
 
-    def reshard(self) -> None:
+    def reshard(self, after_forward: bool = False) -> None:
+        """Free the unsharded flat parameter; after a forward without the rate limiter its block stays
+        taken until the GPU has run the unit (record_stream on the compute stream), see ``_RunAhead``."""
+        if after_forward and not self.run_ahead.limit_all_gathers and self.full is not None:
+            self.run_ahead.pending.append(self.full)
         self.full = None
 
     def on_grad(self, param: nn.Parameter) -> None:
@@ -158,7 +218,14 @@ class _Unit:
                 reduced = reduced.to(self.shard_dtype)
         assert self.shard is not None
         if self.offload:
-            del reduced  # copied to the pinned host gradient, freed on the device
+            # _post_backward_hook keeps the sharded gradient on the device as ``_saved_grad_shard`` (to
+            # accumulate into) and copies it to the pinned host gradient; prepare_gradient_for_optim
+            # deletes it at the end of the backward (end_backward).
+            if self.saved_grad_shard is None:
+                self.saved_grad_shard = reduced
+            else:
+                self.saved_grad_shard.add_(reduced)
+            del reduced
             self.memory.counting = False
             try:
                 if self.shard.grad is None:
@@ -172,21 +239,28 @@ class _Unit:
             del reduced
         self.reshard()
 
+    def end_backward(self) -> None:
+        """``_post_backward_final_callback``: the device's ``_saved_grad_shard`` goes (offload)."""
+        self.saved_grad_shard = None
+
 
 class _PreBackward(torch.autograd.Function):
     """Identity on a unit's output whose backward is FSDP1's pre-backward hook (unshard + prefetch)."""
 
     @staticmethod
-    def forward(ctx: Any, output: torch.Tensor, unit: _Unit) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, output: torch.Tensor, unit: _Unit) -> torch.Tensor:
         ctx.unit = unit
         return output.view_as(output)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         unit: _Unit = ctx.unit
         unit.unshard()
         if unit.next_in_backward is not None:
             unit.next_in_backward.unshard()
+        # The GPU is still in the forward when the CPU reaches the first pre-backward hook (its two
+        # all-gathers above took fresh blocks); the replay then lets the forward's buffers go.
+        unit.run_ahead.release()
         return grad, None
 
 
@@ -197,18 +271,34 @@ class _Wrapped(nn.Module):
         super().__init__()
         self.block, self.unit, self.checkpointing, self.order = block, unit, checkpointing, order
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.unit.unshard()
         if self.unit not in self.order:
             self.order.append(self.unit)
         if self.checkpointing:
+            from torch.overrides import _get_current_function_mode_stack
             from torch.utils.checkpoint import checkpoint
 
-            y = checkpoint(self.block, x, use_reentrant=False)
+            from memclaims.sim.autocast import CudaAutocastPolicy
+
+            # checkpoint restores torch.autocast's state for the recompute (on a GPU: CUDA autocast's
+            # whole policy); the emulated CUDA policy is a function mode it does not know: re-enter it.
+            stack = _get_current_function_mode_stack()  # type: ignore[no-untyped-call]
+            policy = any(isinstance(m, CudaAutocastPolicy) for m in stack)
+
+            def contexts() -> tuple[Any, Any]:
+                return nullcontext(), (CudaAutocastPolicy() if policy else nullcontext())
+
+            y = checkpoint(self.block, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         else:
-            y = self.block(x)
-        y = _PreBackward.apply(y, self.unit)
-        self.unit.reshard()
+            y = self.block(*args, **kwargs)
+        # FSDP1 registers its pre-backward hook on every tensor output (text blocks return tuples).
+        if isinstance(y, torch.Tensor):
+            y = cast(torch.Tensor, _PreBackward.apply(y, self.unit))
+        elif isinstance(y, tuple):
+            y = tuple(cast(torch.Tensor, _PreBackward.apply(t, self.unit))
+                      if isinstance(t, torch.Tensor) and t.requires_grad else t for t in y)
+        self.unit.reshard(after_forward=True)
         return y
 
 
@@ -218,6 +308,12 @@ class ShardedModel:
     units: list[_Unit]
     root: _Unit
     order: list[_Unit]
+    run_ahead: _RunAhead
+
+    def end_backward(self) -> None:
+        self.run_ahead.release()
+        for unit in self.units:
+            unit.end_backward()
 
     def shards(self) -> list[nn.Parameter]:
         return [u.shard for u in self.units if u.shard is not None]
@@ -225,15 +321,18 @@ class ShardedModel:
 
 def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *, world: int,
          shard_dtype: torch.dtype, param_dtype: torch.dtype, reduce_dtype: torch.dtype, offload: bool,
-         checkpointing: bool, auto_wrap: bool, moved: bool) -> ShardedModel:
-    """Wrap ``model`` (built on the host) as FSDP1 would; allocate rank 0's shards."""
+         checkpointing: bool, auto_wrap: bool, moved: bool, limit_gathers: bool = True) -> ShardedModel:
+    """Wrap ``model`` (built on the host) as FSDP1 would; allocate rank 0's shards. ``limit_gathers``:
+    FSDP1's ``limit_all_gathers`` (see ``limit_all_gathers``)."""
     order: list[_Unit] = []
     units: list[_Unit] = []
+    run_ahead = _RunAhead(limit_gathers)
 
     def unit(name: str, params: list[nn.Parameter], root: bool = False) -> _Unit:
-        made = _Unit(name, params, world, shard_dtype, param_dtype, reduce_dtype, offload, memory, root=root)
+        made = _Unit(name, params, world, shard_dtype, param_dtype, reduce_dtype, offload, memory, root=root,
+                     run_ahead=run_ahead)
         for p in params:
-            p.register_post_accumulate_grad_hook(made.on_grad)
+            p.register_post_accumulate_grad_hook(made.on_grad)  # type: ignore[no-untyped-call]
         units.append(made)
         return made
 
@@ -250,11 +349,11 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
     # Wrapping is bottom-up (blocks first, the root last), and so is the flatten-and-shard.
     for u in units:
         u.shard_up(on_device=moved)
-    return ShardedModel(model, units, root, order)
+    return ShardedModel(model, units, root, order, run_ahead)
 
 
 def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
-          inputs_fn: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]], precision: Any,
+          inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]], precision: Any,
           attention: Any) -> dict[str, int]:
     """The 01-2 loop (zero_grad after the forward pass) under FSDP1, on rank 0."""
     memory: DeviceMemory = session.memory
@@ -273,12 +372,12 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     # scripts): step at batch 0 and every accum-th batch, zero_grad after the step, and no
     # ``no_backward_sync``, so every micro-batch reduce-scatters into the sharded gradient.
     for batch_index in range(memory_steps * accumulation + 1):
-        inputs, targets = inputs_fn(recipe.scale.name, recipe.micro_batch_size)
+        inputs, targets = inputs_fn(recipe.scale, recipe.micro_batch_size)
         sharded.root.unshard()  # the root's pre-forward; FSDP1 keeps the root unsharded after forward
         with attention:
             x = precision.convert_input(inputs)
             with precision.forward_context():
-                out = sharded.model(x)
+                out = recipe.workload.logits(sharded.model, x)
             del x
             logits = precision.convert_output(out)
             del out
@@ -291,6 +390,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
         else:
             loss = loss / accumulation
         precision.backward(loss)
+        sharded.end_backward()
         sharded.root.reshard()
         loss.detach().float()
         if batch_index % accumulation != 0:

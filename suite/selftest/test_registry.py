@@ -63,6 +63,25 @@ def test_selection_is_deterministic() -> None:
     assert registry.default_selection() == registry.default_selection()
 
 
+def test_selections_by_name() -> None:
+    assert list(registry.SELECTIONS) == ["singles", "default", "full"]  # --memclaims-matrix's values
+    assert registry.selection("singles") == registry.singles(registry.single_process())
+    assert registry.selection("default") == registry.default_selection()
+    assert registry.selection("full") == registry.full_matrix()
+    with pytest.raises(UsageError, match="valid selections: singles, default, full"):
+        registry.selection("pairs")
+
+
+def test_every_chain_step_has_its_logged_row() -> None:
+    from memclaims import published
+
+    scripts = [published.chain_row(step)["script"] for step in ((registry.REFERENCE,), *registry.ARTICLE_CHAIN)]
+    assert scripts == ["01-2_pytorch-fabric", "02_mixed-precision", "03_bfloat16", "04_lower-batchsize",
+                       "05_gradient-accum", "06_sgd-with-scheduler"]
+    with pytest.raises(UsageError, match="no logged vit_chain row runs 16-true"):
+        published.chain_row(("16-true",))  # the text's NaN run logged no figure
+
+
 def test_recipe_resolution_follows_the_article() -> None:
     chain_end = resolve("vit", "article", ["bf16-true", "small-batch", "grad-accum", "sgd"])
     assert (chain_end.batch_size, chain_end.micro_batch_size, chain_end.accumulation_steps) == (16, 4, 4)
