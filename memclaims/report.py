@@ -9,14 +9,17 @@ Also ``calibrate``: tolerances from the spread of repeated runs, with a floor.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from memclaims.baselines import Baseline, BaselineStore, environment_id, overrides
 from memclaims.compare import MIB
+from memclaims.errors import OutOfMemory, UsageError
 from memclaims.recipe import Recipe, parse_id, resolve
 from memclaims.record import Record
+from memclaims.series import MeasureFn
 
 RunFn = Callable[[Recipe, str, bool], Record]  # (recipe, device, evaluate) -> Record
 
@@ -44,16 +47,17 @@ class Row:
     script: str
     recipe: str
     technique: str  # what the row adds, in the registry's words
-    published_gb: float
+    published_gb: float | None  # None: the published run did not run (bonus_bigbird-before)
     measured_bytes: int | None
     baseline_bytes: int | None
-    published_ratio: float
+    published_ratio: float | None
     measured_ratio: float | None
     verdict: str  # "holds" / "does not hold" / "n/a": the size claim of this row
     size: str = ""  # the claim's detail: ratio against the row before, expected, band, within or outside
     ran_as: str = ""  # a substitution, e.g. "bf16-mixed (Lightning has no float16 AMP on the CPU)"
-    kind: str = "train"  # "train" or "load" (07: a load peak, its own unit and reference)
+    kind: str = "train"  # "train", "load" (07: a load peak, its own unit and reference) or "series"
     claim: str = ""
+    series: str = ""  # for kind "series": vit-h14, distilbert or bigbird (memclaims.series), ratios to its first bar
 
 
 def _default_run(recipe: Recipe, device: str, evaluate: bool) -> Record:
@@ -90,9 +94,29 @@ def _tier(device: str) -> str:
     return {"cuda": "gpu"}.get(device, device)
 
 
+def _default_measure(recipes: Sequence[Recipe], device: str) -> list[list[Record]]:
+    """The series' one dispatch: single-process recipes one by one, sharded ones in one process group
+    (starting ranks costs seconds); memory only. One list of Records per recipe, rank 0 first."""
+    from memclaims.distributed import run_distributed_many
+    from memclaims.runner import RunOptions
+
+    options = RunOptions(device=device, evaluate=False)
+    sharded = [r for r in recipes if r.sharded]
+    ranks = dict(zip([r.id for r in sharded], run_distributed_many(sharded, options) if sharded else []))
+
+    def single(recipe: Recipe) -> list[Record]:
+        try:
+            return [_default_run(recipe, device, False)]
+        except OutOfMemory:  # bonus_bigbird-before on a GPU: the article's "not possible"
+            return []
+
+    return [ranks[r.id].records if r.sharded else single(r) for r in recipes]
+
+
 def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: BaselineStore | None = None,
-              scale: str | None = None) -> list[Row]:
-    """Run the chain on ``device``; write reproduce.md, reproduce.json and reproduce.png under ``out``."""
+              scale: str | None = None, series: bool = False, measure_fn: MeasureFn | None = None) -> list[Row]:
+    """Run the chain on ``device`` (with ``series``: also the ViT-H/14 series and the LLM bonus rows,
+    memclaims.series); write reproduce.md, reproduce.json and reproduce.png under ``out``."""
     from memclaims import claims, published
 
     run_fn = run_fn or _default_run
@@ -154,9 +178,51 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
                         measured / build if measured is not None and build else None,
                         ("holds" if load_result.passed else "does not hold") if is_init else "n/a",
                         load_result.detail if is_init else "", "", "load", "init-module-load" if is_init else ""))
+    if series:
+        rows += _series_rows(device, scale, measure_fn or _default_measure)
     summary = _audit(tier, lookup)
     out.mkdir(parents=True, exist_ok=True)
     _write(rows, device, scale, out, summary)
+    return rows
+
+
+def _series_rows(device: str, scale: str, measure_fn: MeasureFn) -> list[Row]:
+    """One row per bar of every series (memclaims.series): ratios to the series' first bar."""
+    from memclaims import series as series_module
+
+    if device == "sim":
+        raise UsageError("the series are predicted by `memclaims reproduce --device sim --all` (reproduce-all.md)")
+    bars = series_module.plan(device, scale)
+    recipes = series_module.recipes(bars, scale)
+    measured = dict(zip(recipes, measure_fn(list(recipes.values()), device)))
+    peak: Callable[[Record], int] = lambda r: _train_bytes(r, device) or 0  # noqa: E731
+    rows: list[Row] = []
+    for name, _title, names in series_module.SERIES:
+        mine = [b for b in bars if b.series == name]
+        first_ranks = measured.get(names[0])
+        first = first_ranks[0] if first_ranks else None
+        first_gb = mine[0].named.published.peak_gb
+        before: Record | None = None
+        before_gb: float | None = None
+        for index, bar in enumerate(mine):
+            ranks = measured.get(bar.named.name)
+            record = ranks[0] if ranks else None
+            gb = bar.named.published.peak_gb
+            verdict, size = "n/a", bar.why_not or ("out of memory on this device" if ranks == [] else "")
+            if index:
+                result = series_module.step(before, record, peak, gb / before_gb if gb and before_gb else None)
+                if result.passed is not None:
+                    verdict = "holds" if result.passed else "does not hold"
+                size = size or result.detail
+            label = bar.named.name.removeprefix(f"{name}-")
+            rows.append(Row(f"{name}/{label}", bar.named.source, recipes[bar.named.name].id if bar.named.name in recipes
+                            else f"{bar.named.workload}-{scale}/{'+'.join(bar.named.techniques)}",
+                            "+".join(bar.named.techniques), gb, None if record is None else peak(record), None,
+                            gb / first_gb if gb is not None and first_gb else None,
+                            peak(record) / peak(first) if record is not None and first is not None else None,
+                            verdict, size, "; ".join(bar.substitutions), "series", bar.named.name, name))
+            if record is not None:
+                before, before_gb = record, gb
     return rows
 
 
@@ -201,8 +267,13 @@ def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[st
     from memclaims import claims
 
     unit, div = _unit(device)
-    fmt = lambda v: "" if v is None else f"{v / div:.2f}"  # noqa: E731
-    ratio = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
+
+    def fmt(value: int | None) -> str:
+        return "" if value is None else f"{value / div:.2f}"
+
+    def ratio(value: float | None) -> str:
+        return "" if value is None else f"{value:.3f}"
+
     train = [r for r in rows if r.kind == "train"]
     load = [r for r in rows if r.kind == "load"]
     lines = [f"# The article's chain on {device} ({scale} scale)", "",
@@ -224,6 +295,7 @@ def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[st
         lines.append(f"| {r.row} {r.script} | {r.technique} | {r.published_gb:.2f} | {fmt(r.measured_bytes)} | "
                      f"{fmt(r.baseline_bytes)} | {r.published_ratio:.3f} | {ratio(r.measured_ratio)} | "
                      f"{_verdict_cell(r)} |")
+    lines += _series_tables([r for r in rows if r.kind == "series"], unit, fmt, ratio)
     lines += ["", "## Each size verdict, with its numbers", ""]
     lines += [f"- {r.row} ({r.claim}): {r.size}" for r in rows if r.size]
     lines += ["", "## The article against its own logs", ""]
@@ -232,8 +304,49 @@ def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[st
     (out / "reproduce.md").write_text("\n".join(lines) + "\n")
     (out / "reproduce.json").write_text(json.dumps(
         {"device": device, "scale": scale, "measured_unit": unit, "published_unit": "GB reserved (decimal)",
-         "rows": [asdict(r) for r in rows], "text_vs_logs": summary}, indent=2, sort_keys=True) + "\n")
+         "rows": [asdict(r) for r in rows], "text_vs_logs": summary,
+         "series": _series_facts(rows)}, indent=2, sort_keys=True) + "\n")
     _plot(rows, device, scale, unit, div, out / "reproduce.png")
+
+
+def _series_facts(rows: list[Row]) -> list[dict[str, object]]:
+    from memclaims.series import SERIES
+
+    facts: list[dict[str, object]] = []
+    for name, title, _names in SERIES:
+        mine = [r for r in rows if r.series == name]
+        if mine:
+            facts.append({"series": name, "title": title, "reference": mine[0].row,
+                          "ratios": f"peak memory / {mine[0].row}, published and measured alike"})
+    return facts
+
+
+def _series_tables(rows: list[Row], unit: str, fmt: Callable[[int | None], str],
+                   ratio: Callable[[float | None], str]) -> list[str]:
+    """One table per series: published beside measured, ratios to the series' first bar."""
+    from memclaims.series import SERIES
+
+    lines: list[str] = []
+    for name, title, _names in SERIES:
+        mine = [r for r in rows if r.series == name]
+        if not mine:
+            continue
+        lines += ["", f"## Series {name}: {title}", "",
+                  f"Ratios are to the series' first bar ({mine[0].row}). Size verdict: the bar against the bar "
+                  "before it: below it, and not below the floor derived from the exact bytes of the bar before "
+                  "(memclaims/series.py); the published ratios (4 GPUs, article scale) are shown, not asserted.", "",
+                  f"| bar | published run | techniques | ran as | published (GB) | measured ({unit}) | published ratio | "
+                  "measured ratio | size verdict |", "|---|---|---|---|---|---|---|---|---|"]
+        for index, r in enumerate(mine):
+            published_gb = "did not run" if r.published_gb is None else f"{r.published_gb:.2f}"
+            measured = fmt(r.measured_bytes) if r.measured_bytes is not None else "not run"
+            if index == 0 and r.measured_bytes is not None:
+                cell = "reference"
+            else:
+                cell = f"n/a: {r.size.split(':')[0]}" if r.verdict == "n/a" and r.size else _verdict_cell(r)
+            lines.append(f"| {r.row} | {r.script} | {r.technique} | {r.ran_as or 'as asked'} | {published_gb} | "
+                         f"{measured} | {ratio(r.published_ratio) or 'n/a'} | {ratio(r.measured_ratio) or 'n/a'} | {cell} |")
+    return lines
 
 
 def _verdict_cell(row: Row) -> str:
@@ -256,8 +369,19 @@ def _plot(rows: list[Row], device: str, scale: str, unit: str, div: float, path:
     positions = range(len(train))
     width = 0.4
     measured_name = "predicted" if device == "sim" else "measured"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5))
-    published_bars = left.bar([p - width / 2 for p in positions], [r.published_ratio for r in train], width,
+    series = [r for r in rows if r.kind == "series"]
+    names = list(dict.fromkeys(r.series for r in series))
+    if names:
+        fig = plt.figure(figsize=(15, 10.5))
+        grid = fig.add_gridspec(2, max(2, len(names)))
+        half = max(2, len(names)) // 2
+        left, right = fig.add_subplot(grid[0, :half]), fig.add_subplot(grid[0, half:])
+        for column, name in enumerate(names):
+            _plot_series(fig.add_subplot(grid[1, column]), [r for r in series if r.series == name], device,
+                         scale, measured_name)
+    else:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5))
+    published_bars = left.bar([p - width / 2 for p in positions], [r.published_ratio or 0 for r in train], width,
                               color="tab:gray", label="published (article scale, CUDA)")
     measured_bars = left.bar([p + width / 2 for p in positions], [r.measured_ratio or 0 for r in train], width,
                              color="tab:blue", label=f"{measured_name} here ({device}, {scale} scale)")
@@ -270,7 +394,7 @@ def _plot(rows: list[Row], device: str, scale: str, unit: str, div: float, path:
     left.axhline(1.0, color="black", linewidth=0.5)
     same_unit = device in ("cuda", "sim")
     if same_unit:
-        pub = right.bar([p - width / 2 for p in positions], [r.published_gb for r in train], width,
+        pub = right.bar([p - width / 2 for p in positions], [r.published_gb or 0 for r in train], width,
                         color="tab:gray", label="published (GB)")
         right.bar_label(pub, fmt="%.2f", fontsize=7)
     bars = right.bar([p + width / 2 if same_unit else p for p in positions],
@@ -285,6 +409,26 @@ def _plot(rows: list[Row], device: str, scale: str, unit: str, div: float, path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plot_series(axis: Any, rows: list[Row], device: str, scale: str, measured_name: str) -> None:
+    """One series: published and measured ratios to its first bar, side by side."""
+    width, positions = 0.4, range(len(rows))
+    labels = [r.row.split("/", 1)[1].replace("fsdp-", "fsdp\n+ ").replace("checkpointing-", "checkpointing\n+ ") + ("" if r.measured_bytes is not None else "\n(not run here)")
+              for r in rows]
+    published_bars = axis.bar([p - width / 2 for p in positions], [r.published_ratio or 0 for r in rows], width,
+                              color="tab:gray", label="published (4 GPUs, article scale)")
+    measured_bars = axis.bar([p + width / 2 for p in positions], [r.measured_ratio or 0 for r in rows], width,
+                             color="tab:orange", label=f"{measured_name} here ({device}, {scale} scale)")
+    axis.bar_label(published_bars, labels=[f"{r.published_ratio:.2f}" if r.published_ratio is not None else
+                                           "did not run" if r.published_gb is None else "n/a" for r in rows], fontsize=7)
+    axis.bar_label(measured_bars, labels=[f"{r.measured_ratio:.2f}" if r.measured_ratio is not None else "n/a"
+                                          for r in rows], fontsize=7)
+    axis.set_xticks(list(positions), labels, fontsize=7)
+    axis.set_ylabel(f"peak / {rows[0].row}")
+    axis.set_title(f"series {rows[0].series}: ratio to its first bar", fontsize=9)
+    axis.axhline(1.0, color="black", linewidth=0.5)
+    axis.legend(fontsize=7)
 
 
 def calibrate(recipe_id: str, runs: int, store: BaselineStore, *, device: str = "cpu",

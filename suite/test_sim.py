@@ -552,10 +552,3 @@ def test_table_rows_in_band_pending_or_explained():
     text = markdown(rows)
     assert "pending" in text and "| course | AdamW state |" in text
 
-
-def test_cli_all_needs_the_sim_device(capsys):
-    from memclaims.cli import main
-
-    assert main(["reproduce", "--device", "cpu", "--all"]) == 2
-    err = capsys.readouterr().err
-    assert "--device sim" in err and err.count("\n") == 1

@@ -1,0 +1,58 @@
+"""The published test accuracies at article scale on a GPU, where the data is the article's.
+
+One case per logged accuracy memclaims can rerun as published (memclaims/published_accuracy.py):
+the ViT chain on CIFAR-10, DistilBERT's "after" on IMDb. What a case needs (GPUs, the article's
+scale, the data set, cached pretrained weights, the article's one-epoch schedule) is data
+(``Target.needs``), checked at collection: a session without it skips the case with the reason and
+how to get it (``--memclaims-download``, ``--memclaims-accuracy-full-epochs``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fixtures.records import RecordCache
+from memclaims import published_accuracy
+from memclaims.published_accuracy import Facts, Target
+from memclaims.record import Record
+
+
+def session_facts(config: pytest.Config) -> Facts:
+    import torch
+
+    from memclaims.pytest_plugin import option
+
+    return Facts(cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                 gpu_scale=option(config, "gpu-scale") or "article", options=RecordCache(config).options("gpu"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "target" not in metafunc.fixturenames:
+        return
+    facts = session_facts(metafunc.config)
+    params = []
+    for target in published_accuracy.targets():
+        reason = published_accuracy.unmet(target, facts)
+        marks: list[Any] = [pytest.mark.gpu, *([pytest.mark.dist] if target.needs.cuda_devices > 1 else [])]
+        if reason:
+            marks.append(pytest.mark.skip(reason=reason))
+        params.append(pytest.param(target, id=f"gpu:{target.name}", marks=marks))
+    metafunc.parametrize("target", params)
+
+
+def _measure(target: Target, record_cache: RecordCache) -> Record:
+    """Rank 0's Record: the session's Record for one GPU (shared with the claims), every GPU for a sharded one."""
+    recipe = target.recipe()
+    if not recipe.sharded:
+        return record_cache.get("gpu", recipe)
+    from memclaims.distributed import run_distributed
+
+    return run_distributed(recipe, record_cache.options("gpu"), target.needs.cuda_devices, timeout_s=None).records[0]
+
+
+def test_published_accuracy(target: Target, record_cache: RecordCache, record_property: Any) -> None:
+    verdict = published_accuracy.check(target, _measure(target, record_cache))
+    record_property("detail", verdict.detail)
+    assert verdict.passed, verdict.detail
