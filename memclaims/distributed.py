@@ -105,7 +105,7 @@ def run_distributed_many(recipes: Sequence[Recipe], options: RunOptions, devices
         # Under torchrun the ranks may span nodes: this node's GPU count says nothing then.
         check_distributed(recipe, options.device, world, local=env is None)
     options = replace(options, devices=world)
-    if options.device == "cuda" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if options.device == "cuda" and torch.cuda.is_initialized():
         # This process's cached blocks on GPU 0 (an earlier single-GPU case) would crowd rank 0.
         torch.cuda.empty_cache()
     per_rank = launcher.launch(_rank_main, world, ([r.id for r in recipes], options),

@@ -60,7 +60,7 @@ class TrainingLoop:
         raise NotImplementedError
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()
 
     def loss_value(self, loss: torch.Tensor) -> float:
         return float(loss.detach().float().item())

@@ -9,6 +9,8 @@ The real engines run through ``memclaims.pipeline``; the sim replays the same tr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from memclaims.options import RunOptions
 from memclaims.recipe import Recipe
 from memclaims.record import Record
@@ -31,3 +33,15 @@ def measure(recipe: Recipe, options: RunOptions) -> list[Record]:
     from memclaims import runner
 
     return [runner.run(recipe, options)]
+
+
+def measure_many(recipes: Sequence[Recipe], options: RunOptions) -> list[list[Record]]:
+    """``measure`` of each recipe, those on ranks in one process group (starting ranks costs seconds)."""
+    ranked = [r for r in recipes if runs_ranks(r, options)]
+    groups = {}
+    if ranked:
+        from memclaims import distributed
+
+        results = distributed.run_distributed_many(ranked, options, timeout_s=options.timeout_s)
+        groups = {recipe.id: result.records for recipe, result in zip(ranked, results)}
+    return [groups[r.id] if r.id in groups else measure(r, options) for r in recipes]

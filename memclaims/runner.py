@@ -114,7 +114,7 @@ class FabricEngine(pipeline.Engine):
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.fabric is None:
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss.backward()
         else:
             self.fabric.backward(loss)
 

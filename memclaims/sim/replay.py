@@ -381,7 +381,7 @@ class _Precision:
             if self.scale is None:
                 self.scale = torch.full((), GRAD_SCALE)
             loss = loss * self.scale
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()
 
 
 def _default_memory_steps(recipe: Recipe) -> int:
@@ -464,8 +464,7 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     optimizer, scheduler = _optimizer(recipe, model)
     for p in model.parameters():
         memory.tag(p, "parameters")
-        p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-            lambda param: memory.tag(param.grad, "gradients"))
+        p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, "gradients"))
     loop = _SimLoop(session, recipe)
     # Each batch is made while the previous one is still bound, as a loader's next batch is moved
     # to the device; one more than the steps need, as the loop stops at the last step.

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from memclaims import distributed, runner, sim
-from memclaims.measure import measure, runs_ranks
+from memclaims.measure import measure, measure_many, runs_ranks
 from memclaims.options import RunOptions
 from memclaims.recipe import resolve
 
@@ -55,3 +55,18 @@ def test_the_sim_is_the_engine_of_device_sim(engines) -> None:
     (record,) = measure(recipe, RunOptions(device="sim", profile="h100", memory_steps=1))
     assert record.to_json() == sim.simulate(recipe, profile="h100", memory_steps=1).to_json()
     assert record.probe == "sim:h100" and engines == []
+
+
+@pytest.mark.cpu
+def test_measure_many_starts_the_ranks_once_for_every_sharded_recipe(engines, monkeypatch) -> None:
+    groups: list[list[str]] = []
+
+    def many(recipes: Any, options: RunOptions, devices: int | None = None, *, timeout_s: float | None = None) -> Any:
+        groups.append([r.id for r in recipes])
+        return [SimpleNamespace(records=[f"{r.id}@0", f"{r.id}@1"]) for r in recipes]
+
+    monkeypatch.setattr(distributed, "run_distributed_many", many)
+    fsdp, fabric, fsdp_ac = (resolve("vit", "smoke", t) for t in (("fsdp",), ("fabric",), ("fsdp", "activation-checkpointing")))
+    assert measure_many([fsdp, fabric, fsdp_ac], RunOptions()) == [
+        [f"{fsdp.id}@0", f"{fsdp.id}@1"], ["record"], [f"{fsdp_ac.id}@0", f"{fsdp_ac.id}@1"]]
+    assert groups == [[fsdp.id, fsdp_ac.id]] and engines == [("one", fabric.id)]
