@@ -90,10 +90,11 @@ MUTATIONS = {"lr-x10": lambda: learning_rate_times(10.0), "lr-div10": lambda: le
 
 
 def smoke_accuracy(techniques: tuple[str, ...], seed: int) -> float:
+    from memclaims.measure import measure
+    from memclaims.options import RunOptions
     from memclaims.recipe import resolve
-    from memclaims.runner import RunOptions, run
 
-    record = run(resolve("vit", "smoke", techniques), RunOptions(device="cpu", seed=seed))
+    record = measure(resolve("vit", "smoke", techniques), RunOptions(device="cpu", seed=seed))[0]
     assert record.accuracy is not None
     return record.accuracy
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from memclaims.precision import PRECISIONS
 from memclaims.recipe import Recipe
 from memclaims.record import Record
 
-HALF_DTYPE = {"16-true": "float16", "bf16-true": "bfloat16", "16-mixed": "float16", "bf16-mixed": "bfloat16"}
-TRUE_HALF = ("16-true", "bf16-true")
-MIXED = ("16-mixed", "bf16-mixed")
+# What the linear layers compute in under each half precision, as the Record names dtypes.
+HALF_DTYPE = {name: str(p.compute_dtype).removeprefix("torch.") for name, p in PRECISIONS.items()
+              if p.compute_dtype != PRECISIONS["32-true"].compute_dtype}
+TRUE_HALF = tuple(name for name, p in PRECISIONS.items() if p.true_half)
 
 
 def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | None = None) -> list[str]:

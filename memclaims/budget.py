@@ -20,8 +20,8 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from memclaims.options import RunOptions, accuracy_schedule
 from memclaims.recipe import Recipe
-from memclaims.runner import RunOptions, accuracy_schedule
 
 FP32_FLOPS = 25e12
 HALF_FLOPS = 300e12

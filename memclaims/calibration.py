@@ -11,18 +11,18 @@ from collections.abc import Callable, Sequence
 
 from memclaims.baselines import Baseline, BaselineStore, environment_id, overrides
 from memclaims.compare import ACCURACY, MEMORY_METRICS, default_tolerances
+from memclaims.options import RunOptions
 from memclaims.recipe import Recipe, parse_id
 from memclaims.record import Record
-from memclaims.runner import RunOptions
 
 # (recipe, device, devices, timeout) -> one Record per rank
 RanksFn = Callable[[Recipe, str, "int | None", "float | None"], Sequence[Record]]
 
 
 def _launch(recipe: Recipe, device: str, devices: int | None, timeout_s: float | None) -> Sequence[Record]:
-    from memclaims.distributed import run_distributed
+    from memclaims.measure import measure
 
-    return run_distributed(recipe, RunOptions(device=device, evaluate=False), devices, timeout_s=timeout_s).records
+    return measure(recipe, RunOptions(device=device, evaluate=False, devices=devices, timeout_s=timeout_s))
 
 
 def spread_tolerances(records: Sequence[Record], factor: float = 3.0) -> dict[str, float | None]:

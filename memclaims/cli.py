@@ -158,30 +158,23 @@ def add_size_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from memclaims.measure import measure, runs_ranks
+    from memclaims.options import RunOptions
     from memclaims.recipe import resolve
 
     recipe = resolve(workload_from(args), args.scale, args.technique or [], sizes_from(args))
-    if args.device == "sim":
-        from memclaims import sim
+    options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
+                         data_dir=args.data_dir, devices=args.devices if args.devices > 1 else None,
+                         profile=args.profile, timeout_s=args.timeout or None)
+    if runs_ranks(recipe, options):
+        from memclaims.distributed import DistributedResult
 
-        record = sim.simulate(recipe, profile=args.profile, memory_steps=args.steps)
-        text = record.to_json()
-    elif recipe.sharded or args.devices > 1:
-        from memclaims import distributed
-        from memclaims.runner import RunOptions
-
-        options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
-                             data_dir=args.data_dir)
-        devices = args.devices if args.devices > 1 else None
         print(f"memclaims: running {recipe.id} on {args.device}, sharded", file=sys.stderr)
-        text = distributed.run_distributed(recipe, options, devices=devices,
-                                           timeout_s=args.timeout or None).to_json()
+        text = DistributedResult.from_records(measure(recipe, options)).to_json()
     else:
-        from memclaims.runner import RunOptions, run
-
-        print(f"memclaims: running {recipe.id} on {args.device}", file=sys.stderr)
-        record = run(recipe, RunOptions(device=args.device, memory_steps=args.steps,
-                                        evaluate=not args.no_eval, data_dir=args.data_dir))
+        if args.device != "sim":
+            print(f"memclaims: running {recipe.id} on {args.device}", file=sys.stderr)
+        (record,) = measure(recipe, options)
         text = record.to_json()
     if args.json:
         print(text)
@@ -200,8 +193,9 @@ def _print_summary(record: dict[str, Any]) -> None:
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
     """Wall time of each CPU case of a selection, and the total: the tier's time budget, measured."""
+    from memclaims.measure import measure
+    from memclaims.options import RunOptions
     from memclaims.recipe import resolve
-    from memclaims.runner import RunOptions, run
 
     selection = {"singles": registry.singles(registry.single_process()),
                  "default": registry.default_selection(), "full": registry.full_matrix()}[args.selection]
@@ -210,7 +204,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     for techniques in selection:
         recipe = resolve(args.workload, args.scale, techniques)
         started = time.perf_counter()
-        run(recipe, RunOptions(device="cpu", evaluate=not args.no_eval))
+        measure(recipe, RunOptions(device="cpu", evaluate=not args.no_eval))
         elapsed = time.perf_counter() - started
         total += elapsed
         print(f"{recipe.id:<60} {elapsed:8.2f}", flush=True)

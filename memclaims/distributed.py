@@ -1,24 +1,22 @@
 """Multi-device runs of a sharded recipe (article scripts 08-11): one Record per rank.
 
 - CUDA: every rank runs ``memclaims.runner.run`` with Lightning Fabric's ``FSDPStrategy``
-  (auto-wrap and activation checkpointing on the workload's block class, ``cpu_offload``), as the
-  article's scripts do; the processes come from ``memclaims.launcher`` (or torchrun), which sets
-  torchrun's variables, so Fabric's own launcher sees processes created externally and starts none.
+  (``memclaims.lightning_fsdp``: auto-wrap and activation checkpointing on the workload's block
+  class, ``cpu_offload``), as the article's scripts do.
 - CPU: Lightning refuses FSDP on the CPU, so the same smoke model is sharded with PyTorch's FSDP2
   (``fully_shard`` on each block, then the root) over gloo and measured by the exact CPU probe on
-  every rank. Each rank trains on its slice of the same global batch as the single-process run,
-  so the mean loss is the single-process loss.
+  every rank (``CpuShardedEngine`` through ``memclaims.pipeline``). Each rank trains on its slice
+  of the same global batch as the single-process run, so the mean loss is the single-process loss.
 
-The public entry point is ``run_distributed(recipe, options, devices)``.
+``memclaims.measure.measure`` comes here for a sharded recipe; ``run_distributed_many`` runs
+several recipes in one process group.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,16 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memclaims import launcher
+from memclaims import launcher, pipeline
 from memclaims.errors import UsageError
-from memclaims.loop import TrainingLoop
+from memclaims.options import RunOptions, check_device, default_devices, resolve_memory_steps
+from memclaims.precision import PRECISIONS, precision
+from memclaims.probes import CpuProbe
 from memclaims.recipe import Recipe, parse_id
-from memclaims.record import Record, device_name, environment_facts, library_versions
-from memclaims.runner import TRUE_HALF, RunOptions, check_device, resolve_memory_steps
-
-CPU_DEFAULT_DEVICES = 2
-MIXED = ("16-mixed", "bf16-mixed")
-
+from memclaims.record import Record, device_name
 
 # --- the result -------------------------------------------------------------------------------
 
@@ -50,6 +45,12 @@ class DistributedResult:
     devices: int
     launcher: str  # "spawn" (this package started the ranks) or "torchrun"
     records: list[Record]
+
+    @classmethod
+    def from_records(cls, records: Sequence[Record]) -> DistributedResult:
+        """The result of ``measure``'s Records of one sharded run."""
+        return cls(recipe=records[0].recipe, device=records[0].device, devices=records[0].devices,
+                   launcher="torchrun" if launcher.torchrun_env() else "spawn", records=list(records))
 
     @property
     def rank0(self) -> dict[str, Any]:
@@ -84,12 +85,6 @@ class DistributedResult:
 
 
 # --- entry points -----------------------------------------------------------------------------
-
-
-def default_devices(device: str) -> int:
-    if device == "cuda":
-        return max(1, torch.cuda.device_count())
-    return CPU_DEFAULT_DEVICES
 
 
 def run_distributed(recipe: Recipe, options: RunOptions, devices: int | None = None, *,
@@ -155,77 +150,11 @@ def _rank_main(rank: int, world: int, recipe_ids: list[str], options: RunOptions
             record = runner.run(recipe, options)
             record.notes.append(f"rank {rank} of {world}: Lightning FSDPStrategy")
         else:
-            record = CpuShardedRun(recipe, options, rank, world).run()
+            record = pipeline.run(CpuShardedEngine(recipe, options, rank, world), CpuProbe(),
+                                  resolve_memory_steps(recipe, options))
         record.devices, record.rank = world, rank
         results.append(record.to_dict())
     return results
-
-
-# --- CUDA: Lightning Fabric -------------------------------------------------------------------
-
-
-def fsdp_strategy(recipe: Recipe) -> Any:
-    """Scripts 08/09/11: wrap and checkpoint the workload's block, optionally offload to the CPU."""
-    from lightning.fabric.strategies import FSDPStrategy
-
-    block = recipe.workload.block_class()
-    return FSDPStrategy(
-        auto_wrap_policy={block} if recipe.workload.fsdp_auto_wrap else None,
-        activation_checkpointing_policy={block} if recipe.activation_checkpointing else None,
-        cpu_offload=recipe.cpu_offload,
-    )
-
-
-def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
-    """The Fabric one rank of a sharded CUDA run uses (``memclaims.runner`` calls this)."""
-    import os
-
-    from lightning.fabric import Fabric
-
-    world = options.devices or default_devices(options.device)
-    # torchrun across nodes: Fabric counts devices per node.
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    environment = cluster_environment()
-    fabric = Fabric(accelerator=options.device, devices=per_node, num_nodes=max(1, world // per_node),
-                    strategy=fsdp_strategy(recipe), precision=recipe.precision,
-                    plugins=[environment] if environment is not None else None)
-    # The processes exist already (LOCAL_RANK is set): launch() only joins the group and picks
-    # this rank's GPU.
-    fabric.launch()
-    return fabric
-
-
-def cluster_environment(environ: Mapping[str, str] | None = None) -> Any:
-    """The Lightning cluster environment of a rank, chosen here rather than detected by Lightning.
-
-    Lightning tries SLURMEnvironment first; inside a SLURM allocation it would win for ranks that
-    memclaims spawned (every rank global rank 0) and for torchrun's workers (SLURM_PROCID is the
-    srun task, not the worker). Spawned ranks: LightningEnvironment (RANK/LOCAL_RANK set by
-    memclaims.launcher); torchrun: TorchElasticEnvironment; otherwise None (Lightning decides).
-    """
-    env = os.environ if environ is None else environ
-    if env.get(launcher.SPAWNED_RANK_ENV):
-        from lightning.fabric.plugins.environments import LightningEnvironment
-
-        return LightningEnvironment()
-    if env.get("TORCHELASTIC_RUN_ID") is not None or launcher.torchrun_env(env) is not None:
-        from lightning.fabric.plugins.environments import TorchElasticEnvironment
-
-        return TorchElasticEnvironment()
-    return None
-
-
-def environment_report(rank: int, world: int) -> dict[str, Any]:
-    """What one spawned rank sees: left-over SLURM variables, and the cluster environment and ranks
-    Lightning Fabric sets up with memclaims' choice (a rank function for launcher.launch)."""
-    from lightning.fabric import Fabric
-
-    chosen = cluster_environment()
-    fabric = Fabric(accelerator="cpu", devices=world, strategy="ddp",
-                    plugins=[chosen] if chosen is not None else None)
-    return {"rank": rank, "slurm": sorted(k for k in os.environ if k.startswith("SLURM_")),
-            "environment": type(fabric.strategy.cluster_environment).__name__,
-            "global_rank": fabric.global_rank, "local_rank": fabric.local_rank, "world_size": fabric.world_size}
 
 
 # --- CPU: FSDP2 over gloo ---------------------------------------------------------------------
@@ -263,21 +192,6 @@ def expected_shard_bytes(shapes: Sequence[Sequence[int]], itemsize: int, world: 
     }
 
 
-def _seed_everything(seed: int) -> None:
-    """What ``lightning``'s ``seed_everything`` does to the generators, without importing Lightning
-    (which costs each spawned rank many seconds): the model's initial weights are the runner's."""
-    import os
-    import random
-
-    import numpy
-
-    os.environ["PL_GLOBAL_SEED"] = str(seed)
-    os.environ["PL_SEED_WORKERS"] = "0"
-    random.seed(seed)
-    numpy.random.seed(seed)
-    torch.manual_seed(seed)  # every device's generator, CUDA's included
-
-
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """The rank's own shard of a DTensor (parameters, gradients, optimizer state), else the tensor."""
     to_local = getattr(tensor, "to_local", None)
@@ -298,23 +212,36 @@ def _rank_slice(batch: Any, rank: int, world: int) -> Any:
     return batch[rank * share:(rank + 1) * share]
 
 
-class CpuShardedRun(TrainingLoop):
-    """One rank of a CPU FSDP2 run; mirrors ``memclaims.runner``'s phases and shares its loop."""
+class CpuShardedEngine(pipeline.Engine):
+    """One rank of a CPU FSDP2 run."""
+
+    declares_schedule = False
 
     def __init__(self, recipe: Recipe, options: RunOptions, rank: int, world: int) -> None:
-        super().__init__(recipe.accumulation_steps)
-        self.recipe, self.options, self.rank, self.world = recipe, options, rank, world
-        self.notes = [f"rank {rank} of {world}: FSDP2 fully_shard over gloo on the CPU "
-                      "(Lightning refuses FSDP on the CPU)"]
-        # On the CPU Lightning runs 16-mixed as bf16-mixed; do the same.
-        self.autocast_dtype = torch.bfloat16 if recipe.precision in MIXED else None
-        self.precision_ran = "bf16-mixed" if recipe.precision in MIXED else recipe.precision
+        super().__init__(recipe, options)
+        self.rank, self.world = rank, world
+        self.notes.append(f"rank {rank} of {world}: FSDP2 fully_shard over gloo on the CPU "
+                          "(Lightning refuses FSDP on the CPU)")
+        self.spec = precision(recipe.precision)
         if self.precision_ran != recipe.precision:
             self.notes.append(f"ran {recipe.precision} as {self.precision_ran} on cpu")
         if recipe.delayed_init:
             self.notes.append("delayed-init changes nothing on the CPU: the model is built on the CPU either way")
         if recipe.init_on_device:
             self.notes.append("init-module changes nothing on the CPU tier")
+
+    @property
+    def precision_ran(self) -> str:
+        return self.spec.cpu_name  # as Lightning would run it on the CPU
+
+    def device_name(self) -> str:
+        return device_name("cpu")
+
+    def build(self) -> tuple[nn.Module, str]:
+        model, weights = self.recipe.workload.build_model(self.recipe.scale)
+        if self.spec.true_half:
+            model = model.to(self.spec.param_dtype)
+        return self.shard(model), weights
 
     def shard(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
@@ -340,86 +267,16 @@ class CpuShardedRun(TrainingLoop):
         fully_shard(model)  # the root: embeddings, final norm and head (all of it without auto-wrap)
         return model
 
-    def run(self) -> Record:
-        from torch.utils.data import DataLoader
-
-        from memclaims import optimizers, probes
-
-        recipe, options = self.recipe, self.options
-        memory_steps = resolve_memory_steps(recipe, options)
-        host = probes.HostMemory()
-        host.start()
-        # The same seed, data and loader as memclaims.runner: the same global batches in order.
-        seed = options.seed
-        _seed_everything(seed)
-        bundle = recipe.workload.load_data(recipe.scale, options.data_dir)
-        collate = getattr(bundle, "collate_fn", None)
-        train_loader = DataLoader(bundle.train, batch_size=recipe.micro_batch_size, shuffle=True, drop_last=True,
-                                  generator=torch.Generator().manual_seed(seed), collate_fn=collate)
-        test_loader = DataLoader(bundle.test, batch_size=recipe.micro_batch_size, collate_fn=collate)
-        steps_per_epoch = len(train_loader) // recipe.accumulation_steps
-        epochs = (options.accuracy_epochs or recipe.scale.accuracy_epochs) if options.evaluate else 1
-
-        probe = probes.CpuProbe()
-        probe.prepare()
-        with probe.phase("load"):
-            model, weights = recipe.workload.build_model(recipe.scale)
-            if recipe.precision in TRUE_HALF:
-                model = model.to(TRUE_HALF[recipe.precision])
-            model = self.shard(model)
-            optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate,
-                                                    epochs * steps_per_epoch,
-                                                    min_8bit_size=recipe.scale.min_8bit_size)
-        params = list(model.parameters())
-
-        probe.track(model, optimizer)
-        with probe.phase("train"):
-            self.train(model, optimizer, scheduler, iter(train_loader), memory_steps, on_step=probe.step_begin,
-                       phase=probe.step_phase)
-        memory_losses = list(self.losses)
-        timed = self.step_times[1:] or self.step_times  # the first step warms up
-        from memclaims.runner import _observed
-
-        observed = _observed(self, model, optimizer, recipe, local=_local)
-
-        accuracy = None
-        if options.evaluate:
-            self.step_times.clear()
-            for _ in range(epochs):
-                self.train(model, optimizer, scheduler, iter(train_loader), -1)
-            probe.track(model, optimizer)  # the model states count as live from the start
-            with probe.phase("evaluation"):
-                accuracy = self.accuracy(model, test_loader, on_batch=probe.step_begin)
-            timed = self.step_times
-
-        load, train = probe.phases["load"], probe.phases["train"]
-        return Record(
-            **recipe.record_fields(), device="cpu", device_name=device_name("cpu"),
-            environment=environment_facts("cpu"),
-            probe=probe.name, precision=self.precision_ran, memory_steps=memory_steps,
-            param_count=sum(p.numel() for p in params),  # the whole model's, as single-process
-            param_tensor_count=len(params),
-            param_bytes=probes.storage_bytes(_local(p) for p in params),
-            grad_bytes=self.grad_bytes or 0,
-            optimizer_state_bytes=probes.storage_bytes(_local(t) for t in probes.optimizer_state_tensors(optimizer)),
-            load_peak_bytes=load.allocated_bytes,
-            peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
-            peak_reserved_bytes=None, host_peak_bytes=host.peak_bytes(), accuracy=accuracy,
-            **self.loss_fields(memory_losses),
-            step_time_s=statistics.median(timed) if timed else None,
-            weights=weights, data=bundle.name, versions=library_versions(),
-            phases=probes.phase_entries(probe.phases),
-            step_peaks={name: list(peaks) for name, peaks in probe.step_peaks.items()},
-            breakdown=dict(train.breakdown), notes=self.notes, **observed,
-        )
+    def local(self, tensor: torch.Tensor) -> torch.Tensor:
+        return _local(tensor)
 
     def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
         """As Fabric's module wrapper: floating inputs in a true-half recipe's dtype, autocast for
         mixed precision, logits back in float32."""
-        dtype = TRUE_HALF.get(self.recipe.precision)
-        if dtype is not None:
-            inputs = _cast_floating(inputs, dtype)
-        context = torch.autocast("cpu", dtype=self.autocast_dtype) if self.autocast_dtype else nullcontext()
+        if self.spec.true_half:
+            inputs = _cast_floating(inputs, self.spec.param_dtype)
+        ran = PRECISIONS[self.precision_ran]
+        context = torch.autocast("cpu", dtype=ran.compute_dtype) if ran.mixed else nullcontext()
         with context:
             return self.recipe.workload.logits(model, inputs).float()
 
@@ -441,7 +298,7 @@ class CpuShardedRun(TrainingLoop):
         return (_local(p.grad) for p in model.parameters() if p.grad is not None)
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: Any, on_batch: Any = None) -> float:
+    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
         """Every rank evaluates the whole test set (each forward needs all ranks' shards)."""
         import torchmetrics
 

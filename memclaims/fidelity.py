@@ -14,7 +14,7 @@ Rows:
   uses, no cuBLAS workspaces), which checks the replay itself where no GPU number exists.
   Causal-LM rows come out about 13 % high, by one (batch x sequence, vocabulary) logits tensor: the
   sim replays the article's scripts, which keep ``logits`` bound through ``backward``; the cpu
-  runner's loop (``runner._Session.forward_loss``) drops it before. Classification rows match.
+  runner's loop (``runner.FabricEngine.forward_loss``) drops it before. Classification rows match.
 """
 
 from __future__ import annotations
@@ -86,15 +86,16 @@ def article_rows(profile: str, progress: Callable[[str], None] | None) -> list[F
 
 def hf_rows(progress: Callable[[str], None] | None) -> list[FidelityRow]:
     from memclaims import sim
+    from memclaims.measure import measure
+    from memclaims.options import RunOptions
     from memclaims.recipe import Sizes
-    from memclaims.runner import RunOptions, run
 
     rows: list[FidelityRow] = []
     for name, techniques in HF_MODELS:
         recipe = resolve(name, "smoke", techniques, Sizes(seq_len=HF_SEQ))
         if progress:
             progress(recipe.id)
-        measured = run(recipe, RunOptions(device="cpu", memory_steps=2, evaluate=False))
+        measured = measure(recipe, RunOptions(device="cpu", memory_steps=2, evaluate=False))[0]
         predicted = sim.simulate(recipe, profile="cpu-kernels", memory_steps=2)
         live = max(int(p["live_bytes"]) for p in predicted.phases.values())
         rows.append(FidelityRow(name, recipe.id, "measured: cpu tier, exact live tensor bytes",

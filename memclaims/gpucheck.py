@@ -131,8 +131,9 @@ def history_cost() -> dict[str, Any]:
     import tempfile
 
     from memclaims import diagnosis
+    from memclaims.measure import measure
+    from memclaims.options import RunOptions
     from memclaims.recipe import resolve
-    from memclaims.runner import RunOptions, run
 
     recipe = resolve("vit", "article", ("bf16-true",))
     result: dict[str, Any] = {"recipe": recipe.id}
@@ -141,7 +142,7 @@ def history_cost() -> dict[str, Any]:
         for entries in (0, HISTORY_ENTRIES):
             diagnosis.set_history_entries(entries)
             started = time.perf_counter()
-            record = run(recipe, RunOptions(device="cuda", memory_steps=3, evaluate=False))
+            record = measure(recipe, RunOptions(device="cuda", memory_steps=3, evaluate=False))[0]
             snapshot = diagnosis.recipe_snapshot(recipe.id)
             result[f"history_{entries}"] = {
                 "wall_s": round(time.perf_counter() - started, 2), "step_time_s": record.step_time_s,

@@ -32,7 +32,7 @@ from torch.utils.data import Dataset
 
 from memclaims import data
 from memclaims.errors import DataError, UsageError
-from memclaims.workloads import HF_PREFIX, Scale, Workload
+from memclaims.workload_types import HF_PREFIX, Scale, Workload
 
 HEADS = ("causal-lm", "classification")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")

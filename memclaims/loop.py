@@ -1,8 +1,9 @@
-"""The article scripts' training loop, shared by the single-process runner and the sharded ranks.
+"""The article scripts' training loop, shared by every engine: one device, sharded ranks, the sim.
 
 The loop decides the peak, so it exists once: ``zero_grad`` after the forward pass (scripts 01-04,
 06), or a scaled loss with a step on every accumulation-th batch and ``zero_grad`` after it (05).
-Subclasses say how a loss is computed, back-propagated and read.
+Subclasses say how a loss is computed, back-propagated and read, and how the optimizer steps
+(the sim wraps the step to attribute its temporaries and cannot read a fake loss).
 
 The loop also names the phases of a step (``STEP_PHASES``) and opens each through the ``phase``
 callback that ``train`` takes, so that the probes measure the same boundaries on every engine.
@@ -64,8 +65,20 @@ class TrainingLoop:
     def loss_value(self, loss: torch.Tensor) -> float:
         return float(loss.detach().float().item())
 
+    def watch_loss(self, loss: torch.Tensor) -> None:
+        self._watch(self.loss_value(loss))
+
     def gradients(self, model: nn.Module) -> Iterator[torch.Tensor]:
         return (p.grad for p in model.parameters() if p.grad is not None)
+
+    def storage_bytes(self, tensors: Iterator[torch.Tensor]) -> int:
+        return storage_bytes(tensors)
+
+    def step(self, optimizer: Any) -> None:
+        optimizer.step()
+
+    def after_step(self, optimizer: Any) -> None:
+        """Right after the optimizer step's phase has closed."""
 
     def synchronize(self) -> None:
         """Wait for queued device work, so that step times are real."""
@@ -104,15 +117,16 @@ class TrainingLoop:
                 with phase("backward"):
                     self.backward(loss)
                 stepping = batch_index % accumulation == 0
-            self._watch(self.loss_value(loss))
+            self.watch_loss(loss)
             if not stepping:
                 continue
             if self.grad_bytes is None:
-                self.grad_bytes = storage_bytes(self.gradients(model))
+                self.grad_bytes = self.storage_bytes(self.gradients(model))
             self.step_examples, self.step_micro_batches = examples, micro_batches
             examples = micro_batches = 0
             with phase("optimizer_step"):
-                optimizer.step()
+                self.step(optimizer)
+            self.after_step(optimizer)
             if accumulation > 1:
                 with phase("zero_grad"):
                     optimizer.zero_grad()

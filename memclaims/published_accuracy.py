@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from memclaims import published
 from memclaims.errors import DataError
+from memclaims.options import RunOptions, accuracy_schedule
 from memclaims.recipe import Recipe, resolve
 from memclaims.record import Record
-from memclaims.runner import RunOptions, accuracy_schedule
 
 CLAIM = "logged-accuracies"
 DOWNLOAD_HINT = "--memclaims-data-dir DIR --memclaims-download (needs internet, once)"

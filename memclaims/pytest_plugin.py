@@ -8,6 +8,7 @@ collection every unmet need becomes one skip with one joined reason (memclaims.r
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -91,7 +92,7 @@ def gpu_budget_line(config: pytest.Config) -> str:
     """The gpu tier's estimated cost for this selection (memclaims.budget's per-case model)."""
     from memclaims import budget
     from memclaims.errors import UsageError
-    from memclaims.runner import RunOptions
+    from memclaims.options import RunOptions
 
     cifar = bool(option(config, "data-dir") or os.environ.get("MEMCLAIMS_DATA_DIR"))
     cases = []
@@ -139,7 +140,7 @@ def register_workloads(config: pytest.Config) -> None:
     try:
         for spec in config.getini("memclaims_workloads"):
             made = user_workloads.register_spec(spec)
-            config.add_cleanup(lambda name=made.name: user_workloads.forget(name))
+            config.add_cleanup(functools.partial(user_workloads.forget, made.name))
         workload(selected_workload(config))
     except UsageError as error:
         raise pytest.UsageError(f"memclaims: {error}") from None

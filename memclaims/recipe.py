@@ -9,7 +9,7 @@ from typing import Any
 
 from memclaims import techniques as registry
 from memclaims.errors import UsageError
-from memclaims.workloads import Scale, Workload
+from memclaims.workload_types import Scale, Workload
 from memclaims.workloads import workload as find_workload
 
 

@@ -61,14 +61,10 @@ class Row:
 
 
 def _default_run(recipe: Recipe, device: str, evaluate: bool) -> Record:
-    from memclaims.runner import RunOptions, run
+    from memclaims.measure import measure
+    from memclaims.options import RunOptions
 
-    if device == "sim":
-        from memclaims import sim
-
-        return sim.simulate(recipe)
-
-    return run(recipe, RunOptions(device=device, evaluate=evaluate))
+    return measure(recipe, RunOptions(device=device, evaluate=evaluate))[0]
 
 
 def _train_bytes(record: Record, device: str) -> int | None:
@@ -101,12 +97,11 @@ def _tier(device: str) -> str:
 def _default_measure(recipes: Sequence[Recipe], device: str) -> list[list[Record]]:
     """The series' one dispatch: single-process recipes one by one, sharded ones in one process group
     (starting ranks costs seconds); memory only. One list of Records per recipe, rank 0 first."""
-    from memclaims.distributed import run_distributed_many
-    from memclaims.runner import RunOptions
+    from memclaims.measure import measure_many
+    from memclaims.options import RunOptions
 
-    options = RunOptions(device=device, evaluate=False)
     sharded = [r for r in recipes if r.sharded]
-    ranks = dict(zip([r.id for r in sharded], run_distributed_many(sharded, options) if sharded else []))
+    ranks = dict(zip([r.id for r in sharded], measure_many(sharded, RunOptions(device=device, evaluate=False))))
 
     def single(recipe: Recipe) -> list[Record]:
         try:
@@ -114,7 +109,7 @@ def _default_measure(recipes: Sequence[Recipe], device: str) -> list[list[Record
         except OutOfMemory:  # bonus_bigbird-before on a GPU: the article's "not possible"
             return []
 
-    return [ranks[r.id].records if r.sharded else single(r) for r in recipes]
+    return [ranks[r.id] if r.sharded else single(r) for r in recipes]
 
 
 def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: BaselineStore | None = None,

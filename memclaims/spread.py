@@ -57,13 +57,14 @@ def cpu_recipes() -> list[str]:
 
 def measure_here(recipe_ids: Iterable[str], seeds: Sequence[int]) -> dict[str, dict[str, float | None]]:
     """Accuracy of each recipe at each seed, in this process (this process's CPU class)."""
+    from memclaims.measure import measure
+    from memclaims.options import RunOptions
     from memclaims.recipe import parse_id
-    from memclaims.runner import RunOptions, run
 
     out: dict[str, dict[str, float | None]] = {}
     for recipe_id in recipe_ids:
         recipe = parse_id(recipe_id)
-        out[recipe_id] = {str(seed): run(recipe, RunOptions(device="cpu", seed=seed)).accuracy for seed in seeds}
+        out[recipe_id] = {str(seed): measure(recipe, RunOptions(device="cpu", seed=seed))[0].accuracy for seed in seeds}
         print(f"memclaims spread: {recipe_id} {out[recipe_id]}", file=sys.stderr, flush=True)
     return out
 

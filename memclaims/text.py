@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -23,9 +23,7 @@ from torch.utils.data import Dataset
 
 from memclaims import data
 from memclaims.errors import DataError, UsageError
-
-if TYPE_CHECKING:  # workloads.py imports this module to register the workloads: no cycle at import
-    from memclaims.workloads import Scale, Workload
+from memclaims.workload_types import Scale, Workload
 
 # The article's era: no SDPA / flash attention in these models' code paths.
 ATTENTION = "eager"
@@ -364,9 +362,7 @@ ARTICLE_BATCH = 12  # bonus scripts: 12 per GPU (DistilBERT before/after: 3 x 4 
 
 @lru_cache(maxsize=1)
 def text_workloads() -> dict[str, Workload]:
-    """The text workloads, keyed by name; built on first call (see the TYPE_CHECKING note above)."""
-    from memclaims.workloads import Scale, Workload
-
+    """The text workloads, keyed by name; built on first call."""
     def scales(summary: str, max_length: int, accumulation_steps: int) -> dict[str, Scale]:
         return {
             "smoke": Scale("smoke", f"{summary} shrunk to 2 layers x 64 wide, seq <= {SMOKE_SEQ}, batch 32",

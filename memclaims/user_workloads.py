@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 
 from memclaims import data
 from memclaims.errors import UsageError
-from memclaims.workloads import Scale, Workload
+from memclaims.workload_types import BUILT_IN_WORKLOADS, Scale, Workload
 
 ENTRY_POINT_GROUP = "memclaims.workloads"
 ENV = "MEMCLAIMS_WORKLOADS"  # comma-separated "pkg.mod:factory" specs, for the CLI
@@ -80,11 +80,9 @@ def _load(spec: str) -> Workload:
 
 
 def register(made: Workload) -> Workload:
-    from memclaims.workloads import WORKLOADS
-
-    if made.name in WORKLOADS:
+    if made.name in BUILT_IN_WORKLOADS:
         raise UsageError(f"user workload {made.name!r} has the name of a built-in workload; "
-                         f"built-in names: {', '.join(WORKLOADS)}")
+                         f"built-in names: {', '.join(BUILT_IN_WORKLOADS)}")
     _registered[made.name] = made
     return made
 

@@ -9,12 +9,14 @@ how to get it (``--memclaims-download``, ``--memclaims-accuracy-full-epochs``).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from fixtures.records import RecordCache
 from memclaims import published_accuracy, requirements
+from memclaims.measure import measure
 from memclaims.published_accuracy import Facts, Target
 from memclaims.record import Record
 
@@ -52,9 +54,8 @@ def _measure(target: Target, record_cache: RecordCache) -> Record:
     recipe = target.recipe()
     if not recipe.sharded:
         return record_cache.get("gpu", recipe)
-    from memclaims.distributed import run_distributed
-
-    return run_distributed(recipe, record_cache.options("gpu"), target.needs.cuda_devices, timeout_s=None).records[0]
+    options = dataclasses.replace(record_cache.options("gpu"), devices=target.needs.cuda_devices, timeout_s=None)
+    return measure(recipe, options)[0]
 
 
 def test_published_accuracy(target: Target, record_cache: RecordCache, record_property: Any) -> None:

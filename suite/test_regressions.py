@@ -28,9 +28,10 @@ import torch
 
 from memclaims import active, requirements, steady
 from memclaims.compare import Comparison, compare
+from memclaims.options import RunOptions
 from memclaims.recipe import Recipe, resolve
 from memclaims.record import Record
-from memclaims.runner import RunOptions, run
+from memclaims.runner import run
 
 pytestmark = pytest.mark.cpu
 

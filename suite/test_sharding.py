@@ -21,14 +21,15 @@ import pytest
 import torch
 
 from fixtures.messages import differs, not_related, who
-from memclaims import active, distributed, published
+from memclaims import active, lightning_fsdp, published
 from memclaims.claims import peak, peak_metric
 from memclaims.distributed import DistributedResult, expected_shard_bytes, run_distributed, run_distributed_many
 from memclaims.named_recipes import NAMED_RECIPES
+from memclaims.options import RunOptions
 from memclaims.pytest_plugin import option
 from memclaims.recipe import parse_id, resolve
 from memclaims.record import Record
-from memclaims.runner import RunOptions, run
+from memclaims.runner import run
 from memclaims.workloads import gpu_tier_scale
 
 WORLD = 2
@@ -235,7 +236,7 @@ def test_distributed_refusals_are_usage_errors() -> None:
         run_distributed(resolve("vit", "smoke", ["fsdp", "cpu-offload"]), options, 2)
     with pytest.raises(UsageError, match="does not split evenly"):
         run_distributed(resolve("vit", "smoke", FSDP), options, 3)
-    with pytest.raises(UsageError, match="run_distributed"):
+    with pytest.raises(UsageError, match="memclaims.measure"):
         run(resolve("vit", "smoke", FSDP), options)
 
 
@@ -453,9 +454,9 @@ def test_cuda_strategy_is_the_articles() -> None:
     configuration can be checked without GPUs (Lightning's private attributes, read-only)."""
     from torchvision.models.vision_transformer import EncoderBlock
 
-    offload = distributed.fsdp_strategy(resolve("vit", "smoke", FSDP_AC + ("cpu-offload",)))
+    offload = lightning_fsdp.fsdp_strategy(resolve("vit", "smoke", FSDP_AC + ("cpu-offload",)))
     assert offload._fsdp_kwargs["auto_wrap_policy"]._module_classes == {EncoderBlock}
     assert offload._activation_checkpointing_kwargs["auto_wrap_policy"]._module_classes == {EncoderBlock}
     assert offload.cpu_offload.offload_params
-    plain = distributed.fsdp_strategy(resolve("vit", "smoke", FSDP))
+    plain = lightning_fsdp.fsdp_strategy(resolve("vit", "smoke", FSDP))
     assert not plain.cpu_offload.offload_params and not plain._activation_checkpointing_kwargs

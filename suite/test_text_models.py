@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from fixtures.messages import differs, not_related
-from memclaims import active, distributed, requirements
+from memclaims import active, lightning_fsdp, requirements
 from memclaims.errors import DataError, UsageError
 from memclaims.named_recipes import NAMED_RECIPES
+from memclaims.options import RunOptions
 from memclaims.recipe import parse_id, resolve
 from memclaims.record import Record
-from memclaims.runner import RunOptions, run
+from memclaims.runner import run
 from memclaims.text import TEXT_MODELS, PadToLongest, SyntheticReviews, config, imdb_rows, text_data
 from memclaims.workloads import WORKLOADS, workload
 
@@ -187,7 +188,7 @@ def test_named_recipes_carry_the_published_numbers() -> None:
     # BigBird "after": micro-batch 1 x 12, FSDP without an auto-wrap policy, as the script.
     bigbird = NAMED_RECIPES["bigbird-after"].resolve(cuda_devices=1)
     assert (bigbird.batch_size, bigbird.micro_batch_size, bigbird.accumulation_steps) == (12, 1, 12)
-    assert distributed.fsdp_strategy(bigbird)._fsdp_kwargs.get("auto_wrap_policy") is None
+    assert lightning_fsdp.fsdp_strategy(bigbird)._fsdp_kwargs.get("auto_wrap_policy") is None
     distil = NAMED_RECIPES["distilbert-after"].resolve(cuda_devices=1)
     assert (distil.micro_batch_size, distil.accumulation_steps) == (3, 4)
 

@@ -122,7 +122,7 @@ def _course_params() -> list[Any]:
 
     cfg = config(TEXT_MODELS["distilbert-cased"], WORKLOADS["distilbert-cased"].scale("article"))
     with torch.device("meta"):
-        model = AutoModelForSequenceClassification.from_config(cfg)  # type: ignore[no-untyped-call]
+        model = AutoModelForSequenceClassification.from_config(cfg)
     return list(model.parameters())
 
 

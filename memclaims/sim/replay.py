@@ -39,7 +39,9 @@ from torch import nn
 
 from memclaims import optimizers
 from memclaims.errors import UsageError
-from memclaims.loop import watch_linear_outputs
+from memclaims.loop import TrainingLoop
+from memclaims.precision import PRECISIONS
+from memclaims.precision import precision as precision_spec
 from memclaims.probes import PhaseRecorder, Reading, optimizer_state_tensors, phase_entries
 from memclaims.recipe import Recipe
 from memclaims.record import Record, library_versions
@@ -49,10 +51,6 @@ from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.tracker import DeviceMemory
 
-PARAM_DTYPE = {"32-true": torch.float32, "16-mixed": torch.float32, "bf16-mixed": torch.float32,
-               "16-true": torch.float16, "bf16-true": torch.bfloat16}
-COMPUTE_DTYPE = {"32-true": torch.float32, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
-                 "16-true": torch.float16, "bf16-true": torch.bfloat16}
 GRAD_SCALE = 65536.0  # GradScaler's initial scale (16-mixed)
 LOAD_MODES = ("build-then-convert", "init-module")
 
@@ -126,11 +124,11 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 @contextmanager
 def _era_init() -> Iterator[None]:
     original = nn.init.trunc_normal_
-    nn.init.trunc_normal_ = _trunc_normal_21  # type: ignore[assignment]
+    nn.init.trunc_normal_ = _trunc_normal_21
     try:
         yield
     finally:
-        nn.init.trunc_normal_ = original  # type: ignore[assignment]
+        nn.init.trunc_normal_ = original
 
 
 _INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "xavier_uniform_",
@@ -280,10 +278,11 @@ def _attention_context(profile: Profile, dtype: torch.dtype) -> Any:
 # --- load --------------------------------------------------------------------------------------
 
 
-def _load(session: _Session, recipe: Recipe, build: Callable[[str, int | None], nn.Module]) -> nn.Module:
-    """The recipe's load phase, as ``runner._Session.build`` + ``fabric.setup`` do it on a GPU."""
+def _load(session: _Session, recipe: Recipe, build: Callable[[Any, int | None], nn.Module]) -> nn.Module:
+    """The recipe's load phase, as ``runner.FabricEngine.build`` + ``fabric.setup`` do it on a GPU."""
     classes = recipe.workload.num_classes
-    true_dtype = PARAM_DTYPE[recipe.precision] if recipe.precision.endswith("-true") else None
+    spec = PRECISIONS[recipe.precision]
+    true_dtype = None if spec.mixed else spec.param_dtype
     if recipe.init_on_device:
         # fabric.init_module(): built on the device, in the half dtype for true precisions.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
@@ -319,8 +318,7 @@ def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit",
     """
     if mode not in LOAD_MODES:
         raise UsageError(f"unknown load mode {mode!r}; valid modes: {', '.join(LOAD_MODES)}")
-    if precision not in PARAM_DTYPE:
-        raise UsageError(f"unknown precision {precision!r}; valid precisions: {', '.join(PARAM_DTYPE)}")
+    dtype = precision_spec(precision).param_dtype
     chosen = find_profile(profile)
     try:
         build, _ = _models()[workload]
@@ -334,7 +332,6 @@ def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit",
                              f"{', '.join(_models())} and the text and hf: workloads") from None
         build = fns[0]
         scale = found.scale(scale) if isinstance(scale, str) else scale
-    dtype = PARAM_DTYPE[precision]
     session = _Session(chosen)
     results: dict[str, PhaseResult] = {}
     with session.active():
@@ -356,9 +353,8 @@ class _Precision:
 
     def __init__(self, recipe: Recipe) -> None:
         self.name = "32-true" if recipe.plain_pytorch else recipe.precision
-        self.compute = COMPUTE_DTYPE[self.name]
-        self.mixed = self.name.endswith("-mixed")
-        self.true_half = self.name.endswith("-true") and self.compute != torch.float32
+        spec = PRECISIONS[self.name]
+        self.compute, self.mixed, self.true_half = spec.compute_dtype, spec.mixed, spec.true_half
         self.scale: torch.Tensor | None = None
 
     def convert_input(self, inputs: Any) -> Any:
@@ -396,93 +392,89 @@ def _default_memory_steps(recipe: Recipe) -> int:
     return 2
 
 
-def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: int,
-           inputs_fn: Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
-    """``runner._Session.train``'s loop, statement for statement, on fake tensors."""
-    memory = session.memory
-    precision = _Precision(recipe)
+class _SimLoop(TrainingLoop):
+    """``memclaims.loop``'s training loop on fake tensors, with what the replay adds to it.
+
+    The article's scripts keep ``logits`` bound until the next forward pass reassigns it, so the
+    loop keeps them too; a fake loss has no value to read; the optimizer step runs in the
+    profile's optimizer era, its temporaries attributed to it, and its state tagged afterwards.
+    """
+
+    def __init__(self, session: _Session, recipe: Recipe) -> None:
+        super().__init__(recipe.accumulation_steps)
+        self.session, self.recipe = session, recipe
+        self.precision = _Precision(recipe)
+        self.attention = _attention_context(session.profile, self.precision.compute)
+        self.logits: torch.Tensor | None = None
+
+    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        with self.attention:
+            if self.recipe.plain_pytorch:
+                self.logits = self.recipe.workload.logits(model, inputs)
+            else:
+                x = self.precision.convert_input(inputs)
+                with self.precision.forward_context():
+                    out = self.recipe.workload.logits(model, x)
+                del x
+                self.logits = self.precision.convert_output(out)
+                del out
+        return F.cross_entropy(self.logits, targets)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.precision.backward(loss)
+
+    def watch_loss(self, loss: torch.Tensor) -> None:
+        loss.detach().float()  # the real loop reads the value (.item()): a temporary at most
+
+    def storage_bytes(self, tensors: Iterator[torch.Tensor]) -> int:
+        return _storage_bytes(tensors)
+
+    def step(self, optimizer: Any) -> None:
+        memory = self.session.memory
+        memory.in_optimizer = True
+        with optimizer_era(self.session.profile.optimizer_era):
+            optimizer.step()
+        memory.in_optimizer = False
+
+    def after_step(self, optimizer: Any) -> None:
+        for value in optimizer_state_tensors(optimizer):
+            self.session.memory.tag(value, "optimizer_state")
+
+
+def _optimizer(recipe: Recipe, model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
     if recipe.optimizer in optimizers.EIGHT_BIT:
         from memclaims.optim_state import eight_bit_layout
-        from memclaims.sim import eight_bit
+        from memclaims.sim.eight_bit import build as build_eight_bit
 
         # The layout was read outside the fake mode (simulate): it runs bitsandbytes for real.
         layout = eight_bit_layout()
         if recipe.scale.min_8bit_size is not None:  # the scale's own threshold, as the real optimizer gets it
             layout = dataclasses.replace(layout, min_8bit_size=recipe.scale.min_8bit_size)
-        optimizer, scheduler = eight_bit.build(recipe.optimizer, model, recipe.learning_rate, layout), None
-    else:
-        optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
+        return build_eight_bit(recipe.optimizer, model, recipe.learning_rate, layout), None
+    optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
     for group in optimizer.param_groups:
         group["foreach"] = True  # the GPU default; fake parameters would take the single-tensor path
+    return optimizer, scheduler
+
+
+def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: int,
+           inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]]) -> dict[str, Any]:
+    """The measured steps of the real engines' loop, on fake tensors; the Record's state fields."""
+    memory = session.memory
+    optimizer, scheduler = _optimizer(recipe, model)
     for p in model.parameters():
         memory.tag(p, "parameters")
         p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, "gradients"))
-    accumulation = recipe.accumulation_steps
-    attention = _attention_context(session.profile, precision.compute)
-    grad_bytes: int | None = None
-    done = 0
-    inputs = targets = logits = loss = None
-    # What memclaims.active checks, observed as the loop does: the batch of a step, the linear
-    # layers' compute dtype (the autocast emulation's result).
-    observed: dict[str, Any] = {"compute_dtypes": []}
-    examples = micro_batches = 0
-    for batch_index in range(memory_steps * accumulation + 1):
-        # The loader's next batch is moved to the device while the previous one is still bound.
-        inputs, targets = inputs_fn(recipe.scale, recipe.micro_batch_size)
-        model.train()
-        watch = watch_linear_outputs(model) if not observed["compute_dtypes"] else None
-        with session.step_phase("forward"):
-            with attention:
-                if recipe.plain_pytorch:
-                    logits = recipe.workload.logits(model, inputs)
-                else:
-                    x = precision.convert_input(inputs)
-                    with precision.forward_context():
-                        out = recipe.workload.logits(model, x)
-                    del x
-                    logits = precision.convert_output(out)
-                    del out
-            loss = F.cross_entropy(logits, targets)
-            if accumulation > 1:
-                loss = loss / accumulation  # 05
-        if watch is not None:
-            observed["compute_dtypes"] = watch()
-        examples, micro_batches = examples + int(targets.shape[0]), micro_batches + 1
-        if accumulation == 1:
-            with session.step_phase("zero_grad"):
-                optimizer.zero_grad()  # 01..04, 06: after the forward pass
-            with session.step_phase("backward"):
-                precision.backward(loss)
-            stepping = True
-        else:
-            with session.step_phase("backward"):
-                precision.backward(loss)
-            stepping = batch_index % accumulation == 0
-        loss.detach().float()  # watch_loss reads the value (.item()): a temporary at most
-        if stepping:
-            if grad_bytes is None:
-                grad_bytes = _storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
-            observed.update(step_examples=examples, step_micro_batches=micro_batches)
-            examples = micro_batches = 0
-            with session.step_phase("optimizer_step"):
-                memory.in_optimizer = True
-                with optimizer_era(session.profile.optimizer_era):
-                    optimizer.step()
-                memory.in_optimizer = False
-            for value in optimizer_state_tensors(optimizer):
-                memory.tag(value, "optimizer_state")
-            if accumulation > 1:
-                with session.step_phase("zero_grad"):
-                    optimizer.zero_grad()
-            if scheduler is not None:
-                scheduler.step()
-            done += 1
-            if done == memory_steps:
-                break
+    loop = _SimLoop(session, recipe)
+    # Each batch is made while the previous one is still bound, as a loader's next batch is moved
+    # to the device; one more than the steps need, as the loop stops at the last step.
+    batches = (inputs_fn(recipe.scale, recipe.micro_batch_size)
+               for _ in range(memory_steps * recipe.accumulation_steps + 1))
+    loop.train(model, optimizer, scheduler, batches, memory_steps, phase=session.step_phase)
     states: dict[str, Any] = dict(_state_bytes(model, optimizer))
-    states["grad_bytes"] = grad_bytes or 0
-    states.update(observed)
-    del inputs, targets, logits, loss
+    states["grad_bytes"] = loop.grad_bytes or 0
+    states.update(loop.measured_fields())
+    loop.logits = None
     return states
 
 
@@ -566,11 +558,11 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
 
 def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str]) -> Record:
     """Rank 0 of the recipe's FSDP1 run (memclaims.sim.sharded): per-rank accounting on fake tensors."""
-    from memclaims.sim import sharded
+    import memclaims.sim.sharded as sharded
 
     build, inputs_fn = _model_fns(recipe)
     world = sharded.WORLD_SIZE
-    shard_dtype = PARAM_DTYPE[recipe.precision]
+    shard_dtype = PRECISIONS[recipe.precision].param_dtype
     param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision)
     notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
                  f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} (installed Lightning's "
@@ -606,7 +598,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         precision = _Precision(recipe)
         attention = _attention_context(chosen, precision.compute)
         with session.phase(phases, "train"):
-            states = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
+            states: dict[str, Any] = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
         breakdown = dict(session.memory.breakdown_at_peak)
         site = dict(session.memory.reserved_peak_site)
         del model, wrapped
@@ -650,7 +642,7 @@ def check(recipe: Recipe) -> None:
     """Raise UsageError, with the reason, for a recipe the sim cannot replay."""
     _model_fns(recipe)
     if recipe.sharded:
-        from memclaims.sim import sharded
+        import memclaims.sim.sharded as sharded
 
         sharded.check(recipe)
     for flag, reason in _UNSUPPORTED_FLAGS.items():
@@ -661,6 +653,6 @@ def check(recipe: Recipe) -> None:
                          f"on fake tensors; simulated optimizers: {', '.join(_OPTIMIZERS)}")
     if recipe.optimizer in optimizers.EIGHT_BIT:
         _eight_bit_layout()
-    if recipe.precision not in PARAM_DTYPE:
+    if recipe.precision not in PRECISIONS:
         raise UsageError(f"the sim device cannot run precision {recipe.precision!r}; "
-                         f"simulated precisions: {', '.join(PARAM_DTYPE)}")
+                         f"simulated precisions: {', '.join(PRECISIONS)}")

@@ -283,7 +283,7 @@ class _Wrapped(nn.Module):
 
             # checkpoint restores torch.autocast's state for the recompute (on a GPU: CUDA autocast's
             # whole policy); the emulated CUDA policy is a function mode it does not know: re-enter it.
-            stack = _get_current_function_mode_stack()  # type: ignore[no-untyped-call]
+            stack = _get_current_function_mode_stack()
             policy = any(isinstance(m, CudaAutocastPolicy) for m in stack)
 
             def contexts() -> tuple[Any, Any]:
@@ -332,7 +332,7 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
         made = _Unit(name, params, world, shard_dtype, param_dtype, reduce_dtype, offload, memory, root=root,
                      run_ahead=run_ahead)
         for p in params:
-            p.register_post_accumulate_grad_hook(made.on_grad)  # type: ignore[no-untyped-call]
+            p.register_post_accumulate_grad_hook(made.on_grad)
         units.append(made)
         return made
 

@@ -8,8 +8,9 @@ import pytest
 
 from memclaims import budget
 from memclaims import techniques as registry
+from memclaims.options import RunOptions, accuracy_schedule
 from memclaims.recipe import resolve
-from memclaims.runner import RunOptions, accuracy_schedule, run
+from memclaims.runner import run
 
 
 def test_article_scale_has_a_budgeted_schedule_and_full_epochs_on_request() -> None:

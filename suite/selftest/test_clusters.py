@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memclaims import distributed, launcher
+from memclaims import distributed, launcher, lightning_fsdp
 
 # What `srun` exports to a one-task job step: Lightning's SLURMEnvironment.detect() is True with these.
 SLURM = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "nightly", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0",
@@ -22,7 +22,7 @@ def in_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.dist
 def test_spawned_ranks_under_slurm_are_distinct_lightning_ranks(in_slurm_job) -> None:
-    reports = launcher.launch(distributed.environment_report, 2, timeout_s=300)  # a loaded 2-core CI box
+    reports = launcher.launch(lightning_fsdp.environment_report, 2, timeout_s=300)  # a loaded 2-core CI box
     for rank, report in enumerate(reports):
         assert report["slurm"] == [], report
         assert report["environment"] == "LightningEnvironment", report
@@ -38,10 +38,10 @@ def test_strip_slurm_removes_only_slurm_variables() -> None:
 def test_torchrun_under_slurm_uses_torchelastic() -> None:
     torchrun = {**SLURM, "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
                 "MASTER_ADDR": "node0", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "nightly"}
-    assert type(distributed.cluster_environment(torchrun)).__name__ == "TorchElasticEnvironment"
-    assert type(distributed.cluster_environment({**torchrun, launcher.SPAWNED_RANK_ENV: "1"})).__name__ == \
+    assert type(lightning_fsdp.cluster_environment(torchrun)).__name__ == "TorchElasticEnvironment"
+    assert type(lightning_fsdp.cluster_environment({**torchrun, launcher.SPAWNED_RANK_ENV: "1"})).__name__ == \
         "LightningEnvironment"
-    assert distributed.cluster_environment(SLURM) is None  # no ranks of ours: Lightning decides
+    assert lightning_fsdp.cluster_environment(SLURM) is None  # no ranks of ours: Lightning decides
 
 
 def test_no_timeout_means_no_deadline() -> None:
@@ -105,8 +105,8 @@ def test_cli_run_timeout_is_an_option_not_a_hidden_limit(monkeypatch, capsys) ->
 def test_sharded_fabric_is_given_the_environment_memclaims_chose(monkeypatch, in_slurm_job) -> None:
     import lightning.fabric
 
+    from memclaims.options import RunOptions
     from memclaims.recipe import resolve
-    from memclaims.runner import RunOptions
 
     built: list[dict] = []
 
@@ -119,10 +119,10 @@ def test_sharded_fabric_is_given_the_environment_memclaims_chose(monkeypatch, in
     monkeypatch.setattr(lightning.fabric, "Fabric", Recorder)
     recipe = resolve("vit", "smoke", ("fsdp",))
     monkeypatch.setenv(launcher.SPAWNED_RANK_ENV, "1")
-    distributed.sharded_fabric(recipe, RunOptions(device="cuda", devices=2))
+    lightning_fsdp.sharded_fabric(recipe, RunOptions(device="cuda", devices=2))
     monkeypatch.delenv(launcher.SPAWNED_RANK_ENV)
     for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1",
                         "TORCHELASTIC_RUN_ID": "x"}.items():
         monkeypatch.setenv(name, value)
-    distributed.sharded_fabric(recipe, RunOptions(device="cuda", devices=2))
+    lightning_fsdp.sharded_fabric(recipe, RunOptions(device="cuda", devices=2))
     assert [type(kw["plugins"][0]).__name__ for kw in built] == ["LightningEnvironment", "TorchElasticEnvironment"]

@@ -54,7 +54,7 @@ def test_a_users_workspace_setting_is_kept_and_a_nondeterministic_one_is_noted()
 
 
 def test_the_runner_wraps_every_run_in_it(monkeypatch) -> None:
-    from memclaims import determinism, runner
+    from memclaims import determinism, pipeline, runner
     from memclaims.recipe import resolve
 
     seen: list[str] = []
@@ -65,7 +65,7 @@ def test_the_runner_wraps_every_run_in_it(monkeypatch) -> None:
         return original(device, **kwargs)
 
     monkeypatch.setattr(determinism, "deterministic", spy)
-    monkeypatch.setattr(runner, "_run", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(pipeline, "run", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         runner.run(resolve("vit", "smoke", ("fabric",)), runner.RunOptions(device="cpu"))
     assert seen == ["cpu"]

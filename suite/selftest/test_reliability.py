@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from memclaims import techniques as registry
 from memclaims.errors import MemclaimsError, OutOfMemory
+from memclaims.options import RunOptions
 from memclaims.probes import CpuProbe
 from memclaims.recipe import parse_id, resolve
-from memclaims.runner import RunOptions, out_of_memory_request, run
+from memclaims.runner import out_of_memory_request, run
 
 # Fields that legitimately differ between two runs of the same recipe: wall time, and the process's
 # resident set (allocator arenas and what earlier work left mapped).
@@ -44,7 +45,8 @@ def test_same_recipe_five_times_gives_identical_bytes() -> None:
 _RUN_IN_ORDER = textwrap.dedent("""
     import json, sys
     from memclaims.recipe import parse_id
-    from memclaims.runner import RunOptions, run
+    from memclaims.options import RunOptions
+    from memclaims.runner import run
     records = {}
     for recipe_id in sys.argv[1:]:
         record = run(parse_id(recipe_id), RunOptions(device="cpu", memory_steps=2, evaluate=False)).to_dict()

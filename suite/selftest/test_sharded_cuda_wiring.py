@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from memclaims import distributed, runner
+from memclaims import lightning_fsdp, runner
 from memclaims.probes import CpuProbe
 from memclaims.recipe import resolve
 
@@ -139,7 +139,7 @@ def test_fabric_counts_devices_per_node(fake_cuda, monkeypatch, environment, dev
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     world = 8 if nodes == 2 else 4
-    distributed.sharded_fabric(resolve("vit", "smoke", ("fsdp",)),
+    lightning_fsdp.sharded_fabric(resolve("vit", "smoke", ("fsdp",)),
                                runner.RunOptions(device="cuda", devices=world))
     (fabric,) = fake_cuda.instances
     assert (fabric.kwargs["devices"], fabric.kwargs["num_nodes"]) == (devices, nodes)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from memclaims import sim
+from memclaims.options import RunOptions
 from memclaims.recipe import Sizes, resolve
-from memclaims.runner import RunOptions, run
+from memclaims.runner import run
 from memclaims.sim.autocast import cuda_autocast
 
 pytestmark = pytest.mark.sim

@@ -74,8 +74,9 @@ def test_loss_trajectory_moves_are_caught_both_ways_and_class_noise_is_not() -> 
 def _smoke_record(technique: str, lr_factor: float = 1.0, break_accumulation: bool = False) -> Record:
     import dataclasses
 
+    from memclaims.options import RunOptions
     from memclaims.recipe import resolve
-    from memclaims.runner import RunOptions, run
+    from memclaims.runner import run
 
     recipe = resolve("vit", "smoke", (technique,))
     scale = dataclasses.replace(recipe.scale, learning_rate=recipe.scale.learning_rate * lr_factor)

@@ -7,8 +7,9 @@ import torch
 
 from memclaims import cli, hf
 from memclaims.errors import UsageError
+from memclaims.options import RunOptions
 from memclaims.recipe import Sizes, parse_id, resolve
-from memclaims.runner import RunOptions, run
+from memclaims.runner import run
 
 TINY_LLAMA = "hidden_size=32,intermediate_size=64,num_attention_heads=2,num_key_value_heads=2,vocab_size=128"
 

@@ -1,0 +1,72 @@
+"""measure() picks the engine: the sim for --device sim, the ranks for a sharded recipe or several
+devices, Fabric on one device otherwise; every caller goes through it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from memclaims import distributed, runner, sim
+from memclaims.measure import measure, measure_many, runs_ranks
+from memclaims.options import RunOptions
+from memclaims.recipe import resolve
+
+
+@pytest.fixture
+def engines(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """The real-device engines replaced by recorders of how they were called."""
+    calls: list[tuple[str, Any]] = []
+
+    def ranks(recipe: Any, options: RunOptions, devices: int | None = None, *, timeout_s: float | None = None) -> Any:
+        calls.append(("ranks", (recipe.id, options.devices, timeout_s)))
+        return SimpleNamespace(records=["rank0", "rank1"])
+
+    def one(recipe: Any, options: RunOptions, probe: Any = None) -> str:
+        calls.append(("one", recipe.id))
+        return "record"
+
+    monkeypatch.setattr(distributed, "run_distributed", ranks)
+    monkeypatch.setattr(runner, "run", one)
+    return calls
+
+
+@pytest.mark.cpu
+def test_a_sharded_recipe_runs_on_ranks(engines) -> None:
+    recipe = resolve("vit", "smoke", ("fsdp",))
+    assert measure(recipe, RunOptions(devices=2, timeout_s=90.0)) == ["rank0", "rank1"]
+    assert engines == [("ranks", (recipe.id, 2, 90.0))]
+
+
+@pytest.mark.cpu
+def test_several_devices_run_on_ranks_and_one_device_in_this_process(engines) -> None:
+    fabric = resolve("vit", "smoke", ("fabric",))
+    assert runs_ranks(fabric, RunOptions(devices=2)) and not runs_ranks(fabric, RunOptions())
+    measure(fabric, RunOptions(devices=2))
+    assert measure(fabric, RunOptions()) == ["record"]
+    assert [kind for kind, _ in engines] == ["ranks", "one"]
+
+
+@pytest.mark.sim
+def test_the_sim_is_the_engine_of_device_sim(engines) -> None:
+    recipe = resolve("vit", "smoke", ("fsdp", "bf16-true"))
+    assert not runs_ranks(recipe, RunOptions(device="sim", devices=4))
+    (record,) = measure(recipe, RunOptions(device="sim", profile="h100", memory_steps=1))
+    assert record.to_json() == sim.simulate(recipe, profile="h100", memory_steps=1).to_json()
+    assert record.probe == "sim:h100" and engines == []
+
+
+@pytest.mark.cpu
+def test_measure_many_starts_the_ranks_once_for_every_sharded_recipe(engines, monkeypatch) -> None:
+    groups: list[list[str]] = []
+
+    def many(recipes: Any, options: RunOptions, devices: int | None = None, *, timeout_s: float | None = None) -> Any:
+        groups.append([r.id for r in recipes])
+        return [SimpleNamespace(records=[f"{r.id}@0", f"{r.id}@1"]) for r in recipes]
+
+    monkeypatch.setattr(distributed, "run_distributed_many", many)
+    fsdp, fabric, fsdp_ac = (resolve("vit", "smoke", t) for t in (("fsdp",), ("fabric",), ("fsdp", "activation-checkpointing")))
+    assert measure_many([fsdp, fabric, fsdp_ac], RunOptions()) == [
+        [f"{fsdp.id}@0", f"{fsdp.id}@1"], ["record"], [f"{fsdp_ac.id}@0", f"{fsdp_ac.id}@1"]]
+    assert groups == [[fsdp.id, fsdp_ac.id]] and engines == [("one", fabric.id)]
