@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from memclaims import published as published_numbers
 from memclaims import requirements
 from memclaims.errors import UsageError
+from memclaims.machine import Machine
 from memclaims.recipe import Recipe, resolve
 
 
@@ -70,7 +71,7 @@ class NamedRecipe:
 
     def unmet(self, cuda_devices: int | None = None) -> list[str]:
         """The needs this machine (or one with ``cuda_devices`` GPUs) does not meet; empty when runnable."""
-        return requirements.unmet(self.needs(), requirements.Machine(cuda_devices=cuda_devices))
+        return requirements.unmet(self.needs(), Machine(cuda_devices=cuda_devices))
 
     def resolve(self, cuda_devices: int | None = None) -> Recipe:
         problems = self.unmet(cuda_devices)

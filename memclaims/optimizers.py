@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from memclaims import requirements
+from memclaims import machine
 from memclaims.errors import UsageError
 
 # The course sets a weight decay on the decayed group; TrainingArguments' default (0.0) would make
@@ -43,12 +43,12 @@ def parameter_groups(model: nn.Module, weight_decay: float = WEIGHT_DECAY) -> li
 def prepare(name: str, device: str = "cpu") -> None:
     """Work an optimizer does once per process, done before any measured phase.
 
-    bitsandbytes' check (memclaims.requirements) steps a tiny optimizer on the device; inside a
+    bitsandbytes' check (memclaims.machine) steps a tiny optimizer on the device; inside a
     phase, only the first 8-bit case of a session would count its tensors, and a case's bytes
     would depend on test order.
     """
     if name in EIGHT_BIT:
-        requirements.bitsandbytes_problem(device)
+        machine.bitsandbytes_problem(device)
 
 
 def build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
@@ -69,7 +69,7 @@ def build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
             return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps), None
         # The device the parameters live on is where bitsandbytes steps (CPU with offloaded FSDP).
         device = next((p.device.type for p in model.parameters()), "cpu")
-        reason = requirements.bitsandbytes_problem(device if device in requirements.DEVICES else "cpu")
+        reason = machine.bitsandbytes_problem(device if device in machine.DEVICES else "cpu")
         if reason:
             raise UsageError(f"technique {name!r} needs bitsandbytes' 8-bit optimizers: {reason}")
         import bitsandbytes as bnb

@@ -19,6 +19,7 @@ import pytest
 
 from memclaims import requirements
 from memclaims import techniques as registry
+from memclaims.machine import Machine
 from memclaims.pytest_options import SELECTIONS, pytest_addoption  # noqa: F401 - the hook, registered here
 from memclaims.recipe import resolve
 
@@ -181,7 +182,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         except ValueError:  # pytest's "no option named ...": a typo in a requires(options=...)
             raise pytest.UsageError(f"requires(options={name!r}): memclaims has no option --memclaims-{name}") from None
 
-    machine = requirements.Machine(opted_in=opted_in)
+    machine = Machine(opted_in=opted_in)
     for item in items:
         reason = requirements.reason(item_needs(item), machine)
         if reason:

@@ -6,27 +6,24 @@ collection, and turns what is unmet into one skip whose reason joins every unmet
 what to install or pass. Nothing else decides whether a case skips: no test body and no fixture
 calls ``pytest.skip``. ``memclaims list`` and the named recipes ask the same functions.
 
-bitsandbytes has one check, :func:`bitsandbytes_problem`: a real tiny 8-bit optimizer step on the
+bitsandbytes has one check, :func:`memclaims.machine.bitsandbytes_problem`: a real tiny 8-bit optimizer step on the
 device, cached per process. Importing is not enough: a build without a backend for the device
 imports fine and fails at the first step, and such a case must skip, not fail.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memclaims import techniques as registry
 from memclaims.errors import UsageError
+from memclaims.machine import DEVICES, Machine
 
 if TYPE_CHECKING:
     from memclaims.recipe import Recipe
 
-DEVICES = ("cpu", "cuda")
 # What to install, per importable package a case may need (name as imported -> what pip installs).
 INSTALL = {"bitsandbytes": "pip install 'bitsandbytes>=0.45,<0.51'",  # pyproject.toml's range
            "deepspeed": "pip install deepspeed", "xdist": "pip install pytest-xdist"}
@@ -123,80 +120,6 @@ def for_case(recipe: Recipe, tier: str) -> Needs:
     if tier == "cpu" and recipe.precision == "16-mixed":
         result |= Needs(unsupported=(FP16_MIXED_ON_CPU,))
     return result
-
-
-# --- what this machine has ----------------------------------------------------------------------
-
-def cuda_device_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-@cache
-def bitsandbytes_problem(device: str = "cpu") -> str | None:
-    """Why bitsandbytes' 8-bit optimizers cannot step on ``device`` here, or None when they can.
-
-    One tiny Adam8bit step on a tensor at bitsandbytes' default 8-bit threshold (4096 elements),
-    so the quantized path runs, not the fp32 fallback for small tensors. Cached per process and
-    device: the runner calls it before any measured phase, so a case's bytes never include it.
-    """
-    if device not in DEVICES:
-        raise UsageError(f"bitsandbytes runs on {', '.join(DEVICES)}, not {device!r}")
-    if device == "cuda" and cuda_device_count() < 1:
-        return "there is no CUDA device to step on"
-    try:
-        import bitsandbytes as bnb
-    except Exception as error:  # ImportError, or a broken native library raising at import
-        return f"bitsandbytes does not import: {type(error).__name__}: {error}"
-    import torch
-
-    try:
-        probe = torch.nn.Parameter(torch.ones(4096, device=device))
-        eight_bit: Any = bnb.optim  # untyped: its optimizers are looked up, not imported
-        optimizer = eight_bit.Adam8bit([probe], lr=1e-3)
-        probe.grad = torch.ones_like(probe)
-        optimizer.step()
-    except Exception as error:
-        return (f"bitsandbytes {getattr(bnb, '__version__', '?')} has no working {device.upper()} backend for "
-                f"8-bit optimizers: {type(error).__name__}: {error}")
-    finally:
-        if device == "cuda":
-            torch.cuda.empty_cache()  # the probe's blocks must not stay reserved in a GPU case
-    return None
-
-
-@cache
-def package_problem(name: str) -> str | None:
-    """Why ``name`` does not import here, or None. Importing, not finding: a package whose native
-    part is broken is found and still fails."""
-    try:
-        importlib.import_module(name)
-    except Exception as error:
-        return f"{type(error).__name__}: {error}"
-    return None
-
-
-class Machine:
-    """What this process has. Each probe runs only when a need asks for it (the bitsandbytes step
-    and a package import are not free); the module's functions are looked up at call time, so a
-    test can replace one with monkeypatch."""
-
-    def __init__(self, opted_in: Callable[[str], bool] = lambda name: False, cuda_devices: int | None = None) -> None:
-        self.opted_in = opted_in
-        self._cuda_devices = cuda_devices  # None: ask torch; a number: "a machine with N GPUs"
-
-    def cuda_devices(self) -> int:
-        return cuda_device_count() if self._cuda_devices is None else self._cuda_devices
-
-    def bitsandbytes(self, device: str) -> str | None:
-        return bitsandbytes_problem(device)
-
-    def package(self, name: str) -> str | None:
-        return package_problem(name)
-
-    def has_path(self, path: str) -> bool:
-        return Path(path).exists()
 
 
 def _cuda_reason(wanted: int, seen: int) -> str:

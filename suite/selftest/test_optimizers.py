@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memclaims import optim_state, optimizers, requirements, techniques
+from memclaims import machine, optim_state, optimizers, requirements, techniques
 from memclaims.errors import UsageError
 from memclaims.probes import optimizer_state_tensors, storage_bytes
 from memclaims.workloads import workload
@@ -149,9 +149,9 @@ def test_adafactor_state(article_model: nn.Module) -> None:
 def fresh_check() -> Iterator[None]:
     """bitsandbytes' check is cached per process: each of these tests sees its own answer, and
     the tests after them the real one."""
-    requirements.bitsandbytes_problem.cache_clear()
+    machine.bitsandbytes_problem.cache_clear()
     yield
-    requirements.bitsandbytes_problem.cache_clear()
+    machine.bitsandbytes_problem.cache_clear()
 
 
 @pytest.mark.cpu
@@ -187,7 +187,7 @@ def installed_without_a_backend(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bitsandbytes_without_a_backend_is_unmet_not_failing(monkeypatch: pytest.MonkeyPatch,
                                                               fresh_check: None) -> None:
     installed_without_a_backend(monkeypatch)
-    problem = requirements.bitsandbytes_problem("cpu")
+    problem = machine.bitsandbytes_problem("cpu")
     assert problem is not None and "no working CPU backend" in problem and "0.0-no-backend" in problem
     reason = requirements.reason(requirements.needs(bitsandbytes="cpu"))
     assert reason is not None and reason.startswith("needs bitsandbytes' 8-bit optimizers on the CPU: ")

@@ -35,9 +35,9 @@ def test_markers_select_tiers(suite: pytest.Pytester) -> None:
 
 
 def test_gpu_cases_skip_with_what_they_need(suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    from memclaims import requirements
+    from memclaims import machine
 
-    monkeypatch.setattr(requirements, "cuda_device_count", lambda: 0)  # in-process run: any machine is GPU-less
+    monkeypatch.setattr(machine, "cuda_device_count", lambda: 0)  # in-process run: any machine is GPU-less
     result = suite.runpytest("-m", "gpu", "--memclaims-matrix", "singles", "-rs")
     result.stdout.fnmatch_lines(["*needs a CUDA GPU: torch.cuda.is_available() is False*"])
     outcomes = result.parseoutcomes()

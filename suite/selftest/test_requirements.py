@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memclaims import requirements
+from memclaims import machine, requirements
 from memclaims.claims import CLAIMS, needs
 from memclaims.errors import UsageError
 from memclaims.recipe import resolve
@@ -159,9 +159,9 @@ def test_claim_needs() -> None:
 
 @pytest.fixture
 def fresh_check() -> Iterator[None]:
-    requirements.bitsandbytes_problem.cache_clear()
+    machine.bitsandbytes_problem.cache_clear()
     yield
-    requirements.bitsandbytes_problem.cache_clear()
+    machine.bitsandbytes_problem.cache_clear()
 
 
 def fake_bitsandbytes(monkeypatch: pytest.MonkeyPatch, works: bool) -> list[int]:
@@ -188,17 +188,17 @@ def fake_bitsandbytes(monkeypatch: pytest.MonkeyPatch, works: bool) -> list[int]
 def test_bitsandbytes_check_is_a_real_step_cached_per_process(monkeypatch: pytest.MonkeyPatch,
                                                               fresh_check: None) -> None:
     steps = fake_bitsandbytes(monkeypatch, works=True)
-    assert requirements.bitsandbytes_problem("cpu") is None
-    assert requirements.bitsandbytes_problem("cpu") is None
+    assert machine.bitsandbytes_problem("cpu") is None
+    assert machine.bitsandbytes_problem("cpu") is None
     assert steps == [1]  # one step for the whole process
 
 
 def test_bitsandbytes_without_a_backend_is_unmet(monkeypatch: pytest.MonkeyPatch, fresh_check: None) -> None:
     fake_bitsandbytes(monkeypatch, works=False)
-    problem = requirements.bitsandbytes_problem("cpu")
+    problem = machine.bitsandbytes_problem("cpu")
     assert problem is not None and "0.0-fake has no working CPU backend" in problem, problem
-    monkeypatch.setattr(requirements, "cuda_device_count", lambda: 0)
-    assert requirements.bitsandbytes_problem("cuda") == "there is no CUDA device to step on"
+    monkeypatch.setattr(machine, "cuda_device_count", lambda: 0)
+    assert machine.bitsandbytes_problem("cuda") == "there is no CUDA device to step on"
 
 
 NO_BACKEND_PROJECT = """
@@ -271,7 +271,7 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
 
 def test_unmet_needs_skip_at_collection_with_one_joined_reason(project: pytest.Pytester,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(requirements, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(machine, "cuda_device_count", lambda: 0)
     result = project.runpytest("-rs")
     result.assert_outcomes(passed=1, skipped=2)  # no fixture set up for a skipped test: no error
     result.stdout.fnmatch_lines([
@@ -282,7 +282,7 @@ def test_unmet_needs_skip_at_collection_with_one_joined_reason(project: pytest.P
 
 
 def test_met_needs_run(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(requirements, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(machine, "cuda_device_count", lambda: 2)
     result = project.runpytest("-rs", "--memclaims-vit-h14", "-k", "big or plain")
     result.assert_outcomes(passed=2, deselected=1)
 
@@ -291,7 +291,7 @@ def test_a_deselected_test_probes_nothing(project: pytest.Pytester, monkeypatch:
     def no_probe() -> int:
         raise AssertionError("probed CUDA for a deselected test")
 
-    monkeypatch.setattr(requirements, "cuda_device_count", no_probe)
+    monkeypatch.setattr(machine, "cuda_device_count", no_probe)
     project.runpytest("-k", "plain").assert_outcomes(passed=1, deselected=2)
 
 
