@@ -520,15 +520,35 @@ def test_published_accessor_reads_every_number_the_table_names():
         assert isinstance(numbers[spec.key], (int, float)), spec.key
 
 
-def test_table_predicts_every_row_but_deepspeeds():
+def test_table_predicts_every_row():
     from memclaims.sim.published_table import SPECS
 
-    assert [s.row for s in SPECS if s.predict is None] == ["bonus_distilbert-before"]
+    assert [s.row for s in SPECS if s.predict is None] == []
     # Rows outside the band carry their explanation (the sharded text rows included).
     assert all(s.residual for s in SPECS if s.row.startswith(("08", "09", "11", "bonus_", "ViT-H/14 ")))
 
 
-def test_table_rows_in_band_pending_or_explained():
+def test_deepspeed_zero2_row_below_published_within_the_replays_own_shortfall(record_property):
+    """bonus_distilbert-before by per-rank accounting (memclaims.sim.zero), within [0.90, 1.00] of published.
+
+    Upper edge 1.00: every term is memory DeepSpeed holds at the backward's peak on one rank; what is not
+    modelled (allocator placement of the two reduce buckets, the reduction stream's free blocks, DeepSpeed
+    temporaries) only adds, so above published would mean a term counted twice. Lower edge 0.90: two thirds
+    of the prediction are the one-GPU half-precision replay's activations, and the sim's one-GPU
+    half-precision rows (02-04) run 5-7 % low; the other third is exact arithmetic. 0.90 is that shortfall
+    on the whole plus about 0.1 GB for DeepSpeed's unmodelled allocations. 0.933 now."""
+    from memclaims.sim.published_table import published
+    from memclaims.sim.zero import predict_distilbert_before
+
+    terms = predict_distilbert_before()
+    published_bytes = published()[("peak_reserved_gb", "bonus_distilbert-before")] * GB
+    ratio = terms.total / published_bytes
+    record_property("ratio", round(ratio, 4))
+    assert terms.fp32_master == terms.fp32_grad_partition == terms.adam_states // 2 == terms.fp16_model // 2  # W = 4
+    assert 0.90 <= ratio <= 1.00, f"bonus_distilbert-before: {ratio:.3f} ({terms})"
+
+
+def test_table_rows_in_band_or_explained():
     from memclaims.sim.published_table import build_table, markdown
 
     cheap = {"07_01", "07_02", "07 derived fp32", "Adam8bit state", "Adam8bit state (measured)", "AdamW state",
@@ -536,13 +556,13 @@ def test_table_rows_in_band_pending_or_explained():
     rows = build_table(only=cheap)
     assert {r.row for r in rows} == cheap
     for r in rows:
-        if r.predicted is None:  # only DeepSpeed ZeRO-2's row, with its per-rank accounting in words
-            assert r.row == "bonus_distilbert-before" and r.residual.startswith("not predicted: DeepSpeed")
-        else:
-            assert r.inside or r.residual, r.row
-            assert r.cpu_s is not None
+        assert r.predicted is not None, r.row
+        assert r.inside or r.residual, r.row
+        assert r.cpu_s is not None
+    before = next(r for r in rows if r.row == "bonus_distilbert-before")
+    assert before.residual.startswith("DeepSpeed ZeRO-2 rank 0 by per-rank accounting")
     measured = next(r for r in rows if r.row == "Adam8bit state (measured)")
     assert measured.predicted == measured.published  # exact bytes: 134,082,160
     text = markdown(rows)
-    assert "pending" in text and "| course | AdamW state |" in text
+    assert "0 pending" in text and "| course | AdamW state |" in text
 

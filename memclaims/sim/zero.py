@@ -1,0 +1,118 @@
+"""DeepSpeed ZeRO stage 2 on one rank, by per-rank accounting (bonus_distilbert-before).
+
+The script ran Lightning Fabric ``strategy="deepspeed_stage_2"``, ``precision="16-mixed"``, batch 12
+per GPU, 4 GPUs (ARTICLE.md, LLM bonus). The sim has no DeepSpeed engine; what one rank holds at the
+peak (the backward of a later step) is summed here, each term from the code that allocates it:
+
+- ``fp16_model``: DeepSpeed's engine calls ``module.half()`` when fp16 is enabled, and
+  ``DeepSpeedZeroOptimizer.__init__`` (``deepspeed/runtime/zero/stage_1_and_2.py``) flattens the
+  whole group into ``bit16_groups_flat``, padded to ``nccl_start_alignment_factor (2) x world``
+  elements: the whole fp16 model on every rank;
+- ``fp32_master``: ``single_partition_of_fp32_groups``, this rank's ``1/world`` slice, ``.float()``;
+- ``adam_states``: torch Adam's ``exp_avg`` and ``exp_avg_sq`` over that fp32 slice (its ``step`` is
+  a host scalar: torch Adam is not ``capturable``);
+- ``fp32_grad_partition``: the slice's fp32 gradient the step reads (``single_grad_partition``;
+  during the backward DeepSpeed holds the same partition in fp16, ``grads_in_partition``: the fp32
+  size is the larger of the two);
+- ``reduce_buckets``: ``DeepSpeedZeroOptimizer.backward`` allocates, with ``contiguous_gradients``,
+  an ``ipg_buffer`` of ``reduce_bucket_size`` elements in the model's dtype, and a second one with
+  ``overlap_comm`` ("double buffers"), alive through the whole backward, whatever the model's size;
+- ``activations``: the same recipe replayed on one simulated GPU (``memclaims.sim.simulate``), its
+  peak reserved bytes less its own model states (parameters, gradients, optimizer state).
+
+Lightning's ``DeepSpeedStrategy.__init__`` (``lightning/fabric/strategies/deepspeed.py``; the same
+defaults in Fabric 2.0 of mid-2023 and in the installed 2.6): ``stage=2``, ``contiguous_gradients=True``,
+``overlap_comm=True``, ``allgather_bucket_size=200_000_000``, ``reduce_bucket_size=200_000_000``
+(elements). The all-gather after the step writes into ``bit16_groups_flat`` in place, in chunks of
+``allgather_bucket_size``: no term.
+
+What cannot be known without a GPU and DeepSpeed: NCCL's buffers and anything DeepSpeed ``cudaMalloc``s
+outside the caching allocator (0 in ``max_memory_reserved``); how the caching allocator places the two
+400 MB buckets among the activations' segments (the terms add allocations to one replay's reserved
+bytes, not one replay of everything); the reduction stream's own free blocks (``overlap_comm`` reduces
+on a side stream); the fp16 ``grads_in_partition`` coexisting with the fp32 partition at the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+WORLD_SIZE = 4  # the article's LLM bonus: 4 GPUs
+NCCL_START_ALIGNMENT_FACTOR = 2  # stage_1_and_2.py: "4-byte alignment/sizeof(fp16) = 2"
+
+
+@dataclass(frozen=True)
+class Zero2Config:
+    """What the per-rank accounting reads of the strategy (Lightning's DeepSpeedStrategy defaults)."""
+
+    world: int = WORLD_SIZE
+    reduce_bucket_size: int = 200_000_000  # elements
+    allgather_bucket_size: int = 200_000_000  # elements; in-place all-gather, no buffer of its own
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    model_dtype: torch.dtype = torch.float16  # DeepSpeed's fp16 (Lightning's "16-mixed")
+
+
+LIGHTNING_DEFAULTS = Zero2Config()
+
+
+@dataclass(frozen=True)
+class Zero2Terms:
+    """One rank's bytes at the peak, each term named as in the module docstring."""
+
+    fp16_model: int
+    fp32_master: int
+    adam_states: int
+    fp32_grad_partition: int
+    reduce_buckets: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return sum(asdict(self).values())
+
+
+def partition_numel(param_count: int, world: int) -> int:
+    """This rank's slice of the flat group: padded to ``2 x world`` elements, then ``1/world``."""
+    alignment = NCCL_START_ALIGNMENT_FACTOR * world
+    return -(-param_count // alignment) * alignment // world
+
+
+def zero2_rank_bytes(param_count: int, activations: int, config: Zero2Config = LIGHTNING_DEFAULTS) -> Zero2Terms:
+    """Per-rank accounting of ZeRO-2 (one parameter group, fp16, torch Adam); ``activations`` from the sim."""
+    part = partition_numel(param_count, config.world)
+    half = config.model_dtype.itemsize
+    fp32 = torch.float32.itemsize
+    buckets = (1 + int(config.overlap_comm)) if config.contiguous_gradients else 0
+    return Zero2Terms(
+        fp16_model=part * config.world * half,
+        fp32_master=part * fp32,
+        adam_states=2 * part * fp32,
+        fp32_grad_partition=part * fp32,
+        reduce_buckets=buckets * config.reduce_bucket_size * half,
+        activations=activations,
+    )
+
+
+def single_gpu_activations(workload: str = "distilbert", precision: str = "16-true",
+                           profile: str = "article") -> tuple[int, int]:
+    """(parameter count, activation and workspace bytes) of the recipe replayed on one simulated GPU:
+    its peak reserved bytes less its model states. ``16-true``: under DeepSpeed the model is fp16
+    (``module.half()``) and Fabric's ``DeepSpeedPrecision.forward_context`` only sets the default dtype,
+    no autocast, so the forward runs as the sim's 16-true does, not as its 16-mixed (autocast: fp32
+    copies saved for backward)."""
+    from memclaims.recipe import resolve
+    from memclaims.sim import simulate
+
+    record = simulate(resolve(workload, "article", (precision,)), profile=profile)
+    assert record.peak_reserved_total_bytes is not None  # the sim always predicts the reserved total
+    states = record.param_bytes + record.grad_bytes + record.optimizer_state_bytes
+    return record.param_count, record.peak_reserved_total_bytes - states
+
+
+def predict_distilbert_before() -> Zero2Terms:
+    """bonus_distilbert-before: DistilBERT, ZeRO-2 x4, fp16, batch 12 of 512 tokens, rank 0."""
+    params, activations = single_gpu_activations()
+    return zero2_rank_bytes(params, activations)
