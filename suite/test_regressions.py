@@ -181,7 +181,7 @@ def inject_loss_kept(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
 
 def inject_version_string(monkeypatch: pytest.MonkeyPatch) -> None:
     """Control: only the recorded torch version changes (a rebuild, a local tag)."""
-    from memclaims import runner
+    from memclaims import pipeline
     from memclaims.record import library_versions
 
     def versions() -> dict[str, str | None]:
@@ -189,7 +189,7 @@ def inject_version_string(monkeypatch: pytest.MonkeyPatch) -> None:
         found["torch"] = f"{found['torch']}+rebuilt"
         return found
 
-    monkeypatch.setattr(runner, "library_versions", versions)
+    monkeypatch.setattr(pipeline, "library_versions", versions)
 
 
 # --- the catch table ----------------------------------------------------------------------------

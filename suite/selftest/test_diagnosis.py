@@ -203,12 +203,12 @@ from memclaims.record import Record
 
 pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]
 
-def fake_run(recipe, options):
+def fake_measure(recipe, options):
     if "sgd" in recipe.techniques:
         raise OutOfMemory(recipe.id, options.device, "train", 123_456_789, "CPU out of memory (fake)")
-    return Record(**{f.name: None for f in dataclasses.fields(Record)} | {"recipe": recipe.id})
+    return [Record(**{f.name: None for f in dataclasses.fields(Record)} | {"recipe": recipe.id})]
 
-fixtures.records.run = fake_run
+fixtures.records.measure = fake_measure
 """
 OOM_TESTS = """
 import pytest
@@ -225,11 +225,11 @@ def test_out_of_memory_case_is_listed_and_the_session_goes_on(pytester: pytest.P
 
     make_project(pytester, ROOT, conftest=OOM_CONFTEST)
     pytester.makepyfile(test_oom=OOM_TESTS)
-    real_run = fixtures.records.run
+    real_measure = fixtures.records.measure
     try:
         result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--memclaims-summary-json", "s.json")
     finally:
-        fixtures.records.run = real_run  # the conftest patched the shared module
+        fixtures.records.measure = real_measure  # the conftest patched the shared module
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines([
         "vit-smoke/sgd ran out of memory on cpu in the train phase while allocating 123456789 B*",
