@@ -202,13 +202,15 @@ def _file(**changes: object) -> str:
 
 @pytest.mark.parametrize(("text", "problem"), [
     (json.dumps({"schema": 0, "environment": "env", "records": {}}), "unknown schema 0"),
-    (json.dumps({"schema": True, "environment": "env", "records": {}}), "'schema' must be an integer"),
+    ("[1, 2]", "top level must be an object, found list [1, 2]"),
+    (json.dumps({"schema": True, "environment": "env", "records": {}}), "'schema' must be an integer, found bool true"),
     (json.dumps({"schema": 2, "environment": "env", "records": {}}), "schema 2 is newer than this memclaims reads"),
-    (json.dumps({"schema": 1, "environment": 3, "records": {}}), "'environment' must be a string"),
+    (json.dumps({"schema": 1, "environment": 3, "records": {}}), "'environment' must be a string, found int 3"),
     (json.dumps({"schema": 1, "environment": "other", "records": {}}), "'environment' is 'other' but the file name"),
-    (json.dumps({"schema": 1, "environment": "env", "records": []}), "'records' must be an object"),
-    (json.dumps({"schema": 1, "environment": "env", "records": {"r": 1}}), "records['r'] must be an object"),
-    (json.dumps({"schema": 1, "environment": "env", "records": {"r": {"record": 1}}}), "records['r'].record must be"),
+    (json.dumps({"schema": 1, "environment": "env", "records": []}), "'records' must be an object, found list []"),
+    (json.dumps({"schema": 1, "environment": "env", "records": {"r": 1}}), "records['r'] must be an object, found int 1"),
+    (json.dumps({"schema": 1, "environment": "env", "records": {"r": {"record": "x"}}}),
+     "records['r'].record must be an object, found str \"x\""),
     ("[" * 100_000, "nested too deeply"),
 ])
 def test_parse_names_each_problem(text: str, problem: str) -> None:
@@ -249,3 +251,59 @@ def test_a_file_that_is_not_utf8_is_an_error_and_left_alone(tmp_path: Path) -> N
     with pytest.raises(BaselineError):
         store.update("env", {"a": Baseline(fake_record("a"))})
     assert store.path("env").read_bytes() == b"\xff\xfe{"
+
+
+def test_layout_mode_and_what_a_write_rereads_under_the_lock(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    assert store.path("env") == tmp_path / "measured" / "env.json"
+    first, second = BaselineStore(tmp_path), BaselineStore(tmp_path)
+    assert first.load("env") == {}  # cached empty
+    second.update("env", {"b": Baseline(fake_record("b"))})
+    first.update("env", {"a": Baseline(fake_record("a"))})  # re-reads the file: b survives
+    assert sorted(BaselineStore(tmp_path).load("env")) == ["a", "b"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert store.path("env").stat().st_mode & 0o777 == 0o644 & ~umask
+
+
+def test_a_file_under_another_environments_name_is_refused(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    store.update("other", {"a": Baseline(fake_record("a"))})
+    store.path("other").rename(store.path("env"))
+    with pytest.raises(BaselineError, match="'environment' is 'other' but the file name says 'env'"):
+        store.load("env")
+
+
+def test_nan_tolerance_is_refused_before_the_file_changes(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    store.update("env", {"a": Baseline(fake_record("a"))})
+    before = store.path("env").read_bytes()
+    with pytest.raises(ValueError):
+        store.update("env", {"a": Baseline(fake_record("a"), {"accuracy": math.nan})})
+    assert store.path("env").read_bytes() == before and BaselineStore.temp_files(store.path("env")) == []
+
+
+def test_profiles_and_other_writers_are_seen(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    sim = fake_record(device="sim", probe="sim:article")
+    assert store.store_record(sim, profile="a100") == store.path("sim-a100")
+    found = store.find(sim, profile="a100")
+    assert found is not None and found[1] == "sim-a100" and store.find(sim) is None
+    # Tolerances stored by another process since this store read the file are kept.
+    record = fake_record(environment=AVX2)
+    environment = b.environment_id(record)
+    mine = BaselineStore(tmp_path)
+    assert mine.load(environment) == {}
+    BaselineStore(tmp_path).store_record(record, {"accuracy": 0.05})
+    mine.store_record(record)
+    assert BaselineStore(tmp_path).load(environment)[record.recipe].tolerances == {"accuracy": 0.05}
+    # Obtained by another process after this store looked: accepted all the same.
+    other = BaselineStore(tmp_path)
+    assert other.load(environment + b.OBTAINED) == {}
+    BaselineStore(tmp_path).store_record(fake_record("vit-smoke/new", environment=AVX2), obtained=True)
+    assert other.accept(environment)[1] == ["vit-smoke/new"]
+
+
+def test_a_cpu_class_recorded_without_half_features() -> None:
+    old_class = {k: v for k, v in AVX2.items() if k != "half_features"}
+    assert b.environment_id(fake_record(environment=old_class)) == "cpu-x86_64-avx2-cu130"

@@ -223,3 +223,143 @@ def test_the_catalogue_is_covered_and_each_gap_is_named(monkeypatch: pytest.Monk
     assert "fp16-range: catalogue tiers ['cpu', 'sim'] != check tiers ['cpu']" in problems
     assert "sgd-two-thirds: empty reason for tier dist" in problems
     assert "check 'init-module-load' has no catalogue entry in published.json" in problems
+
+
+def _load_world(tier: str, ratio: float) -> dict:
+    records = world(tier)
+    key = ("16-true", "init-module")
+    record = records[key]
+    records[key] = dataclasses.replace(record, load_peak_bytes=int(record.reference_load_peak_bytes * ratio))
+    return records
+
+
+@pytest.mark.parametrize(("tier", "fidelity", "passed"), [
+    ("cpu", 0.96, True), ("cpu", 1.08, True), ("cpu", 0.93, False), ("cpu", 1.12, False),  # against 0.5, [0.95, 1.10]
+    ("gpu", 0.93, True), ("gpu", 1.08, True), ("gpu", 0.88, False),  # against published 0.524, [0.90, 1.10]
+])
+def test_init_module_load_band_per_tier(tier: str, fidelity: float, passed: bool) -> None:
+    expected = 0.5 if tier == "cpu" else 0.65 / 1.24
+    verdict = claims.CHECKS["init-module-load"].run(tier, _lookup(_load_world(tier, expected * fidelity)))
+    assert verdict.passed is passed, verdict.detail
+    assert f"{'derived' if tier == 'cpu' else 'published'} {expected:.3f}" in verdict.detail
+
+
+def test_init_module_load_on_the_sim_is_the_load_replay_at_article_scale_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from suite.selftest.test_claim_checks import _fake_load
+
+    _fake_load(monkeypatch, 0.93)  # the replay: 0.93 of the published ratio, outside the sim's +-5 %
+    assert not claims.CHECKS["init-module-load"].run("sim", _lookup(world("sim"))).passed
+    assert claims.CHECKS["init-module-load"].run("gpu", _lookup(world("gpu"))).passed  # gpu: the Record's bytes
+    smoke = {k: dataclasses.replace(r, scale="smoke") for k, r in _load_world("sim", 0.65 / 1.24).items()}
+    assert claims.CHECKS["init-module-load"].run("sim", _lookup(smoke)).passed  # off article scale: the Record's
+    _fake_load(monkeypatch, 1.0)
+    verdict = claims.CHECKS["init-module-load"].run("sim", _lookup(world("sim")))
+    assert verdict.passed and "text 50 %, logs 1 - 0.65 / 1.24 = 47.6 %, this run 47.6%" in verdict.detail
+
+
+def test_init_module_load_without_a_reference_does_not_hold() -> None:
+    records = world("cpu")
+    key = ("16-true", "init-module")
+    records[key] = dataclasses.replace(records[key], reference_load_peak_bytes=None)
+    verdict = claims.CHECKS["init-module-load"].run("cpu", _lookup(records))
+    assert verdict.passed is False
+    assert verdict.detail == "the reference load (build in fp32, then convert) was not measured"
+
+
+def _time_world(claim: str, measured: float) -> dict:
+    check = claims.CHECKS[claim].run
+    records = world("gpu")
+    reference = records[check.reference]
+    records[check.candidate] = dataclasses.replace(
+        records[check.candidate], batch_size=reference.batch_size, step_time_s=reference.step_time_s * measured)
+    return records
+
+
+@pytest.mark.parametrize(("claim", "measured", "passed"), [
+    ("fabric-time", 1.2, True), ("fabric-time", 0.8, True), ("fabric-time", 1.3, False),  # ~1: within 25 %
+    ("sgd-time", 0.7, False),
+    ("16-mixed-time", 0.9, True), ("16-mixed-time", 1.0, False), ("16-mixed-time", 1.1, False),  # 0.19: faster
+    ("small-batch-time", 1.01, True), ("small-batch-time", 0.99, False),  # 1.375: slower
+])
+def test_time_ratios_about_the_same_or_by_direction(claim: str, measured: float, passed: bool) -> None:
+    verdict = claims.CHECKS[claim].run("gpu", _lookup(_time_world(claim, measured)))
+    assert verdict.passed is passed, verdict.detail
+    rule = "about the same (within 25 %)" if claim in ("fabric-time", "sgd-time") else "same direction"
+    assert verdict.detail.endswith(f"asserted: {rule}") or f"asserted: {rule};" in verdict.detail
+
+
+def test_time_ratio_detail_quotes_the_published_minutes_and_the_audit() -> None:
+    verdict = claims.CHECKS["16-mixed-time"].run("gpu", _lookup(_time_world("16-mixed-time", 0.2)))
+    assert "published 0.193 (3.45 / 17.88 min); asserted: same direction" in verdict.detail, verdict.detail
+    assert verdict.detail.endswith("; text 6x faster, logs 17.88 / 3.45 = 5.2x, this run 5.0x faster")
+    slower = claims.CHECKS["16-mixed-time"].run("gpu", _lookup(_time_world("16-mixed-time", 1.25)))
+    assert slower.detail.endswith("this run ratio 1.250")
+
+
+def test_a_missing_step_time_is_false_not_none() -> None:
+    records = world("gpu")
+    records[("pytorch",)] = dataclasses.replace(records[("pytorch",)], step_time_s=0.0)
+    verdict = claims.CHECKS["fabric-time"].run("gpu", _lookup(records))
+    assert verdict.passed is False and verdict.detail == "step time was not measured"
+
+
+def test_per_claim_bands_on_the_sim_and_the_gpu() -> None:
+    sim = world("sim")
+    key = ("bf16-true", "small-batch", "grad-accum")
+    sim[key] = _memory(sim[key], 1.055 / 1.010)  # 1.055 of published: inside grad-accum's own [0.95, 1.06]
+    assert claims.CHECKS["grad-accum-memory"].run("sim", _lookup(sim)).passed
+    gpu = world("gpu")
+    key = ("bf16-true", "small-batch", "grad-accum", "sgd")
+    gpu[key] = _memory(gpu[key], 1.2)  # inside sgd-memory's own gpu band [0.90, 1.29]
+    assert claims.CHECKS["sgd-memory"].run("gpu", _lookup(gpu)).passed
+    sim = world("sim")
+    sim[key] = _memory(sim[key], 1.2)
+    assert not claims.CHECKS["sgd-memory"].run("sim", _lookup(sim)).passed
+
+
+def test_ratio_details_carry_the_audit_on_every_tier() -> None:
+    for tier in ("cpu", "sim", "gpu"):
+        detail = claims.CHECKS["overall-20x"].run(tier, _lookup(world(tier))).detail
+        assert "; text 20x, logs 26.84 / 2.02 = 13.3x, this run " in detail, (tier, detail)
+    smoke = {k: dataclasses.replace(r, scale="gpusmoke") for k, r in world("gpu").items()}
+    assert "; text 20x, logs" in claims.CHECKS["overall-20x"].run("gpu", _lookup(smoke)).detail
+
+
+def test_scaled_breakdown_keeps_adams_step_counters_unless_the_state_goes() -> None:
+    params, tensors = 4000, 500
+    steps = 4 * tensors
+    record = dataclasses.replace(world("cpu")[("fabric",)], param_bytes=params, param_tensor_count=tensors,
+                                 optimizer_state_bytes=2 * params + steps,
+                                 breakdown={"parameters": params, "optimizer_state": 2 * params + steps,
+                                            "activations_and_temporaries": 1000})
+    assert claims._scaled(record, {}) == params + 2 * params + steps + 1000
+    assert claims._scaled(record, claims.HALF_EVERYTHING) == params / 2 + params + steps + 500
+    assert claims._scaled(record, {"optimizer_state": 0.0}) == params + 1000
+    assert claims._scaled(record, {"activations_and_temporaries": 0.25}) == params + 2 * params + steps + 250
+
+
+def test_sgd_cut_needs_the_two_thirds_and_no_state() -> None:
+    fabric = dataclasses.replace(world("cpu")[("fabric",)], param_count=1000, param_bytes=4000, param_tensor_count=500,
+                                 optimizer_state_bytes=8000 + 2000)  # 500 step counters of 4 B
+    sgd = dataclasses.replace(fabric, optimizer_state_bytes=0)
+    assert claims.CHECKS["sgd-two-thirds"].run("cpu", _lookup({("fabric",): fabric, ("sgd",): sgd})).passed
+    off = dataclasses.replace(sgd, param_bytes=4400)  # cut 0.633: state gone, but not two thirds
+    assert not claims.CHECKS["sgd-two-thirds"].run("cpu", _lookup({("fabric",): fabric, ("sgd",): off})).passed
+    momentum = dataclasses.replace(sgd, optimizer_state_bytes=4)
+    assert not claims.CHECKS["sgd-two-thirds"].run("cpu", _lookup({("fabric",): fabric, ("sgd",): momentum})).passed
+
+
+def test_forward_peak_must_exceed_the_fp32_model() -> None:
+    fabric = world("cpu")[("fabric",)]
+    at = dataclasses.replace(fabric, peak_allocated_bytes=4 * fabric.param_count)
+    assert not claims.CHECKS["forward-peak-above-fp32-model"].run("cpu", _lookup({("fabric",): at})).passed
+    above = dataclasses.replace(fabric, peak_allocated_bytes=9 * fabric.param_count // 2)
+    assert claims.CHECKS["forward-peak-above-fp32-model"].run("cpu", _lookup({("fabric",): above})).passed
+    assert claims._mib(2**20) == "1.00 MiB"
+
+
+def test_a_claim_recorded_as_not_holding_where_it_is_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = published.claim
+    monkeypatch.setattr(published, "claim", lambda name: {**real(name), "does_not_hold": {"dist": "why"}}
+                        if name == "fp16-range" else real(name))
+    assert claims.coverage_problems() == ["fp16-range: recorded as not holding on dist, which does not check it"]

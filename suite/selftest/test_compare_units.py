@@ -53,7 +53,7 @@ def test_memory_from_zero_fails_and_zero_to_zero_is_ok() -> None:
 
 @pytest.mark.parametrize(("now", "verdict"), [(0.50, c.OK), (0.48, c.OK), (0.4799, c.REGRESSION), (0.30, c.REGRESSION),
                                               (0.52, c.OK), (0.5201, c.STALE), (0.9, c.STALE)])
-def test_accuracy_is_absolute_points_and_fails_only_when_it_drops(now: float, verdict: str) -> None:
+def test_accuracy_is_absolute_points_and_only_a_drop_fails(now: float, verdict: str) -> None:
     result = _result(c.compare(fake_record(accuracy=now), fake_record(accuracy=0.5)), "accuracy")
     assert result.verdict == verdict, (now, result)
     assert result.tolerance == 0.02
@@ -257,3 +257,54 @@ def test_rows_and_the_summary_table_worst_first() -> None:
     assert len(table) == 1 + len(worst)
     assert len({line.index("metric") for line in table[:1]} | {table[1].index("peak_allocated_bytes")}) == 1
     assert c.Summary().table() == [] and c.Summary().worst_first() == []
+
+
+def test_result_fields_of_missing_new_and_diverged() -> None:
+    record, baseline = fake_record(peak_reserved_bytes=None), fake_record(peak_reserved_bytes=5000)
+    missing = _result(c.compare(record, baseline), "peak_reserved_bytes")
+    assert (missing.baseline, missing.now, missing.tolerance) == (5000, None, TOL)
+    new = _result(c.compare(baseline, record), "peak_reserved_bytes")
+    assert (new.baseline, new.now, new.tolerance) == (None, 5000, TOL)
+    comparison = c.compare(record, baseline)
+    assert comparison.recipe == record.recipe and comparison.environment == ""
+    no_losses = c.compare_losses([1.0], [], 0.001)
+    assert no_losses is not None and (no_losses.metric, no_losses.tolerance, no_losses.detail) == (
+        c.LOSSES, 0.001, "no losses recorded")
+    diverged = c.compare_losses([1.0, 2.0], [1.0, None], 0.001)
+    assert diverged is not None and (diverged.baseline, diverged.now) == (2.0, None)
+    recovered = c.compare_losses([1.0, None], [1.0, 2.0], 0.001)
+    assert recovered is not None and (recovered.baseline, recovered.now) == (None, 2.0)
+
+
+def test_losses_report_the_step_that_moved_most_and_their_tolerance_boundary() -> None:
+    first = c.compare_losses([1.0, 2.0], [1.005, 2.004], 0.001)  # 0.5 % at step 0, 0.2 % at step 1
+    assert first is not None and first.detail == "step 0" and first.change_pct == pytest.approx(0.5)
+    at_limit = c.compare_losses([1.0], [1.5], 0.5)  # exactly 50 %: inside
+    assert at_limit is not None and at_limit.verdict == c.OK
+    beyond = c.compare_losses([1.0], [1.5025], 0.5)  # 50.25 %
+    assert beyond is not None and beyond.verdict == c.REGRESSION
+
+
+def test_the_table_with_notes_unknown_verdicts_and_changes_without_a_percentage() -> None:
+    summary = c.Summary()
+    summary.add(c.compare(fake_record(optimizer_state_bytes=8), fake_record(optimizer_state_bytes=0), case_id="z"))
+    summary.add(c.compare(fake_record(peak_allocated_bytes=FAKE_PEAK * 1006 // 1000), fake_record(), case_id="p"))
+    summary.add_note("n", c.NO_BASELINE)
+    summary.add_note("u", "custom")
+    worst = summary.worst_first()
+    # Among regressions the largest change first; one without a percentage (grown from zero) after it.
+    assert [(r["case"], r["metric"]) for r in worst[:2]] == [("p", "peak_allocated_bytes"), ("z", "optimizer_state_bytes")]
+    assert worst[-1]["case"] == "u"  # a verdict the table does not know: last
+    note = next(r for r in summary.rows if r["case"] == "n")
+    assert note == {"case": "n", "environment": "", "metric": "-", "baseline": None, "now": None,
+                    "change_pct": None, "change": "", "tolerance": None, "verdict": c.NO_BASELINE}
+    table = summary.table()
+    assert [line.split() for line in table if line.startswith("n ")] == [["n", "-", "no", "baseline"]]
+    assert all(line == line.rstrip() for line in table)
+    assert len(summary.table(everything=True)) == 1 + len(summary.rows) > len(table)
+
+
+def test_more_formats() -> None:
+    assert c.fmt_value("x_bytes", c.MIB) == "1,048,576 B (1.00 MiB)"
+    assert c.fmt_change(c.MetricResult("accuracy", None, 0.5, None, 0.02, c.NEW)) == "n/a"
+    assert c.fmt_change(c.MetricResult("accuracy", 0.5, None, None, 0.02, c.MISSING)) == "n/a"
