@@ -13,7 +13,7 @@ import memclaims.claims as claims
 from memclaims import published
 from memclaims.recipe import Recipe
 from memclaims.record import Record
-from suite.selftest.test_claim_checks import _article, _fake_cuda, _lookup, _memory, world
+from suite.selftest.test_claim_checks import CASES, _article, _fake_cuda, _lookup, _memory, _prepare_holding, world
 
 CHAIN_05 = ("bf16-true", "small-batch", "grad-accum")
 
@@ -363,3 +363,21 @@ def test_a_claim_recorded_as_not_holding_where_it_is_not_checked(monkeypatch: py
     monkeypatch.setattr(published, "claim", lambda name: {**real(name), "does_not_hold": {"dist": "why"}}
                         if name == "fp16-range" else real(name))
     assert claims.coverage_problems() == ["fp16-range: recorded as not holding on dist, which does not check it"]
+
+
+@pytest.mark.parametrize(("tier", "name"), CASES, ids=[f"{t}:{n}" for t, n in CASES])
+def test_a_check_asks_for_exactly_the_recipes_it_declares(tier: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session runs what ``recipes_on`` declares before the check looks: one it did not declare
+    would not have run, one it declares and never reads would run for nothing."""
+    _prepare_holding(name, monkeypatch)
+    records = world(tier)
+    declared = claims.CHECKS[name].recipes_on(tier)
+    asked: list[tuple[str, ...]] = []
+
+    def get(techniques: tuple[str, ...]) -> Record:
+        asked.append(tuple(techniques))
+        assert tuple(techniques) in declared, (name, tier, techniques, declared)
+        return records[tuple(techniques)]
+
+    claims.CHECKS[name].run(tier, get)
+    assert set(asked) == set(declared)
