@@ -33,7 +33,10 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "mutants"
 TARGETS = ("memclaims.claims", "memclaims.compare", "memclaims.baselines", "memclaims.techniques")
-PRELOAD = ("torch", "numpy", "pytest", "_pytest.pytester", "hypothesis", "pytest_benchmark.plugin", "xdist.plugin")
+# What every child would import anyway, loaded once: the training stack (conftest's preflight imports
+# all of it) and pytest's plugins. Not memclaims: its import is what runs the mutant.
+PRELOAD = ("torch", "torchvision", "lightning", "torchmetrics", "transformers", "bitsandbytes", "numpy", "pytest",
+           "_pytest.pytester", "hypothesis", "pytest_benchmark.plugin", "xdist.plugin")
 
 
 def import_time_functions() -> list[str]:
@@ -96,7 +99,7 @@ def main() -> int:
     functions = args.only or import_time_functions()
     os.chdir(MUTANTS)
     sys.path[:] = [str(MUTANTS)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, MUTANTS)]
-    for module in PRELOAD:  # what every child would import anyway, loaded once
+    for module in PRELOAD:
         try:
             __import__(module)
         except ImportError:
