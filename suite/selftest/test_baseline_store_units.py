@@ -1,0 +1,309 @@
+"""The baseline store on constructed Records, without a pytest session: where a Record's baseline
+is looked for (its class, then the closest sibling of its family), what a write keeps and stores,
+that a failed write leaves the file as it was, obtained -> accepted, and the tolerance files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from memclaims import baselines as b
+from memclaims.baselines import Baseline, BaselineError, BaselineStore
+from memclaims.testing import fake_record
+
+AVX2 = {"machine": "x86_64", "capability": "avx2", "half_features": [], "torch_build": "cu130"}
+AVX512 = {"machine": "x86_64", "capability": "avx512", "half_features": [], "torch_build": "cu130"}
+AVX512_BF16 = {**AVX512, "half_features": ["bf16"]}
+ARM = {"machine": "aarch64", "capability": "sve256", "half_features": [], "torch_build": "cu130"}
+H200 = {"gpu": "NVIDIA H200", "cuda": "13.0", "cudnn": 91200}
+
+
+def test_environment_ids_of_the_sim_and_of_old_records() -> None:
+    assert b.environment_id(fake_record(device="sim", probe="sim:h100")) == "sim-h100"
+    assert b.environment_id(fake_record(device="sim", probe="sim:h100"), profile="a100") == "sim-a100"
+    assert b.environment_id(fake_record(device="sim", probe="sim")) == "sim-default"
+    assert b.environment_id(fake_record(environment=AVX512_BF16)) == "cpu-x86_64-avx512-bf16-cu130"
+    assert b.environment_id(fake_record(device="cuda", environment=AVX2, device_name="Old GPU")) == "old-gpu"
+    assert b.environment_id(fake_record(device="cpu", environment=H200, device_name="cpu-x86_64")) == "cpu-x86_64"
+
+
+def test_find_prefers_its_own_class_then_the_closest_sibling_of_its_family(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    for environment, accuracy in ((AVX2, 0.1), (AVX512_BF16, 0.2), (ARM, 0.3)):
+        store.store_record(fake_record(environment=environment, accuracy=accuracy))
+    store.store_record(fake_record(device="cuda", environment=H200, accuracy=0.4))
+    assert store.environments() == ["cpu-aarch64-sve256-cu130", "cpu-x86_64-avx2-cu130",
+                                    "cpu-x86_64-avx512-bf16-cu130", "nvidia-h200-cuda13.0-cudnn91200"]
+    own = store.find(fake_record(environment=AVX2))
+    assert own is not None and own[1] == "cpu-x86_64-avx2-cu130" and own[0].record.accuracy == 0.1
+    # avx512 without bf16 shares more of its id with avx512-bf16 than with avx2; never the arm class.
+    sibling = store.find(fake_record(environment=AVX512))
+    assert sibling is not None and sibling[1] == "cpu-x86_64-avx512-bf16-cu130"
+    assert store.find(fake_record(environment={**ARM, "capability": "sve128"}))[1] == "cpu-aarch64-sve256-cu130"
+    other_cuda = store.find(fake_record(device="cuda", environment={**H200, "cuda": "12.8"}))
+    assert other_cuda is not None and other_cuda[1] == "nvidia-h200-cuda13.0-cudnn91200"
+    assert store.find(fake_record(device="cuda", environment={**H200, "gpu": "NVIDIA A100"})) is None
+    assert store.find(fake_record(environment=AVX2, recipe="vit-smoke/other")) is None
+    assert store.find(fake_record(environment={**AVX2, "machine": "riscv64"})) is None
+
+
+def test_find_breaks_ties_by_name(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    for capability in ("zz", "aa"):
+        store.store_record(fake_record(environment={**AVX2, "capability": capability}))
+    found = store.find(fake_record(environment={**AVX2, "capability": "mm"}))
+    assert found is not None and found[1] == "cpu-x86_64-aa-cu130"
+
+
+def test_environments_leave_out_obtained_files(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    assert store.environments() == []
+    store.store_record(fake_record(environment=AVX2), obtained=True)
+    assert store.environments() == []
+    store.store_record(fake_record(environment=AVX2))
+    assert store.environments() == ["cpu-x86_64-avx2-cu130"]
+
+
+def test_update_keeps_other_recipes_and_replaces_its_own(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    store.update("env", {"a": Baseline(fake_record("a")), "b": Baseline(fake_record("b", accuracy=0.1))})
+    BaselineStore(tmp_path).update("env", {"b": Baseline(fake_record("b", accuracy=0.2), {"accuracy": 0.05})})
+    stored = BaselineStore(tmp_path).load("env")
+    assert sorted(stored) == ["a", "b"] and stored["b"].record.accuracy == 0.2
+    assert stored["b"].tolerances == {"accuracy": 0.05}
+    assert store.load("env")["b"].record.accuracy == 0.1  # cached until asked fresh
+    assert store.load("env", fresh=True)["b"].record.accuracy == 0.2
+    text = store.path("env").read_text()
+    assert text == b.dumps("env", stored) and text.endswith("}\n")
+    assert list(store.measured.glob(".*.tmp")) == []
+
+
+def test_a_failed_write_leaves_the_file_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = BaselineStore(tmp_path)
+    store.update("env", {"a": Baseline(fake_record("a"))})
+    before = store.path("env").read_bytes()
+
+    def refuse(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(OSError, match="disk full"):
+        store.update("env", {"b": Baseline(fake_record("b"))})
+    assert store.path("env").read_bytes() == before
+    assert BaselineStore.temp_files(store.path("env")) == []
+    assert sorted(store.load("env")) == ["a"]  # the cache did not take the failed write
+
+
+def test_a_killed_writers_temp_is_removed_by_the_next_writer(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    store.measured.mkdir(parents=True)
+    leftover = store.measured / ".env.json.0123456789ab.tmp"
+    unrelated = store.measured / ".other.json.0123456789ab.tmp"
+    leftover.write_text("{")
+    unrelated.write_text("{")
+    assert BaselineStore.temp_files(store.path("env")) == [leftover]
+    store.update("env", {"a": Baseline(fake_record("a"))})
+    assert not leftover.exists() and unrelated.exists()
+    assert (store.measured / "env.json.lock").exists()  # the lock file stays
+
+
+def test_store_record_keeps_stored_tolerances_and_stores_only_overrides(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    record = fake_record(environment=AVX2)
+    environment = b.environment_id(record)
+    store.store_record(record, {"accuracy": 0.05, "peak_allocated_bytes": 0.005, "param_bytes": None})
+    assert store.load(environment, fresh=True)["vit-smoke/fake-a"].tolerances == {"accuracy": 0.05,
+                                                                                    "param_bytes": None}
+    path = store.store_record(fake_record(environment=AVX2, accuracy=0.7))
+    assert path == store.path(environment)
+    stored = store.load(environment, fresh=True)["vit-smoke/fake-a"]
+    assert stored.record.accuracy == 0.7 and stored.tolerances == {"accuracy": 0.05, "param_bytes": None}
+    store.store_record(fake_record(environment=AVX2), {})
+    assert store.load(environment, fresh=True)["vit-smoke/fake-a"].tolerances == {}
+    assert b.overrides(fake_record(device="cuda"), {"peak_allocated_bytes": 0.03, "accuracy": 0.02,
+                                                    "custom": 0.1}) == {"custom": 0.1}
+    assert b.overrides(fake_record(device="cuda"), {"peak_allocated_bytes": 0.005}) == {"peak_allocated_bytes": 0.005}
+
+
+def test_obtained_then_accepted(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    environment = "cpu-x86_64-avx2-cu130"
+    with pytest.raises(BaselineError, match="nothing to accept"):
+        store.accept(environment)
+    obtained = store.store_record(fake_record(environment=AVX2), obtained=True)
+    assert obtained == store.path(environment + b.OBTAINED) and obtained.exists()
+    store.store_record(fake_record("vit-smoke/fake-b", environment=AVX2), obtained=True)
+    assert store.get(environment, "vit-smoke/fake-a") is None
+    path, keys = store.accept(environment)
+    assert path == store.path(environment) and keys == ["vit-smoke/fake-a", "vit-smoke/fake-b"]
+    assert not obtained.exists()
+    assert sorted(BaselineStore(tmp_path).load(environment)) == keys
+    assert store.load(environment + b.OBTAINED) == {}
+    with pytest.raises(BaselineError, match="nothing to accept"):
+        store.accept(environment)
+
+
+def test_measured_accuracy_tolerances(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    assert store.tolerances() == {} and store.accuracy_tolerance("vit-smoke/sgd") is None
+    (tmp_path / b.TOLERANCES).write_text(json.dumps({"schema": b.SCHEMA, "accuracy": {"recipes": {
+        "vit-smoke/sgd": {"tolerance": 0.03, "cross_class_tolerance": 0.07}}}}))
+    store = BaselineStore(tmp_path)
+    assert store.accuracy_tolerance("vit-smoke/sgd") == 0.03
+    assert store.accuracy_tolerance("vit-smoke/sgd", across_classes=True) == 0.07
+    assert store.accuracy_tolerance("vit-smoke/other") is None
+    for text, problem in (("{", "cannot be read"), (json.dumps({"schema": 99}), "expected an object with schema 1"),
+                          ("[1]", "expected an object")):
+        (tmp_path / b.TOLERANCES).write_text(text)
+        with pytest.raises(BaselineError, match=problem):
+            BaselineStore(tmp_path).tolerances()
+
+
+def test_published_numbers_file(tmp_path: Path) -> None:
+    with pytest.raises(BaselineError, match="cannot be read"):
+        b.load_published(tmp_path)
+    for text in ("{", json.dumps({"schema": 2}), json.dumps([1]), json.dumps({})):
+        (tmp_path / "published.json").write_text(text)
+        with pytest.raises(BaselineError, match=f"published numbers {tmp_path / 'published.json'}"):
+            b.load_published(tmp_path)
+    (tmp_path / "published.json").write_text(json.dumps({"schema": 1, "rows": [1]}))
+    assert b.load_published(tmp_path) == {"schema": 1, "rows": [1]}
+
+
+def test_non_finite_numbers_are_stored_as_null() -> None:
+    raw = Baseline(fake_record(final_loss=math.nan, accuracy=math.inf, memory_losses=[1.0, -math.inf],
+                               phases={"load": {"allocated_bytes": 1, "x": math.nan}})).to_json()
+    assert raw["record"]["final_loss"] is None and raw["record"]["accuracy"] is None
+    assert raw["record"]["memory_losses"] == [1.0, None]
+    assert raw["record"]["phases"] == {"load": {"allocated_bytes": 1, "x": None}}
+    assert json.loads(json.dumps(raw, allow_nan=False)) == raw
+
+
+@pytest.mark.parametrize(("value", "kind", "ok"), [
+    (1, "int", True), (True, "int", False), (1.0, "int", False), (None, "int", False),
+    (None, "int|None", True), (False, "int|None", False), (3, "int|None", True),
+    (0.5, "number|None", True), (2, "number|None", True), (None, "number|None", True),
+    (math.nan, "number|None", False), (True, "number|None", False), ("1", "number|None", False),
+    ("x", "str", True), (1, "str", False),
+])
+def test_field_types(value: object, kind: str, ok: bool) -> None:
+    assert b._type_ok(value, kind) is ok
+
+
+def _file(**changes: object) -> str:
+    data = json.loads(b.dumps("env", {"vit-smoke/fake-a": Baseline(fake_record())}))
+    data.update(changes)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    (json.dumps({"schema": 0, "environment": "env", "records": {}}), "unknown schema 0"),
+    ("[1, 2]", "top level must be an object, found list [1, 2]"),
+    (json.dumps({"schema": True, "environment": "env", "records": {}}), "'schema' must be an integer, found bool true"),
+    (json.dumps({"schema": 2, "environment": "env", "records": {}}), "schema 2 is newer than this memclaims reads"),
+    (json.dumps({"schema": 1, "environment": 3, "records": {}}), "'environment' must be a string, found int 3"),
+    (json.dumps({"schema": 1, "environment": "other", "records": {}}), "'environment' is 'other' but the file name"),
+    (json.dumps({"schema": 1, "environment": "env", "records": []}), "'records' must be an object, found list []"),
+    (json.dumps({"schema": 1, "environment": "env", "records": {"r": 1}}), "records['r'] must be an object, found int 1"),
+    (json.dumps({"schema": 1, "environment": "env", "records": {"r": {"record": "x"}}}),
+     "records['r'].record must be an object, found str \"x\""),
+    ("[" * 100_000, "nested too deeply"),
+])
+def test_parse_names_each_problem(text: str, problem: str) -> None:
+    with pytest.raises(BaselineError) as error:
+        b.parse(text, Path("env.json"), "env")
+    assert problem in str(error.value) and "baseline file env.json" in str(error.value)
+    assert "the file was left unchanged" in str(error.value)
+
+
+def test_parse_checks_each_record() -> None:
+    good = json.loads(_file())
+    assert list(b.parse(json.dumps(good), Path("f"), "env")) == ["vit-smoke/fake-a"]
+    assert list(b.parse(json.dumps(good), Path("f"))) == ["vit-smoke/fake-a"]  # no file name to check against
+    entry = good["records"]["vit-smoke/fake-a"]
+    cases = [({"record": {**entry["record"], "recipe": "vit-smoke/other"}}, "belongs under 'vit-smoke/other'"),
+             ({"record": {k: v for k, v in entry["record"].items() if k != "param_bytes"}}, "lacks 'param_bytes'"),
+             ({"record": {**entry["record"], "peak_allocated_bytes": 1.5}}, "peak_allocated_bytes must be int"),
+             ({"record": {**entry["record"], "versions": {"torch": 2}}}, "versions must map package names"),
+             ({"record": entry["record"], "tolerances": {"accuracy": "x"}}, "tolerances must map metric names"),
+             ({"record": entry["record"], "tolerances": [0.1]}, "tolerances must map metric names"),
+             ({"record": {k: v for k, v in entry["record"].items() if k != "workload"}}, "is not a Record")]
+    for broken, problem in cases:
+        with pytest.raises(BaselineError, match=problem.replace("(", r"\(").replace("[", r"\[")):
+            b.parse(json.dumps({**good, "records": {"vit-smoke/fake-a": broken}}), Path("f"), "env")
+    parsed = b.parse(json.dumps({**good, "records": {"vit-smoke/fake-a": {"record": entry["record"]}}}), Path("f"))
+    assert parsed["vit-smoke/fake-a"].tolerances == {}
+    with_tolerance = {"record": entry["record"], "tolerances": {"accuracy": None, "peak_allocated_bytes": 0.01}}
+    parsed = b.parse(json.dumps({**good, "records": {"vit-smoke/fake-a": with_tolerance}}), Path("f"))
+    assert parsed["vit-smoke/fake-a"].tolerances == {"accuracy": None, "peak_allocated_bytes": 0.01}
+
+
+def test_a_file_that_is_not_utf8_is_an_error_and_left_alone(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    store.measured.mkdir(parents=True)
+    store.path("env").write_bytes(b"\xff\xfe{")
+    with pytest.raises(BaselineError, match="not UTF-8 text"):
+        store.load("env")
+    with pytest.raises(BaselineError):
+        store.update("env", {"a": Baseline(fake_record("a"))})
+    assert store.path("env").read_bytes() == b"\xff\xfe{"
+
+
+def test_layout_mode_and_what_a_write_rereads_under_the_lock(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    assert store.path("env") == tmp_path / "measured" / "env.json"
+    first, second = BaselineStore(tmp_path), BaselineStore(tmp_path)
+    assert first.load("env") == {}  # cached empty
+    second.update("env", {"b": Baseline(fake_record("b"))})
+    first.update("env", {"a": Baseline(fake_record("a"))})  # re-reads the file: b survives
+    assert sorted(BaselineStore(tmp_path).load("env")) == ["a", "b"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert store.path("env").stat().st_mode & 0o777 == 0o644 & ~umask
+
+
+def test_a_file_under_another_environments_name_is_refused(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    store.update("other", {"a": Baseline(fake_record("a"))})
+    store.path("other").rename(store.path("env"))
+    with pytest.raises(BaselineError, match="'environment' is 'other' but the file name says 'env'"):
+        store.load("env")
+
+
+def test_nan_tolerance_is_refused_before_the_file_changes(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    store.update("env", {"a": Baseline(fake_record("a"))})
+    before = store.path("env").read_bytes()
+    with pytest.raises(ValueError):
+        store.update("env", {"a": Baseline(fake_record("a"), {"accuracy": math.nan})})
+    assert store.path("env").read_bytes() == before and BaselineStore.temp_files(store.path("env")) == []
+
+
+def test_profiles_and_other_writers_are_seen(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    sim = fake_record(device="sim", probe="sim:article")
+    assert store.store_record(sim, profile="a100") == store.path("sim-a100")
+    found = store.find(sim, profile="a100")
+    assert found is not None and found[1] == "sim-a100" and store.find(sim) is None
+    # Tolerances stored by another process since this store read the file are kept.
+    record = fake_record(environment=AVX2)
+    environment = b.environment_id(record)
+    mine = BaselineStore(tmp_path)
+    assert mine.load(environment) == {}
+    BaselineStore(tmp_path).store_record(record, {"accuracy": 0.05})
+    mine.store_record(record)
+    assert BaselineStore(tmp_path).load(environment)[record.recipe].tolerances == {"accuracy": 0.05}
+    # Obtained by another process after this store looked: accepted all the same.
+    other = BaselineStore(tmp_path)
+    assert other.load(environment + b.OBTAINED) == {}
+    BaselineStore(tmp_path).store_record(fake_record("vit-smoke/new", environment=AVX2), obtained=True)
+    assert other.accept(environment)[1] == ["vit-smoke/new"]
+
+
+def test_a_cpu_class_recorded_without_half_features() -> None:
+    old_class = {k: v for k, v in AVX2.items() if k != "half_features"}
+    assert b.environment_id(fake_record(environment=old_class)) == "cpu-x86_64-avx2-cu130"
