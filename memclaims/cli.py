@@ -234,7 +234,7 @@ def _reproduce_all(args: argparse.Namespace) -> int:
 
     from memclaims.sim import published_table
 
-    rows = published_table.build_table(args.baselines_dir)
+    rows = published_table.build_table()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = published_table.markdown(rows)

@@ -57,11 +57,10 @@ def _states(record: Any) -> int:
 
 
 def article_rows(profile: str, progress: Callable[[str], None] | None) -> list[FidelityRow]:
+    from memclaims import published as published_numbers
     from memclaims import sim
-    from memclaims.baselines import load_published
-    from memclaims.fit import PUBLISHED_DIR
 
-    published = load_published(PUBLISHED_DIR)
+    published = published_numbers.data()
     rows: list[FidelityRow] = []
     for entry in published["vit_chain"]:
         if entry.get("peak_reserved_gb") is None:  # every logged row (01 -> 06); not the text-only 16-true

@@ -34,7 +34,6 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
 EXTRAPOLATION_LAYERS = (2, 4)
-PUBLISHED_DIR = Path(__file__).resolve().parents[1] / "baselines"  # the repo's published.json
 
 
 def parse_size(text: str) -> int:
@@ -60,9 +59,9 @@ class Effect:
 
 @lru_cache(maxsize=1)
 def article_effects() -> dict[str, Effect]:
-    from memclaims.baselines import load_published
+    from memclaims import published
 
-    rows = load_published(PUBLISHED_DIR)["vit_chain"]
+    rows = published.data()["vit_chain"]
     effects: dict[str, Effect] = {}
     previous: dict[str, Any] | None = None
     for row in rows:

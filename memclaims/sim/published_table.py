@@ -13,7 +13,6 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 GB = 1e9  # the article prints max_memory_reserved() / 1e9: decimal GB
@@ -24,11 +23,13 @@ BAND = 0.05
 # --- the one accessor of baselines/published.json ------------------------------------------------
 
 
-def published(root: str | Path = "baselines") -> dict[tuple[str, str], Any]:
+def published() -> dict[tuple[str, str], Any]:
     """The published numbers, keyed as this module reads them: {(section, script or key): value}."""
-    from memclaims.baselines import load_published
+    from memclaims import published as published_numbers
 
-    data = load_published(root)
+    # The package's own file, not one under the working directory: the table is the same wherever
+    # ``memclaims reproduce --device sim --all`` runs.
+    data = published_numbers.data()
     numbers: dict[tuple[str, str], Any] = {}
     for entry in data["vit_chain"] + data["multi_gpu"] + data["llm_bonus"]:
         numbers[("peak_reserved_gb", entry["script"])] = entry.get("peak_reserved_gb")
@@ -254,9 +255,9 @@ SPECS: tuple[Spec, ...] = (
 )
 
 
-def build_table(root: str | Path = "baselines", only: set[str] | None = None) -> list[Row]:
+def build_table(only: set[str] | None = None) -> list[Row]:
     """Predict every row (``only``: a subset of row names); CPU seconds and peak RSS per row."""
-    numbers = published(root)
+    numbers = published()
     rows = []
     for spec in SPECS:
         if only is not None and spec.row not in only:

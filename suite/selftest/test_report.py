@@ -224,7 +224,7 @@ def test_cli_all_adds_the_series_on_cpu_and_the_published_table_on_the_sim(tmp_p
         return []
 
     monkeypatch.setattr(report, "reproduce", fake_reproduce)
-    monkeypatch.setattr(published_table, "build_table", lambda root: [])
+    monkeypatch.setattr(published_table, "build_table", lambda: [])
     assert main(["reproduce", "--out", str(tmp_path)]) == 0
     assert main(["reproduce", "--all", "--out", str(tmp_path)]) == 0
     assert asked == [("cpu", False), ("cpu", True)]
