@@ -77,11 +77,16 @@ def digits(image_size: int) -> DataBundle:
     )
 
 
+def holds_cifar10(root: Path) -> bool:
+    """Whether ``root`` holds CIFAR-10's python version, the folder torchvision reads."""
+    return (root / "cifar-10-batches-py").is_dir()
+
+
 def cifar10(root: Path, image_size: int) -> DataBundle:
     """CIFAR-10 as the article used it: first 45,000 training images, the 10,000 test images."""
     from torchvision import datasets, transforms
 
-    if not (root / "cifar-10-batches-py").is_dir():
+    if not holds_cifar10(root):
         raise DataError(
             f"data directory {root} does not hold CIFAR-10 (expected {root / 'cifar-10-batches-py'}/, "
             "the python version of the data set); point --data-dir / "

@@ -104,10 +104,10 @@ def data_available(kind: str, data_dir: str | os.PathLike[str] | None) -> bool:
     if root is None:
         return False
     if kind == "cifar10":
-        return (root / "cifar-10-batches-py").is_dir()
-    acl = root / "aclImdb" if (root / "aclImdb").is_dir() else root
-    return all((root / f"{s}.csv").is_file() for s in ("train", "val", "test")) or all(
-        (acl / s / f).is_dir() for s in ("train", "test") for f in ("pos", "neg"))
+        return data.holds_cifar10(root)
+    from memclaims import text
+
+    return text.holds_imdb(root)
 
 
 def weights_cached(workload: str) -> bool:

@@ -199,23 +199,40 @@ def _read_acl(root: Path) -> list[tuple[str, int]]:
     return rows
 
 
+def _imdb_csvs(root: Path) -> list[Path]:
+    return [root / f"{name}.csv" for name in ("train", "val", "test")]
+
+
+def _acl_dir(root: Path) -> Path:
+    return root / "aclImdb" if (root / "aclImdb").is_dir() else root
+
+
+def _holds_acl(root: Path) -> bool:
+    acl = _acl_dir(root)
+    return all((acl / s / f).is_dir() for s in ("train", "test") for f in ("pos", "neg"))
+
+
+def holds_imdb(root: Path) -> bool:
+    """Whether ``root`` holds IMDb in a layout :func:`imdb_rows` reads: the article's CSVs or aclImdb/."""
+    return all(p.is_file() for p in _imdb_csvs(root)) or _holds_acl(root)
+
+
 def imdb_rows(root: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]], list[tuple[str, int]]]:
     """(train, val, test) rows: the article's CSVs if present, else the raw aclImdb folder split 35k/5k/10k."""
-    csvs = [root / f"{name}.csv" for name in ("train", "val", "test")]
+    csvs = _imdb_csvs(root)
     if all(p.is_file() for p in csvs):
         try:
             train, val, test = (_read_csv(p) for p in csvs)
         except (KeyError, ValueError) as error:
             raise DataError(f"IMDb CSVs in {root} lack the text,label columns ({error})") from None
         return train, val, test
-    acl = root / "aclImdb" if (root / "aclImdb").is_dir() else root
-    if not all((acl / s / f).is_dir() for s in ("train", "test") for f in ("pos", "neg")):
+    if not _holds_acl(root):
         raise DataError(
             f"data directory {root} does not hold IMDb (expected train.csv/val.csv/test.csv with text,label "
             f"columns, or the aclImdb/ folder with train|test/pos|neg); point --data-dir / "
             f"{data.DATA_DIR_ENV} at it, or unset it to use the synthetic sentiment set"
         )
-    rows = _read_acl(acl)
+    rows = _read_acl(_acl_dir(root))
     order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(IMDB_SEED)).tolist()
     shuffled = [rows[i] for i in order]
     a, b = IMDB_SPLIT[0], IMDB_SPLIT[0] + IMDB_SPLIT[1]
