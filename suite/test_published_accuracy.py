@@ -15,18 +15,16 @@ from typing import Any
 import pytest
 
 from fixtures.records import RecordCache
-from memclaims import published_accuracy, requirements
+from memclaims import machine, published_accuracy, requirements
 from memclaims.measure import measure
 from memclaims.published_accuracy import Facts, Target
 from memclaims.record import Record
 
 
 def session_facts(config: pytest.Config) -> Facts:
-    import torch
-
     from memclaims.pytest_plugin import option
 
-    return Facts(cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    return Facts(cuda_devices=machine.cuda_device_count(),
                  gpu_scale=option(config, "gpu-scale") or "article", options=RecordCache(config).options("gpu"))
 
 
