@@ -38,6 +38,10 @@ class Profile:
     # Whose optimizer step is replayed (``memclaims.sim.eras``): "installed" (this torch), or
     # "2023-06" (the article's nightly: foreach Adam held two parameter-sized temporaries).
     optimizer_era: str = "installed"
+    # Whose Lightning FSDPPrecision is replayed (``memclaims.sim.sharded.mixed_precision_dtypes``):
+    # "installed", or "2023" (Lightning PR #17670 of 2023-05-23 to PR #21361 of 2025-11-21, the
+    # article's 2.1.0.dev0 and the 2.1-2.5 releases: "16-mixed" all-gathered fp32 parameters).
+    lightning_era: str = "installed"
     # Device memory as torch.cuda.get_device_properties().total_memory reports it (bytes); None
     # for profiles that name no single card. The gpu-tier preflight checks that a case fits.
     total_memory_bytes: int | None = None
@@ -86,12 +90,14 @@ PROFILES: dict[str, Profile] = {
             name="article",
             summary="A100 with torch 2.1 (the article's era): memory-efficient attention for fp32, "
                     "flash attention v1 for fp16/bf16 (v2 shipped in torch 2.2), cuBLAS workspaces "
-                    "2 x 8.125 MiB, the 2023-06 foreach Adam step (two parameter-sized temporaries)",
+                    "2 x 8.125 MiB, the 2023-06 foreach Adam step (two parameter-sized temporaries), FSDP1 "
+                    "without the all-gather rate limiter, Lightning of 2023 (16-mixed FSDP all-gathers fp32)",
             gpu="NVIDIA A100 (sm80)",
             torch_era="2.1.0 nightly 2023-06-23, cu118",
             attention={"float32": "efficient", "float16": "flash-v1", "bfloat16": "flash-v1"},
             cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
             optimizer_era="2023-06",
+            lightning_era="2023",
         ),
         Profile(
             name="current",
@@ -107,12 +113,14 @@ PROFILES: dict[str, Profile] = {
             name="torch-2.1",
             summary="A100 with the torch 2.1.0 release (2023-10): the article profile's kernels and "
                     "workspaces, with the foreach Adam after the July 2023 'minimize intermediates' "
-                    "stack (one parameter-sized temporary): for the repo's later ViT-H/14 series",
+                    "stack (one parameter-sized temporary) and FSDP1's all-gather rate limiter (PR "
+                    "#104900): what changed after the article",
             gpu="NVIDIA A100 (sm80)",
             torch_era="2.1.0 release, cu118/cu121",
             attention={"float32": "efficient", "float16": "flash-v1", "bfloat16": "flash-v1"},
             cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
             optimizer_era="installed",
+            lightning_era="2023",
         ),
         Profile(
             name="article-math",
@@ -123,6 +131,7 @@ PROFILES: dict[str, Profile] = {
             attention={"float32": "math", "float16": "math", "bfloat16": "math"},
             cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
             optimizer_era="2023-06",
+            lightning_era="2023",
         ),
         Profile(
             name="cpu-kernels",

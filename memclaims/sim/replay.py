@@ -563,9 +563,10 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
     build, inputs_fn = _model_fns(recipe)
     world = sharded.WORLD_SIZE
     shard_dtype = PRECISIONS[recipe.precision].param_dtype
-    param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision)
+    param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision, chosen.lightning_era)
+    lightning = "installed" if chosen.lightning_era == "installed" else f"{chosen.lightning_era}-era"
     notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
-                 f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} (installed Lightning's "
+                 f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} ({lightning} Lightning's "
                  f"FSDPPrecision); not modelled: " + "; ".join(sharded.UNMODELLED.values()))
     if not sharded.limit_all_gathers(chosen.optimizer_era):
         notes.append("limit_all_gathers=False (FSDP1's default before pytorch PR #104900): the forward's all-gather "

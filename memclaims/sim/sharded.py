@@ -106,8 +106,30 @@ def backward_run_ahead_bound(param_count: int, param_dtype: torch.dtype) -> int:
     return 2 * param_count * param_dtype.itemsize
 
 
-def mixed_precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype]:
-    """(param_dtype, reduce_dtype) of Lightning's FSDPPrecision for ``precision`` (installed Lightning)."""
+# (param_dtype, reduce_dtype) of Lightning's FSDPPrecision from PR #17670 (2023-05-23) until PR #21361
+# (2025-11-21): the article's 2.1.0.dev0 and the 2.1-2.5 releases. "*-mixed" kept the all-gathered
+# parameters in fp32 and left the half-precision compute to autocast (so every weight is cast per op,
+# and without activation checkpointing the fp16 casts are saved for the backward); #21361 made
+# "*-mixed" all-gather in the half dtype, as "*-true" does. Before pytorch-lightning PR #17807
+# (2023-07-09) "*-true" ran through HalfPrecision rather than FSDPPrecision: the model converted to the
+# half dtype, FSDP without MixedPrecision, i.e. the same dtypes as below.
+LIGHTNING_2023_FSDP_DTYPES: dict[str, tuple[torch.dtype, torch.dtype]] = {
+    "16-mixed": (torch.float32, torch.float16),
+    "bf16-mixed": (torch.float32, torch.bfloat16),
+    "16-true": (torch.float16, torch.float16),
+    "bf16-true": (torch.bfloat16, torch.bfloat16),
+    "32-true": (torch.float32, torch.float32),
+}
+LIGHTNING_ERAS = ("installed", "2023")
+
+
+def mixed_precision_dtypes(precision: str, lightning_era: str = "installed") -> tuple[torch.dtype, torch.dtype]:
+    """(param_dtype, reduce_dtype) of Lightning's FSDPPrecision for ``precision``: the installed Lightning's,
+    or (``lightning_era="2023"``) that of the Lightning the article and the ViT-H/14 series ran."""
+    if lightning_era == "2023":
+        return LIGHTNING_2023_FSDP_DTYPES[precision]
+    if lightning_era != "installed":
+        raise UsageError(f"unknown Lightning era {lightning_era!r}; valid: {', '.join(LIGHTNING_ERAS)}")
     from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
 
     config = FSDPPrecision(precision).mixed_precision_config  # type: ignore[arg-type]

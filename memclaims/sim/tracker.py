@@ -86,8 +86,13 @@ class DeviceMemory(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if kernel in _BLHD_KERNELS:
             out = _blhd_outputs(func, out)
+        # An output that aliases an input (a view, an in-place op) allocates nothing; without this a
+        # view of a storage the device does not hold (a host tensor, or one ``forget`` dropped) would
+        # be counted as a new allocation for as long as that storage lives.
+        inputs = WeakIdKeyDictionary({t.untyped_storage(): True for t in tree_leaves((args, kwargs))
+                                      if isinstance(t, torch.Tensor)})
         for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
+            if isinstance(leaf, torch.Tensor) and leaf.untyped_storage() not in inputs:
                 self.track(leaf)
         if func is _FLASH_BACKWARD and kernel == "flash":
             self._flash2_backward_scratch(args[0])

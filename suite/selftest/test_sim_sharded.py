@@ -176,3 +176,41 @@ def test_checkpointed_blocks_recompute_under_the_emulated_cuda_autocast() -> Non
 
     record = simulate(resolve("vit", "smoke", ("16-mixed", "fsdp", "activation-checkpointing")))
     assert record.peak_reserved_total_bytes and record.devices == WORLD
+
+
+def test_a_view_of_a_storage_the_device_does_not_hold_allocates_nothing() -> None:
+    """The blocks' parameters are host fakes (the device holds their shards); the forward's views of them
+    (``weight.t()`` for addmm, ``detach``) are no allocation. Counting them kept a whole unsharded model
+    on the simulated device for good."""
+    with device() as memory:
+        model = wrapped(memory)
+        weight = model.units[0].params[0]
+        before = memory.tensor_bytes
+        views = [weight.t(), weight.detach(), weight.view(-1)]
+        assert memory.tensor_bytes == before and len(views) == 3
+        copy = weight.clone()  # a new storage is counted
+        assert memory.tensor_bytes == before + copy.untyped_storage().nbytes()
+
+
+def test_no_step_of_a_sharded_replay_counts_the_host_parameters() -> None:
+    """After a whole forward and backward the device holds the shards (and the root's gradient shard) only."""
+    with device() as memory:
+        model = wrapped(memory)
+        shards = memory.device_bytes(model.shards())
+        run_forward_backward(memory, model)
+        grads = memory.device_bytes(s.grad for s in model.shards() if s.grad is not None)
+        assert memory.tensor_bytes == shards + grads
+
+
+def test_lightning_2023_all_gathers_mixed_precision_in_fp32() -> None:
+    """Lightning PR #17670 (2023-05-23) to PR #21361 (2025-11-21): "16-mixed" FSDP kept fp32 parameters
+    (autocast casts per op); the installed Lightning all-gathers in fp16. The article's profile replays 2023."""
+    assert sh.mixed_precision_dtypes("16-mixed", "2023") == (torch.float32, torch.float16)
+    assert sh.mixed_precision_dtypes("bf16-mixed", "2023") == (torch.float32, torch.bfloat16)
+    assert sh.mixed_precision_dtypes("bf16-true", "2023") == (torch.bfloat16, torch.bfloat16)
+    assert sh.mixed_precision_dtypes("32-true", "2023") == (torch.float32, torch.float32)
+    assert PROFILES["article"].lightning_era == PROFILES["torch-2.1"].lightning_era == "2023"
+    assert PROFILES["current"].lightning_era == "installed"
+    with pytest.raises(Exception, match="unknown Lightning era '2019'; valid: installed, 2023"):
+        sh.mixed_precision_dtypes("16-mixed", "2019")
+
