@@ -154,6 +154,10 @@ class _Unit:
     full: torch.Tensor | None = None
     flat_grad_pending: int = 0
     grads_seen: int = 0
+    # Parameters of this unit the current backward reaches (``expect_gradients``); FSDP1's post-backward
+    # hook fires once per backward, when the flat parameter's gradient is complete, whether or not every
+    # original parameter took part (a classifier that skips the pooler leaves two without a gradient).
+    expected_grads: int | None = None
     next_in_backward: _Unit | None = None
     host_shard: torch.Tensor | None = field(default=None, repr=False)
     run_ahead: _RunAhead = field(default_factory=lambda: _RunAhead(True))
@@ -225,7 +229,7 @@ class _Unit:
     def on_grad(self, param: nn.Parameter) -> None:
         """A post-accumulate-grad hook: when the unit's last gradient lands, concatenate and reduce-scatter."""
         self.grads_seen += 1
-        if self.grads_seen < len(self.params):
+        if self.grads_seen < (len(self.params) if self.expected_grads is None else self.expected_grads):
             return
         self.grads_seen = 0
         flat = torch.empty(self.padded, dtype=self.param_dtype)  # SplitWithSizesBackward's cat
@@ -340,6 +344,23 @@ class ShardedModel:
     def shards(self) -> list[nn.Parameter]:
         return [u.shard for u in self.units if u.shard is not None]
 
+    def expect_gradients(self, loss: torch.Tensor) -> None:
+        """Count, per unit, the parameters ``loss``'s backward will give a gradient (its graph's leaves)."""
+        reached: set[int] = set()
+        seen: set[Any] = set()
+        stack = [loss.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf's gradient sink
+            if variable is not None:
+                reached.add(id(variable))
+            stack.extend(child for child, _ in node.next_functions)
+        for unit in self.units:
+            unit.expected_grads = sum(id(p) in reached for p in unit.params)
+
 
 def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *, world: int,
          shard_dtype: torch.dtype, param_dtype: torch.dtype, reduce_dtype: torch.dtype, offload: bool,
@@ -411,6 +432,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
             optimizer.zero_grad()
         else:
             loss = loss / accumulation
+        sharded.expect_gradients(loss)
         precision.backward(loss)
         sharded.end_backward()
         sharded.root.reshard()

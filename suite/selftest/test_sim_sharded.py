@@ -214,3 +214,27 @@ def test_lightning_2023_all_gathers_mixed_precision_in_fp32() -> None:
     with pytest.raises(Exception, match="unknown Lightning era '2019'; valid: installed, 2023"):
         sh.mixed_precision_dtypes("16-mixed", "2019")
 
+
+
+class ToyWithAnUnusedHead(Toy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pooler = nn.Linear(WIDTH, WIDTH)  # in the root unit, never in the forward (BigBird's pooler)
+
+
+def test_a_unit_reduce_scatters_once_per_backward_with_parameters_left_out() -> None:
+    """FSDP1's post-backward hook fires when the flat parameter's gradient is complete: a parameter the
+    loss never reaches does not hold the unit's reduce-scatter over into the next backward."""
+    with device() as memory:
+        memory.counting = False
+        model = ToyWithAnUnusedHead()
+        memory.counting = True
+        sharded = sh.wrap(model, Block, memory, world=WORLD, shard_dtype=F32, param_dtype=F32, reduce_dtype=F32,
+                          offload=False, checkpointing=False, auto_wrap=True, moved=False)
+        sharded.root.unshard()
+        loss = sharded.model(torch.empty(8, WIDTH)).sum()
+        sharded.expect_gradients(loss)
+        assert sharded.root.expected_grads == len(sharded.root.params) - 2
+        loss.backward()
+        assert sharded.root.shard is not None and sharded.root.shard.grad is not None
+        assert all(p.grad is None for p in sharded.root.params)  # gathered into the flat gradient
