@@ -228,9 +228,10 @@ _TEXT_FSDP_RESIDUAL = (
 _BIGBIRD_RESIDUAL = (
     "over-predicted by the sequence length: the replay runs the tokenizer's maximum, 4,096 tokens; the "
     "script pads the whole split to its longest review (tokenizer padding=True, map(batch_size=None)), a "
-    "length the offline replay cannot know. The block-sparse activations scale with it: at 3,072 tokens the "
-    "replay gives 1.16 x published (--seq-len / Sizes(seq_len=...)). One FSDP unit (no wrap policy), offload, "
-    "1 x 12 accumulation as the script ran it")
+    "length the offline replay cannot know (neither IMDb nor BigBird's tokenizer ships with a package). The "
+    "block-sparse activations scale with it: at 3,072 tokens the replay gives 4.35 GB, 1.08 x published "
+    "(memclaims run bigbird --device sim --scale article --seq-len 3072 with the recipe's techniques). One FSDP "
+    "unit (no wrap policy), offload, 1 x 12 accumulation as the script ran it")
 
 SPECS: tuple[Spec, ...] = (
     Spec("article", "01", ("peak_reserved_gb", "01_pytorch-vit"), "plain PyTorch, fp32", "GB",
