@@ -11,7 +11,7 @@ FSDP1's allocations emulated around the real model's forward and backward (per-r
   unit's flat parameter is padded to a multiple of the world size; a rank keeps ``1/W`` of it
   (the shard) in the original dtype, on the device unless offloaded;
 - forward: each unit all-gathers its full flat parameter (in ``MixedPrecision.param_dtype``, read
-  from the installed Lightning's ``FSDPPrecision``) before its forward and frees it after, except
+  from the profile's Lightning, ``mixed_precision_dtypes``) before its forward and frees it after, except
   the root, which FSDP1 keeps unsharded until the end of backward. With offload, the shard is first
   copied to the device (a shard-sized temporary);
 - backward: a unit's pre-backward all-gathers it again and prefetches the next unit
