@@ -8,6 +8,7 @@ MemTracker does), which is exactly when the CUDA allocator would get the block b
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -86,14 +87,14 @@ class DeviceMemory(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if kernel in _BLHD_KERNELS:
             out = _blhd_outputs(func, out)
-        # An output that aliases an input (a view, an in-place op) allocates nothing; without this a
-        # view of a storage the device does not hold (a host tensor, or one ``forget`` dropped) would
-        # be counted as a new allocation for as long as that storage lives.
-        inputs = WeakIdKeyDictionary({t.untyped_storage(): True for t in tree_leaves((args, kwargs))
-                                      if isinstance(t, torch.Tensor)})
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor) and leaf.untyped_storage() not in inputs:
-                self.track(leaf)
+        # An output that aliases an input (a view, an in-place op: its schema says so) allocates
+        # nothing; counting it would make a view of a storage the device does not hold (a host tensor,
+        # or one ``forget`` dropped) a new allocation for as long as that storage lives.
+        aliases = _aliased_returns(func)
+        for value, alias in zip(out if len(aliases) > 1 else (out,), aliases):
+            for leaf in () if alias else tree_leaves(value):
+                if isinstance(leaf, torch.Tensor):
+                    self.track(leaf)
         if func is _FLASH_BACKWARD and kernel == "flash":
             self._flash2_backward_scratch(args[0])
         for handle in scratch:
@@ -224,6 +225,14 @@ def _blhd_outputs(func: Any, out: Any) -> Any:
     if func is _FLASH_FORWARD:
         return (_blhd(out[0]),) + tuple(out[1:])
     return tuple(_blhd(t) for t in out)
+
+
+@functools.cache
+def _aliased_returns(func: Any) -> tuple[bool, ...]:
+    """Per output of an op, whether its schema declares it an alias of an input (``Tensor(a)``); an
+    operator without a schema (a higher-order op) counts as one fresh output."""
+    schema = getattr(func, "_schema", None)
+    return (False,) if schema is None else tuple(ret.alias_info is not None for ret in schema.returns)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
