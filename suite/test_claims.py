@@ -94,7 +94,7 @@ def test_audited_claims_say_text_and_logs() -> None:
 
 # --- the accuracy tolerances catch what they must ---------------------------------------------------
 
-MUTATIONS = [("bf16-true-accuracy", "lr-x10"), ("grad-accum-accuracy", "accumulation-never-zeroed")]
+MUTATIONS = [("bf16-true-accuracy", "lr-div10"), ("grad-accum-accuracy", "accumulation-never-zeroed")]
 
 
 @pytest.mark.cpu
@@ -102,7 +102,9 @@ MUTATIONS = [("bf16-true-accuracy", "lr-x10"), ("grad-accum-accuracy", "accumula
 @pytest.mark.parametrize(("name", "mutation"), MUTATIONS, ids=[f"{n}:{m}" for n, m in MUTATIONS])
 def test_accuracy_claim_fails_under_mutation(name: str, mutation: str, record_cache: RecordCache) -> None:
     """A learning rate 10x off, or accumulated gradients never zeroed, in the candidate only: the
-    claim's measured tolerance (baselines/accuracy_spread.json) must not let it pass."""
+    claim's measured tolerance (baselines/accuracy_spread.json) must not let it pass. The learning
+    rate is divided: x10 costs bf16-true 2.5 points on the CPU class the spread was measured on, but
+    gains 0.8 on an AVX512 one (bf16 GEMMs round differently), while /10 costs over 30 on both."""
     from memclaims.accuracy import BY_CLAIM
     from memclaims.accuracy import MUTATIONS as MAKE
     from memclaims.claims import CLAIMS_BY_NAME
