@@ -157,6 +157,14 @@ class CachingAllocator:
                 block = self._merge(block, neighbour)
         self._insert_free(block)
 
+    @property
+    def next_handle(self) -> int:
+        """The handle the next allocation gets: handles count up from 1, one per allocation."""
+        return self._next_handle
+
+    def is_live(self, handle: int) -> bool:
+        return handle in self._live
+
     def reset_peaks(self) -> None:
         """``torch.cuda.reset_peak_memory_stats``: peaks restart from the current values."""
         s = self.stats

@@ -600,6 +600,10 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         attention = _attention_context(chosen, precision.compute)
         with session.phase(phases, "train"):
             states: dict[str, Any] = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
+        replayed = states.pop("replayed_micro_batches")
+        if replayed:
+            notes.append(f"{replayed} micro-batches replayed from micro-batch 2's allocations, which matched micro-batch "
+                         "1's event for event (memclaims.sim.repeat)")
         breakdown = dict(session.memory.breakdown_at_peak)
         site = dict(session.memory.reserved_peak_site)
         del model, wrapped

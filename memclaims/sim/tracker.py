@@ -29,6 +29,9 @@ aten = torch.ops.aten
 _GEMMS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 _FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 _FLASH_FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
+# A fake tensor's ``.device`` is dispatched; the autograd engine asks it about 25,000 times per
+# BigBird micro-batch (two thirds of all dispatches there), and it allocates nothing.
+_DEVICE = torch.ops.prim.device.default
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -59,8 +62,9 @@ class DeviceMemory(TorchDispatchMode):
         self.breakdown_at_peak: dict[str, int] = dict(self.live)
         # Where reserved memory last grew to its peak: the evidence for "which allocation, which
         # phase" sets a row's figure (the op, its request, and whether the optimizer step ran).
-        self.op = "?"
+        self.op: object = "?"  # the op running now; named only when it sets a peak
         self.reserved_peak_site: dict[str, object] = {}
+        self.trace: list[tuple[Any, ...]] | None = None  # the primitives' events, while recording
 
     # --- phases -----------------------------------------------------------------------------
 
@@ -72,7 +76,7 @@ class DeviceMemory(TorchDispatchMode):
     # --- dispatch ---------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if not self.counting:
+        if func is _DEVICE or not self.counting:
             return func(*args, **(kwargs or {}))
         if func in _GEMMS:
             self._ensure_workspace()
@@ -83,7 +87,7 @@ class DeviceMemory(TorchDispatchMode):
             # (output layout, copies, scratch) are added here.
             kernel = self.profile.kernel(_dtype_name(args[0].dtype))
             scratch = self._attention_copies(func, kernel, args)
-        self.op = str(func)
+        self.op = func
         out = func(*args, **(kwargs or {}))
         if kernel in _BLHD_KERNELS:
             out = _blhd_outputs(func, out)
@@ -98,7 +102,7 @@ class DeviceMemory(TorchDispatchMode):
         if func is _FLASH_BACKWARD and kernel == "flash":
             self._flash2_backward_scratch(args[0])
         for handle in scratch:
-            self.allocator.free(handle)
+            self.free_scratch(handle)
         return out
 
     def track(self, tensor: torch.Tensor, category: str = OTHER) -> None:
@@ -109,35 +113,15 @@ class DeviceMemory(TorchDispatchMode):
         # one-element tensors created inside ``step`` never reach the GPU.
         if self.in_optimizer and tensor.numel() <= 1:
             return
-        nbytes = storage.nbytes()
-        reserved_before = self.allocator.stats.reserved
-        handle = self.allocator.malloc(nbytes, self.stream)
-        if handle == 0:
-            return
-        if self.allocator.stats.reserved > reserved_before and \
-                self.allocator.stats.reserved >= self.allocator.stats.peak_reserved:
-            self.reserved_peak_site = {"op": self.op, "request_bytes": nbytes, "in_optimizer_step": self.in_optimizer,
-                                       "reserved_bytes": self.allocator.stats.reserved}
-        self._handles[storage] = handle
-        self._refs[handle] = weakref.ref(storage, self._finalizer(handle))
-        self._bytes[handle] = nbytes
-        self._category[handle] = category
-        self.live[category] += nbytes
-        self.tensor_bytes += nbytes
-        if self.tensor_bytes > self.peak_tensor_bytes:
-            self.peak_tensor_bytes = self.tensor_bytes
-        if self.allocator.stats.allocated >= self.allocator.stats.peak_allocated:
-            self.breakdown_at_peak = dict(self.live)
+        handle = self.count(storage.nbytes(), category)
+        if handle:
+            self.attach(storage, handle)
 
     def tag(self, tensor: torch.Tensor, category: str) -> None:
         """Re-label a tracked storage (a parameter, a gradient, optimizer state)."""
         handle = self._handles.get(tensor.untyped_storage())
-        if handle is None or self._category[handle] == category:
-            return
-        nbytes = self._bytes[handle]
-        self.live[self._category[handle]] -= nbytes
-        self.live[category] += nbytes
-        self._category[handle] = category
+        if handle is not None:
+            self.retag(handle, category)
 
     def device_bytes(self, tensors: Any) -> int:
         """Bytes of the distinct storages behind ``tensors`` that live on the simulated device."""
@@ -153,29 +137,102 @@ class DeviceMemory(TorchDispatchMode):
         handle = self._handles.pop(tensor.untyped_storage(), None)
         if handle is not None:
             self._refs.pop(handle, None)
-            self._release(handle)
+            self.release(handle)
+
+    # --- the primitives: every change to the device's memory is one of these -----------------
+    # While ``trace`` is a list each appends an event; memclaims.sim.repeat replays the events of a
+    # recorded micro-batch through the same primitives.
+
+    def count(self, nbytes: int, category: str) -> int:
+        """Allocate ``nbytes`` of tensor memory on the current stream; the handle (0 for no bytes)."""
+        reserved_before = self.allocator.stats.reserved
+        handle = self.allocator.malloc(nbytes, self.stream)
+        if handle == 0:
+            return 0
+        if self.allocator.stats.reserved > reserved_before and \
+                self.allocator.stats.reserved >= self.allocator.stats.peak_reserved:
+            self.reserved_peak_site = {"op": str(self.op), "request_bytes": nbytes, "in_optimizer_step": self.in_optimizer,
+                                       "reserved_bytes": self.allocator.stats.reserved}
+        self._bytes[handle] = nbytes
+        self._category[handle] = category
+        self.live[category] += nbytes
+        self.tensor_bytes += nbytes
+        if self.tensor_bytes > self.peak_tensor_bytes:
+            self.peak_tensor_bytes = self.tensor_bytes
+        if self.allocator.stats.allocated >= self.allocator.stats.peak_allocated:
+            self.breakdown_at_peak = dict(self.live)
+        if self.trace is not None:
+            self.trace.append(("count", handle, nbytes, self.stream, category, str(self.op), self.in_optimizer))
+        return handle
+
+    def release(self, handle: int) -> None:
+        """Free the tensor memory behind ``handle``."""
+        nbytes = self._bytes.pop(handle)
+        self.live[self._category.pop(handle)] -= nbytes
+        self.tensor_bytes -= nbytes
+        self.allocator.free(handle)
+        if self.trace is not None:
+            self.trace.append(("release", handle))
+
+    def retag(self, handle: int, category: str) -> None:
+        if self._category[handle] == category:
+            return
+        nbytes = self._bytes[handle]
+        self.live[self._category[handle]] -= nbytes
+        self.live[category] += nbytes
+        self._category[handle] = category
+        if self.trace is not None:
+            self.trace.append(("retag", handle, category))
+
+    def scratch(self, nbytes: int) -> int:
+        """Allocate memory that is not a tensor's (a cuBLAS workspace, a kernel's scratch)."""
+        handle = self.allocator.malloc(nbytes)
+        if self.trace is not None and handle:
+            self.trace.append(("scratch", handle, nbytes))
+        return handle
+
+    def free_scratch(self, handle: int) -> None:
+        self.allocator.free(handle)
+        if self.trace is not None:
+            self.trace.append(("free_scratch", handle))
+
+    def note_breakdown(self) -> None:
+        """Take the tensor breakdown now if allocated memory is at its peak."""
+        if self.allocator.stats.allocated >= self.allocator.stats.peak_allocated:
+            self.breakdown_at_peak = dict(self.live)
+        if self.trace is not None:
+            self.trace.append(("note_breakdown",))
+
+    # --- storages ---------------------------------------------------------------------------
+
+    def attach(self, storage: torch.UntypedStorage, handle: int) -> None:
+        """Make ``storage`` own ``handle``: it is released when the storage dies."""
+        self._handles[storage] = handle
+        self._refs[handle] = weakref.ref(storage, self._finalizer(handle))
+
+    def detach(self, handle: int) -> torch.UntypedStorage | None:
+        """The storage that owns ``handle``, no longer releasing it when it dies (None: no storage)."""
+        ref = self._refs.pop(handle, None)
+        storage = None if ref is None else ref()
+        if storage is not None:
+            del self._handles[storage]
+        return storage
 
     # --- internals --------------------------------------------------------------------------
 
     def _finalizer(self, handle: int) -> Callable[[weakref.ref[torch.UntypedStorage]], None]:
         def freed(_: weakref.ref[torch.UntypedStorage]) -> None:
             if self._refs.pop(handle, None) is not None:
-                self._release(handle)
+                self.release(handle)
 
         return freed
-
-    def _release(self, handle: int) -> None:
-        nbytes = self._bytes.pop(handle)
-        self.live[self._category.pop(handle)] -= nbytes
-        self.tensor_bytes -= nbytes
-        self.allocator.free(handle)
 
     def _ensure_workspace(self) -> None:
         # Forward runs on the main thread, backward on autograd's device thread: one handle each.
         index = 1 if torch._C._current_graph_task_id() != -1 else 0
         while len(self._workspaces) <= index and len(self._workspaces) < len(self.profile.cublas_workspace_bytes):
             size = self.profile.cublas_workspace_bytes[len(self._workspaces)]
-            self._workspaces.append(self.allocator.malloc(size))
+            self._workspaces.append(self.scratch(size))
 
     def _attention_copies(self, func: Any, kernel: str, args: Any) -> list[int]:
         """flash-attention v1 (torch 2.0/2.1) reshapes q, k, v (and, in backward, the output
@@ -186,7 +243,7 @@ class DeviceMemory(TorchDispatchMode):
             tensors = args[:3]
         else:
             tensors = (args[0],) + tuple(args[1:4])  # grad_out, query, key, value
-        return [self.allocator.malloc(t.numel() * t.element_size()) for t in tensors]
+        return [self.scratch(t.numel() * t.element_size()) for t in tensors]
 
     def _flash2_backward_scratch(self, grad_out: torch.Tensor) -> None:
         """flash-attention v2 backward: fp32 dq_accum and softmax_d beside the gradients, freed at once."""
@@ -195,13 +252,12 @@ class DeviceMemory(TorchDispatchMode):
         batch, heads, length, head_dim = grad_out.shape
         rounded = _round_up(length, 128)
         scratch = [
-            self.allocator.malloc(batch * heads * rounded * 4),  # softmax_d
-            self.allocator.malloc(batch * heads * rounded * _round_up(head_dim, 32) * 4),  # dq_accum
+            self.scratch(batch * heads * rounded * 4),  # softmax_d
+            self.scratch(batch * heads * rounded * _round_up(head_dim, 32) * 4),  # dq_accum
         ]
-        if self.allocator.stats.allocated >= self.allocator.stats.peak_allocated:
-            self.breakdown_at_peak = dict(self.live)
+        self.note_breakdown()
         for handle in scratch:
-            self.allocator.free(handle)
+            self.free_scratch(handle)
 
 
 # Kernels whose outputs (and gradients) are contiguous (B, L, H, D) buffers seen as (B, H, L, D).
