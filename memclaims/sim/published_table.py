@@ -13,7 +13,10 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memclaims.record import Record
 
 GB = 1e9  # the article prints max_memory_reserved() / 1e9: decimal GB
 MIB = 2**20  # the course's "MB" are MiB
@@ -93,14 +96,19 @@ class Spec:
     residual: str = ""  # the explanation when outside the band, or the pending reason when predict is None
 
 
+def _reserved_bytes(workload: str, techniques: tuple[str, ...], profile: str) -> tuple[int, Record]:
+    """The recipe's predicted reserved peak (bytes), and its Record."""
+    from memclaims.recipe import resolve
+    from memclaims.sim import simulate
+
+    record = simulate(resolve(workload, "article", techniques), profile=profile)
+    assert record.peak_reserved_total_bytes is not None  # the sim always predicts the reserved total
+    return record.peak_reserved_total_bytes, record
+
+
 def _sim(workload: str, techniques: tuple[str, ...], profile: str) -> Callable[[], float]:
     def run() -> float:
-        from memclaims.recipe import resolve
-        from memclaims.sim import simulate
-
-        reserved = simulate(resolve(workload, "article", techniques), profile=profile).peak_reserved_total_bytes
-        assert reserved is not None  # the sim always predicts the reserved total
-        return reserved / GB
+        return _reserved_bytes(workload, techniques, profile)[0] / GB
 
     return run
 
@@ -109,16 +117,12 @@ def _sim_sharded(workload: str, techniques: tuple[str, ...], profile: str) -> Ca
     """Rank 0's reserved peak, and that plus ``sharded.backward_run_ahead_bound``: the replay frees the
     backward's cross-stream buffers at once (the lower end); a CPU far ahead of the GPU keeps them taken."""
     def run() -> tuple[float, float]:
-        from memclaims.recipe import resolve
-        from memclaims.sim import simulate
         from memclaims.sim.profiles import profile as named_profile
         from memclaims.sim.sharded import backward_run_ahead_bound, mixed_precision_dtypes
 
-        record = simulate(resolve(workload, "article", techniques), profile=profile)
-        assert record.peak_reserved_total_bytes is not None  # the sim always predicts the reserved total
+        reserved, record = _reserved_bytes(workload, techniques, profile)
         param_dtype, _ = mixed_precision_dtypes(record.precision, named_profile(profile).lightning_era)
-        bound = backward_run_ahead_bound(record.param_count, param_dtype)
-        return record.peak_reserved_total_bytes / GB, (record.peak_reserved_total_bytes + bound) / GB
+        return reserved / GB, (reserved + backward_run_ahead_bound(record.param_count, param_dtype)) / GB
 
     return run
 
