@@ -8,9 +8,9 @@ queries); replaying its allocation events through the tracker's primitives costs
 and gives the allocator the identical sequence of requests, so every peak comes out as if the ops
 had run.
 
-The pattern is checked, not assumed: micro-batches 1 and 2 run and are recorded; 3 to accum-1
-are replayed only when the two records agree event for event (a handle named by where it was
-allocated: this micro-batch, the one before, or earlier) and nothing micro-batch 1 allocated
+The pattern is checked, not assumed: micro-batches 0 to 2 run and are recorded; 3 to accum-1
+are replayed only when the records of 1 and 2 agree event for event (a handle named by where it
+was allocated: this micro-batch, the one before, or earlier) and nothing micro-batch 1 allocated
 outlives micro-batch 2. Otherwise every micro-batch runs. After the replays, the tensors still
 alive from micro-batch 2 take over the handles of the last replayed one, so the next real
 micro-batch frees what a real run would.
@@ -95,11 +95,9 @@ class RepeatedMicroBatches:
         return [(kind, ref(handle), *rest) for kind, handle, *rest in events]
 
     def _tensor_handles(self, batch_index: int) -> list[int]:
-        """The tensor allocations of a micro-batch, in order. Not its scratch: the first micro-batch
+        """The tensor allocations of a recorded micro-batch, in order. Not its scratch: micro-batch 0
         also creates the cuBLAS workspaces, which would shift every index after them."""
-        if batch_index in self.records:
-            return [event[1] for event in self.records[batch_index] if event[0] == "count"]
-        return list(range(self.starts[batch_index], self.starts[batch_index + 1]))
+        return [event[1] for event in self.records[batch_index] if event[0] == "count"]
 
     def _checked_pattern(self) -> list[Event] | None:
         first, second = self._relative(1), self._relative(2)
