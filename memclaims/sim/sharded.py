@@ -399,7 +399,8 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
 def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
           inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]], precision: Any,
           attention: Any) -> dict[str, int]:
-    """The 01-2 loop (zero_grad after the forward pass) under FSDP1, on rank 0."""
+    """The 01-2 loop (zero_grad after the forward pass) under FSDP1, on rank 0. Micro-batches that
+    repeat the recorded ones are replayed from their allocations (memclaims.sim.repeat)."""
     memory: DeviceMemory = session.memory
     shards = sharded.shards()
     for shard in shards:
