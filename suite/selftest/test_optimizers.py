@@ -195,3 +195,11 @@ def test_bitsandbytes_without_a_backend_is_unmet_not_failing(monkeypatch: pytest
     # The case that would have run it skips (the requirement) instead of failing at build.
     with pytest.raises(UsageError, match="no working CPU backend"):
         optimizers.build("adam8bit", nn.Linear(64, 64), 1e-3, 1)
+
+
+def test_bitsandbytes_hub_kernel_warning_is_silenced() -> None:
+    """bitsandbytes >= 0.50 warns at import, on AVX512-BF16 CPUs, that it cannot fetch a 4-bit kernel
+    from the Hub; memclaims (imported above) keeps that logger below WARNING on every CPU."""
+    import logging
+
+    assert not logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.WARNING)
