@@ -8,12 +8,12 @@ queries); replaying its allocation events through the tracker's primitives costs
 and gives the allocator the identical sequence of requests, so every peak comes out as if the ops
 had run.
 
-The pattern is checked, not assumed: micro-batches 0 to 2 run and are recorded; 3 to accum-1
-are replayed only when the records of 1 and 2 agree event for event (a handle named by where it
-was allocated: this micro-batch, the one before, or earlier) and nothing micro-batch 1 allocated
-outlives micro-batch 2. Otherwise every micro-batch runs. After the replays, the tensors still
-alive from micro-batch 2 take over the handles of the last replayed one, so the next real
-micro-batch frees what a real run would.
+The pattern is checked, not assumed: micro-batches 0 to 2 run and are recorded; 3 to accum (the
+last one's forward and backward; its optimizer step always runs) are replayed only when the
+records of 1 and 2 agree event for event (a handle named by where it was allocated: this
+micro-batch, the one before, or earlier) and nothing micro-batch 1 allocated outlives micro-batch
+2. Otherwise every micro-batch runs. After the replays, the tensors still alive from micro-batch 2
+take over the handles of the last replayed one, so what runs next frees what a real run would.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ _ALLOCATING = ("count", "scratch")
 
 
 class RepeatedMicroBatches:
-    """Records micro-batches 0 to 2; replays 3 to accum-1 when 1 and 2 match."""
+    """Records micro-batches 0 to 2; replays 3 to accum when 1 and 2 match."""
 
     def __init__(self, memory: DeviceMemory, accumulation_steps: int) -> None:
         self.memory = memory
-        self.replayable = range(3, accumulation_steps)  # empty without accumulation of 4 or more
-        self.starts: dict[int, int] = {}  # micro-batch -> its first allocator handle
+        self.replayable = range(3, accumulation_steps + 1)  # empty without accumulation of 3 or more
+        # micro-batch -> its allocator handles: [start, end), the optimizer step's not among them
+        self.spans: dict[int, range] = {}
         self.records: dict[int, list[Event]] = {}
         self.pattern: list[Event] | None = None  # micro-batch 2's events, relative, once checked
         self.replayed = 0
@@ -51,7 +52,7 @@ class RepeatedMicroBatches:
     def running(self, batch_index: int) -> Iterator[None]:
         """Wrap a micro-batch that runs its ops."""
         record = len(self.replayable) > 0 and batch_index in (0, 1, 2)
-        self.starts[batch_index] = self.memory.allocator.next_handle
+        start = self.memory.allocator.next_handle
         if record:
             self.memory.trace = []
         try:
@@ -59,7 +60,7 @@ class RepeatedMicroBatches:
         finally:
             if record:
                 self.records[batch_index], self.memory.trace = self.memory.trace or [], None
-        self.starts[batch_index + 1] = self.memory.allocator.next_handle
+        self.spans[batch_index] = range(start, self.memory.allocator.next_handle)
         if batch_index == 2 and set(self.records) == {0, 1, 2}:
             self.pattern = self._checked_pattern()
 
@@ -79,15 +80,15 @@ class RepeatedMicroBatches:
 
     def _relative(self, batch_index: int) -> list[Event] | None:
         """The record of ``batch_index`` with handles relative to it; None if an allocation went unrecorded."""
-        start, end = self.starts[batch_index], self.starts[batch_index + 1]
+        span = self.spans[batch_index]
         events = self.records[batch_index]
-        if sum(event[0] in _ALLOCATING for event in events) != end - start:
+        if sum(event[0] in _ALLOCATING for event in events) != len(span):
             return None
         before = {handle: index for index, handle in enumerate(self._tensor_handles(batch_index - 1))}
 
         def ref(handle: int) -> Ref:
-            if start <= handle < end:
-                return ("here", handle - start)
+            if handle in span:
+                return ("here", handle - span.start)
             if handle in before:
                 return ("before", before[handle])
             return ("kept", handle)
@@ -104,7 +105,7 @@ class RepeatedMicroBatches:
         if first is None or first != second:
             return None
         allocator = self.memory.allocator
-        if any(allocator.is_live(handle) for handle in range(self.starts[1], self.starts[2])):
+        if any(allocator.is_live(handle) for handle in self.spans[1]):
             return None  # something of micro-batch 1 outlived micro-batch 2: not one micro-batch's pattern
         return second
 

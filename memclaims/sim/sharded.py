@@ -418,54 +418,54 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     # scripts): step at batch 0 and every accum-th batch, zero_grad after the step, and no
     # ``no_backward_sync``, so every micro-batch reduce-scatters into the sharded gradient.
     for batch_index in range(memory_steps * accumulation + 1):
-        if repeats.replay(batch_index):  # a micro-batch like the two recorded: its allocations only
+        # A micro-batch like the recorded ones replays its allocations; the optimizer step always runs.
+        if not repeats.replay(batch_index):
+            with repeats.running(batch_index):
+                inputs, targets = inputs_fn(recipe.scale, recipe.micro_batch_size)
+                sharded.root.unshard()  # the root's pre-forward; FSDP1 keeps the root unsharded after forward
+                with attention:
+                    x = precision.convert_input(inputs)
+                    with precision.forward_context():
+                        out = recipe.workload.logits(sharded.model, x)
+                    del x
+                    logits = precision.convert_output(out)
+                    del out
+                if batch_index == 0:  # backward visits units in reverse forward order; prefetch the next one
+                    for later, earlier in zip(sharded.order[1:], sharded.order[:-1]):
+                        later.next_in_backward = earlier
+                loss = F.cross_entropy(logits, targets)
+                if accumulation == 1:
+                    optimizer.zero_grad()
+                else:
+                    loss = loss / accumulation
+                sharded.expect_gradients(loss)
+                precision.backward(loss)
+                sharded.end_backward()
+                sharded.root.reshard()
+                loss.detach().float()
+        if batch_index % accumulation != 0:
             continue
-        with repeats.running(batch_index):
-            inputs, targets = inputs_fn(recipe.scale, recipe.micro_batch_size)
-            sharded.root.unshard()  # the root's pre-forward; FSDP1 keeps the root unsharded after forward
-            with attention:
-                x = precision.convert_input(inputs)
-                with precision.forward_context():
-                    out = recipe.workload.logits(sharded.model, x)
-                del x
-                logits = precision.convert_output(out)
-                del out
-            if batch_index == 0:  # backward visits units in reverse forward order; prefetch the next one
-                for later, earlier in zip(sharded.order[1:], sharded.order[:-1]):
-                    later.next_in_backward = earlier
-            loss = F.cross_entropy(logits, targets)
-            if accumulation == 1:
-                optimizer.zero_grad()
-            else:
-                loss = loss / accumulation
-            sharded.expect_gradients(loss)
-            precision.backward(loss)
-            sharded.end_backward()
-            sharded.root.reshard()
-            loss.detach().float()
-            if batch_index % accumulation != 0:
-                continue
-            grad_bytes = memory.device_bytes(s.grad for s in shards if s.grad is not None)
-            memory.in_optimizer = True
-            from memclaims.sim.eras import optimizer_era
+        grad_bytes = memory.device_bytes(s.grad for s in shards if s.grad is not None)
+        memory.in_optimizer = True
+        from memclaims.sim.eras import optimizer_era
 
-            if offload:  # the step runs on the host, over host shards and host state
-                memory.counting = False
-            try:
-                with optimizer_era(session.profile.optimizer_era):
-                    optimizer.step()
-            finally:
-                memory.counting = True
-                memory.in_optimizer = False
-            for value in optimizer_state_tensors(optimizer):
-                memory.tag(value, "optimizer_state")
-            if accumulation > 1:
-                optimizer.zero_grad()
-            if scheduler is not None:
-                scheduler.step()
-            done += 1
-            if done == memory_steps:
-                break
+        if offload:  # the step runs on the host, over host shards and host state
+            memory.counting = False
+        try:
+            with optimizer_era(session.profile.optimizer_era):
+                optimizer.step()
+        finally:
+            memory.counting = True
+            memory.in_optimizer = False
+        for value in optimizer_state_tensors(optimizer):
+            memory.tag(value, "optimizer_state")
+        if accumulation > 1:
+            optimizer.zero_grad()
+        if scheduler is not None:
+            scheduler.step()
+        done += 1
+        if done == memory_steps:
+            break
     # What lives on the device, as the tracker saw it (with offload: nothing of these).
     state = (v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
     device_state = memory.device_bytes(state)

@@ -49,35 +49,36 @@ def accumulate(memory: DeviceMemory, repeats: RepeatedMicroBatches, batches: int
 
 
 def run(batches: int, **kwargs: object) -> tuple[DeviceMemory, RepeatedMicroBatches]:
+    """``batches`` micro-batches of a loop stepping every 7th (0, 7, ...)."""
     memory = device()
-    repeats = RepeatedMicroBatches(memory, accumulation_steps=batches - 1)
+    repeats = RepeatedMicroBatches(memory, accumulation_steps=7)
     accumulate(memory, repeats, batches, **kwargs)  # type: ignore[arg-type]
     return memory, repeats
 
 
 def test_replayed_micro_batches_free_what_the_running_ones_would() -> None:
-    memory, repeats = run(8)
-    assert repeats.replayed == 4  # 3 to 6; 7 runs and frees what the last replayed one kept
+    memory, repeats = run(9)
+    assert repeats.replayed == 5  # 3 to 7; 8 runs and frees what the last replayed one kept
     assert memory.tensor_bytes == 0 and memory.allocator.stats.allocated == 0
-    assert memory.allocator.next_handle == 1 + 8 * 2  # every micro-batch made its two allocations
+    assert memory.allocator.next_handle == 1 + 9 * 2  # every micro-batch made its two allocations
 
 
 def test_micro_batches_that_differ_all_run() -> None:
-    _, repeats = run(8, sizes={2: (3 * MB, 6 * MB)})
+    _, repeats = run(9, sizes={2: (3 * MB, 6 * MB)})
     assert repeats.pattern is None and repeats.replayed == 0
 
 
 def test_an_allocation_outliving_the_next_micro_batch_stops_the_replay() -> None:
     """Micro-batches 1 and 2 record alike, but what each keeps lives on: no one micro-batch's pattern."""
-    memory, repeats = run(8, leak=True)
+    memory, repeats = run(9, leak=True)
     assert repeats.pattern is None and repeats.replayed == 0
     assert memory.tensor_bytes == 0
 
 
-def test_without_four_micro_batches_per_step_nothing_is_recorded() -> None:
+def test_without_three_micro_batches_per_step_nothing_is_recorded() -> None:
     memory = device()
-    repeats = RepeatedMicroBatches(memory, accumulation_steps=3)
-    accumulate(memory, repeats, 4)
+    repeats = RepeatedMicroBatches(memory, accumulation_steps=2)
+    accumulate(memory, repeats, 5)
     assert repeats.records == {} and repeats.replayed == 0
 
 
@@ -87,7 +88,7 @@ def test_a_replayed_sharded_recipe_predicts_what_running_every_micro_batch_does(
     recipe = resolve("distilbert", "smoke", ("bf16-true", "grad-accum", "fsdp", "cpu-offload", "delayed-init"),
                      Sizes(batch_size=8, accumulation_steps=8))
     replayed = simulate(recipe)
-    assert any(note.startswith("5 micro-batches replayed") for note in replayed.notes)
+    assert any(note.startswith("6 micro-batches replayed") for note in replayed.notes)  # 3 to 8
     monkeypatch.setattr(repeat.RepeatedMicroBatches, "replay", lambda self, batch_index: False)
     ran = simulate(recipe)
     assert not any("micro-batches replayed" in note for note in ran.notes)
