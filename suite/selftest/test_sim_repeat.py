@@ -48,11 +48,12 @@ def accumulate(memory: DeviceMemory, repeats: RepeatedMicroBatches, batches: int
     del kept
 
 
-def run(batches: int, **kwargs: object) -> tuple[DeviceMemory, RepeatedMicroBatches]:
+def run(batches: int, sizes: dict[int, tuple[int, int]] | None = None,
+        leak: bool = False) -> tuple[DeviceMemory, RepeatedMicroBatches]:
     """``batches`` micro-batches of a loop stepping every 7th (0, 7, ...)."""
     memory = device()
     repeats = RepeatedMicroBatches(memory, accumulation_steps=7)
-    accumulate(memory, repeats, batches, **kwargs)  # type: ignore[arg-type]
+    accumulate(memory, repeats, batches, sizes, leak)
     return memory, repeats
 
 
