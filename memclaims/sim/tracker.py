@@ -159,8 +159,7 @@ class DeviceMemory(TorchDispatchMode):
         self.tensor_bytes += nbytes
         if self.tensor_bytes > self.peak_tensor_bytes:
             self.peak_tensor_bytes = self.tensor_bytes
-        if self.allocator.stats.allocated >= self.allocator.stats.peak_allocated:
-            self.breakdown_at_peak = dict(self.live)
+        self._breakdown_if_at_peak()
         if self.trace is not None:
             self.trace.append(("count", handle, nbytes, self.stream, category, str(self.op), self.in_optimizer))
         return handle
@@ -197,9 +196,8 @@ class DeviceMemory(TorchDispatchMode):
             self.trace.append(("free_scratch", handle))
 
     def note_breakdown(self) -> None:
-        """Take the tensor breakdown now if allocated memory is at its peak."""
-        if self.allocator.stats.allocated >= self.allocator.stats.peak_allocated:
-            self.breakdown_at_peak = dict(self.live)
+        """Take the tensor breakdown now if allocated memory is at its peak (after scratch allocations)."""
+        self._breakdown_if_at_peak()
         if self.trace is not None:
             self.trace.append(("note_breakdown",))
 
@@ -219,6 +217,10 @@ class DeviceMemory(TorchDispatchMode):
         return storage
 
     # --- internals --------------------------------------------------------------------------
+
+    def _breakdown_if_at_peak(self) -> None:
+        if self.allocator.stats.allocated >= self.allocator.stats.peak_allocated:
+            self.breakdown_at_peak = dict(self.live)
 
     def _finalizer(self, handle: int) -> Callable[[weakref.ref[torch.UntypedStorage]], None]:
         def freed(_: weakref.ref[torch.UntypedStorage]) -> None:
