@@ -215,7 +215,6 @@ def test_lightning_2023_all_gathers_mixed_precision_in_fp32() -> None:
         sh.mixed_precision_dtypes("16-mixed", "2019")
 
 
-
 class ToyWithAnUnusedHead(Toy):
     def __init__(self) -> None:
         super().__init__()
