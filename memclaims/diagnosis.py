@@ -36,6 +36,16 @@ def history_entries() -> int:
     return _history_entries
 
 
+# Whether each history event keeps its stack trace (what memory_viz shows) or only the address,
+# size and stream (what memclaims.sim.alloc_trace replays, a small fraction of the bytes).
+_history_stacks = True
+
+
+def set_history_stacks(keep: bool) -> None:
+    global _history_stacks
+    _history_stacks = keep
+
+
 def case_file_stem(case_id: str) -> str:
     """A file name from a case id: ``gpu:vit-article/bf16-true`` -> ``gpu-vit-article-bf16-true``."""
     return re.sub(r"[/:\[\]\\\s]+", "-", case_id).strip("-.") or "case"
@@ -114,7 +124,10 @@ def capture_snapshot(cuda: Any, recipe_id: str) -> Path | None:
 def start_history(cuda: Any, max_entries: int) -> None:
     """Record the allocator's history from now on, dropping what earlier cases recorded."""
     cuda.memory._record_memory_history(enabled=None)
-    cuda.memory._record_memory_history(max_entries=max_entries)
+    if _history_stacks:
+        cuda.memory._record_memory_history(max_entries=max_entries)
+    else:
+        cuda.memory._record_memory_history(max_entries=max_entries, context=None)
 
 
 def breakdown_report(case_id: str, record: Record, baseline: Record,

@@ -18,6 +18,11 @@ native allocator's default policy by hand, for one device and one stream:
   on another (the native allocator keys its free sets by stream first), so work spread over
   streams (FSDP's all-gathers and reduce-scatters) reserves more than one stream would.
 
+With ``events`` set to a list, the model logs what it does in the terms of torch's allocator history
+(``segment_alloc``, ``alloc``, ``free_completed``, each with an address, a size and a stream), so its
+stream can be compared with a GPU's (``memclaims.sim.alloc_trace``). Segments get increasing
+addresses, as fresh ``cudaMalloc`` calls usually do.
+
 ``allocated`` counts block sizes, as ``torch.cuda.memory_allocated`` does; ``requested`` counts
 the bytes asked for (live tensor bytes), the figure a CPU-side tensor count gives.
 """
@@ -107,6 +112,9 @@ class CachingAllocator:
         self._free_blocks: dict[tuple[int, bool], list[Block]] = {}
         self._live: dict[int, Block] = {}
         self._next_handle = 1
+        self._segment_addresses: list[int] = []  # by segment index
+        self._next_address = 0
+        self.events: list[tuple[str, int, int, int]] | None = None
 
     # --- public -----------------------------------------------------------------------------
 
@@ -121,8 +129,12 @@ class CachingAllocator:
         if block is None:
             block = Block(segment=self.stats.segments, offset=0, size=cfg.segment_size(rounded), small=small,
                           stream=stream)
+            self._segment_addresses.append(self._next_address)
+            self._next_address += block.size
             self.stats.segments += 1
             self.stats.reserved += block.size
+            if self.events is not None:
+                self.events.append(("segment_alloc", self._address(block), block.size, stream))
         if cfg.should_split(block.size, rounded):
             rest = Block(segment=block.segment, offset=block.offset + rounded, size=block.size - rounded,
                          small=small, prev=block, next=block.next, stream=block.stream)
@@ -142,12 +154,16 @@ class CachingAllocator:
         s.peak_allocated = max(s.peak_allocated, s.allocated)
         s.peak_reserved = max(s.peak_reserved, s.reserved)
         s.peak_requested = max(s.peak_requested, s.requested)
+        if self.events is not None:
+            self.events.append(("alloc", self._address(block), nbytes, stream))
         return handle
 
     def free(self, handle: int) -> None:
         if handle == 0:
             return
         block = self._live.pop(handle)
+        if self.events is not None:
+            self.events.append(("free_completed", self._address(block), block.requested, block.stream))
         self.stats.allocated -= block.size
         self.stats.requested -= block.requested
         block.free, block.requested = True, 0
@@ -175,6 +191,9 @@ class CachingAllocator:
         return list(self._free_keys.get((stream, small), []))
 
     # --- internals --------------------------------------------------------------------------
+
+    def _address(self, block: Block) -> int:
+        return self._segment_addresses[block.segment] + block.offset
 
     def _take_free(self, stream: int, small: bool, rounded: int) -> Block | None:
         keys = self._free_keys.setdefault((stream, small), [])

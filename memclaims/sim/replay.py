@@ -478,8 +478,12 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     return states
 
 
-def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | None = None) -> Record:
-    """Predict the CUDA caching allocator's peaks for ``recipe`` on the profile's GPU."""
+def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | None = None,
+             allocator_events: list[tuple[str, int, int, int]] | None = None) -> Record:
+    """Predict the CUDA caching allocator's peaks for ``recipe`` on the profile's GPU.
+
+    ``allocator_events``, a list, receives the allocator model's history in the terms of torch's
+    (``memclaims.sim.alloc_trace``); one-device recipes only."""
     chosen = find_profile(profile)
     check(recipe)
     build, inputs_fn = _model_fns(recipe)
@@ -492,6 +496,8 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
                      "state alive during the forward) is not reached")
 
     if recipe.sharded:
+        if allocator_events is not None:
+            raise UsageError(f"{recipe.id}: the allocator history is recorded for one-device recipes only")
         return _simulate_sharded(recipe, chosen, steps, notes)
 
     reference = None
@@ -504,6 +510,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         notes.append(f"{recipe.optimizer}: state from bitsandbytes {_eight_bit_layout().version}'s layout "
                      f"(memclaims.sim.eight_bit); the fused step allocates no temporaries")
     session = _Session(chosen)
+    session.allocator.events = allocator_events
     phases: dict[str, PhaseResult] = {}
     torch.manual_seed(0)
     with session.active():
