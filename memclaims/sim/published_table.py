@@ -188,15 +188,21 @@ _FSDP_RESIDUAL = (
     "which per-rank accounting cannot know. NCCL buffers are outside the caching allocator (0)")
 _VIT_H14_SERIES = (
     "the repo's 08-10-vit32 scripts of 2023-07-14 (08_baseline, 08c_fsdp-size-wrap, 09_fsdp-act-checkp, "
-    "10_fsdp-cpu-offload); bars read off a figure (+-0.1 GB); software not stated: replayed as the article's "
-    "(profile 'article')")
+    "10_fsdp-cpu-offload); bars read off the repo's figures/overview.png against its gridlines (one GPU 22.63 GB; "
+    "the same figure's ViT-L bars lie within 0.07 GB of the logged runs); software not logged: replayed as the "
+    "article's (profile 'article')")
 _VIT_H14_ONE_GPU_RESIDUAL = (
     f"{_VIT_H14_SERIES}. Allocated peak 20.25 GB (0.896 of published); the reserved excess (6.1 GB) is the "
     "allocator's fragmentation between the nightly foreach Adam's two parameter-sized temporaries (2 x 2.53 GB, "
     "sim.eras) and the next forward's activations: at batch 4 the step's temporaries are half the activations, "
     "against a sixth on the ViT-L rows 02-05 that the same replay predicts within the band. With torch 2.1's "
-    "Adam (profile torch-2.1: one temporary) 1.060. Not explained: the sim's allocator is unchecked at this "
-    "ratio without a GPU")
+    "Adam (profile torch-2.1: one temporary) 1.060. Ruled out: GradScaler skipping the first steps (1 or 2 "
+    "skipped: 1.134 / 1.121); a knife-edge layout (+512 B on random requests: 1.156-1.164); a large transient "
+    "block at the first convolution, as cuDNN's first call can allocate (2 / 4 / 6 GiB: this bar 1.103 / 1.088 / "
+    "1.005, but row 04, a patch convolution of similar size, 0.930 / 0.909 / 1.248; scripts/vit-h14-hypotheses "
+    "reproduces these). Not explained: the sim's allocator is unchecked at this "
+    "ratio without a GPU; scripts/gpu-check records this recipe's allocator history and replays it through "
+    "the model (memclaims.sim.alloc_trace), which separates the allocator's rules from the request stream")
 _VIT_H14_FSDP_RESIDUAL = (
     f"{_VIT_H14_SERIES}. The article's torch is needed: with torch 2.1's rate limiter (profile torch-2.1) the "
     "three FSDP bars come out 0.80 / 0.64 / 0.52, and nothing untimed is left to close that. Lightning of 2023 "

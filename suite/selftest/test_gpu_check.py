@@ -17,7 +17,7 @@ def test_dry_run_lists_every_step_and_each_command_parses(tmp_path) -> None:
     done = subprocess.run([str(ROOT / "scripts" / "gpu-check"), "--dry-run", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    for name in ("facts", "smoke-tier", "cuda-01-2", "cuda-06", "fsdp-offload", "history", "sim"):
+    for name in ("facts", "smoke-tier", "cuda-01-2", "cuda-06", "fsdp-offload", "history", "allocator-trace", "sim"):
         assert f"] {name}: " in done.stdout
     assert "--memclaims-gpu-scale smoke" in done.stdout and str(tmp_path / "out" / "baselines") in done.stdout
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
