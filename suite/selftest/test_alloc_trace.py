@@ -111,11 +111,13 @@ def test_traces_round_trip_and_bad_files_name_themselves(tmp_path: Path, model_h
         assert str(bad) in str(error.value)
 
 
-def test_a_snapshot_without_history_is_refused() -> None:
+def test_a_snapshot_without_history_or_of_expandable_segments_is_refused() -> None:
     with pytest.raises(UsageError, match="_record_memory_history"):
         alloc_trace.from_snapshot({"segments": []})
     with pytest.raises(UsageError, match="device 1"):
         alloc_trace.from_snapshot({"device_traces": [[]]}, device=1)
+    with pytest.raises(UsageError, match="expandable_segments"):
+        alloc_trace.from_snapshot({"device_traces": [[{"action": "segment_map", "addr": 0, "size": 1}]]})
 
 
 def test_request_difference_lists_the_largest_byte_gaps_first() -> None:
