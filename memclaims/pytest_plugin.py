@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -215,6 +216,40 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(GPU_SHARING, pytrace=False)
 
 
+# Under xdist each worker compares its own cases; the end-of-run tables are printed by the
+# controller. So a worker moves what its tests added (comparison rows, out-of-memory notes) onto
+# each test's teardown report, and the controller, which sees every report, gathers them.
+_FROM_WORKER = "memclaims_end_of_run"
+_SENT = pytest.StashKey[tuple[int, int]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    config = item.config
+    if report.when == "teardown" and hasattr(config, "workerinput"):
+        rows, oom = summary(config).rows, config.stash.get(OOM_KEY, [])
+        sent_rows, sent_oom = config.stash.get(_SENT, (0, 0))
+        if len(rows) > sent_rows or len(oom) > sent_oom:
+            report.user_properties.append((_FROM_WORKER, {"rows": rows[sent_rows:], "out_of_memory": oom[sent_oom:]}))
+            config.stash[_SENT] = (len(rows), len(oom))
+    return report
+
+
+class _WorkerResults:
+    """On the xdist controller: the workers' rows and notes, into the controller's tables."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == _FROM_WORKER:
+                sent = cast(dict[str, list[dict[str, Any]]], value)
+                summary(self.config).rows.extend(sent["rows"])
+                self.config.stash.setdefault(OOM_KEY, []).extend(sent["out_of_memory"])
+
+
 # --- baselines ---------------------------------------------------------------------------------
 
 SUMMARY_KEY = pytest.StashKey["Summary"]()
@@ -300,6 +335,8 @@ def artifacts_dir(config: pytest.Config) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     # Malformed values are usage errors before anything runs (a typo must not cost a night's run).
     config.stash[SETTINGS_KEY] = _build_settings(config)
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_WorkerResults(config), "memclaims-worker-results")
     for name, help_text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {help_text}")
     for name in ("steps", "accuracy-epochs"):

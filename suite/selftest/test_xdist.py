@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,33 @@ def test_gpu_case_fails_at_setup_with_two_workers(tiny: pytest.Pytester) -> None
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*ERROR at setup of test_on_gpu*", "GPU cases share one device: run "
                                  "`pytest -m gpu` without -n, or with -n 0 / -n 1*"])
+
+
+# Each test adds what a baseline check and a case out of memory add, in whichever worker runs it.
+REPORTING = """
+import pytest
+from memclaims.errors import OutOfMemory
+from memclaims.pytest_plugin import note_out_of_memory, summary
+
+@pytest.mark.parametrize("n", range(4))
+def test_case(request, n):
+    summary(request.config).add_note(f"case-{n}", "no baseline", "env-x")
+    if n == 3:
+        note_out_of_memory(request.config, "case-3", OutOfMemory("r", "cpu", "forward", 1234, "too big"))
+"""
+
+
+@pytest.mark.requires(packages="xdist")
+def test_the_controller_prints_every_workers_comparisons(tiny: pytest.Pytester) -> None:
+    tiny.makepyfile(test_reporting=REPORTING)
+    result = _run(tiny, "-n", "2", "test_reporting.py", "--memclaims-summary-json", "summary.json")
+    result.assert_outcomes(passed=4)
+    out = result.stdout.str()
+    assert all(f"case-{n}" in out for n in range(4)), out[-2000:]
+    assert "case-3  phase forward  requested 1,234 B" in out
+    data = json.loads((tiny.path / "summary.json").read_text())
+    assert sorted(row["case"] for row in data["rows"]) == [f"case-{n}" for n in range(4)]
+    assert [entry["case"] for entry in data["out_of_memory"]] == ["case-3"]
 
 
 class _Item:
