@@ -606,8 +606,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         precision = _Precision(recipe)
         attention = _attention_context(chosen, precision.compute)
         with session.phase(phases, "train"):
-            states: dict[str, Any] = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
-        replayed = states.pop("replayed_micro_batches")
+            states, replayed = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
         if replayed:
             notes.append(f"{replayed} micro-batches replayed from micro-batch 2's allocations, which matched micro-batch "
                          "1's event for event (memclaims.sim.repeat)")

@@ -398,9 +398,10 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
 
 def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
           inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]], precision: Any,
-          attention: Any) -> dict[str, int]:
-    """The 01-2 loop (zero_grad after the forward pass) under FSDP1, on rank 0. Micro-batches that
-    repeat the recorded ones are replayed from their allocations (memclaims.sim.repeat)."""
+          attention: Any) -> tuple[dict[str, Any], int]:
+    """The 01-2 loop (zero_grad after the forward pass) under FSDP1, on rank 0: the Record's state
+    fields, and how many micro-batches repeated the recorded ones and were replayed from their
+    allocations (memclaims.sim.repeat)."""
     memory: DeviceMemory = session.memory
     shards = sharded.shards()
     for shard in shards:
@@ -470,8 +471,8 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     state = (v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
     device_state = memory.device_bytes(state)
     del inputs, targets, logits, loss
-    return {"param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
-            "optimizer_state_bytes": device_state, "replayed_micro_batches": repeats.replayed}
+    return ({"param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
+             "optimizer_state_bytes": device_state}, repeats.replayed)
 
 
 def check(recipe: Recipe) -> None:
