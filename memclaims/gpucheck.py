@@ -173,6 +173,7 @@ def allocator_trace(path: Path) -> dict[str, Any]:
     from memclaims.options import RunOptions
     from memclaims.recipe import resolve
     from memclaims.sim import alloc_trace
+    from memclaims.sim.allocator import TraceEvent
 
     recipe = resolve(TRACE_WORKLOAD, "article", TRACE_TECHNIQUES)
     with tempfile.TemporaryDirectory() as folder:
@@ -190,14 +191,14 @@ def allocator_trace(path: Path) -> dict[str, Any]:
            "peak_reserved_total_bytes": record.peak_reserved_total_bytes,
            "peak_allocated_bytes": record.peak_allocated_bytes}
     alloc_trace.save(path, events, {"recipe": recipe.id, "steps": TRACE_STEPS, **gpu})
-    sim_events: list[tuple[str, int, int, int]] = []
+    sim_events: list[TraceEvent] = []
     predicted = sim.simulate(recipe, profile=SIM_PROFILE, memory_steps=TRACE_STEPS, allocator_events=sim_events)
     return {"recipe": recipe.id, "trace": str(path), "events": len(events), "gpu": gpu,
             "sim": {"profile": SIM_PROFILE, "peak_reserved_total_bytes": predicted.peak_reserved_total_bytes,
                     "peak_allocated_bytes": predicted.peak_allocated_bytes},
             "replay": asdict(alloc_trace.replay(events)),
             "request_difference": alloc_trace.request_difference(
-                events, [alloc_trace.TraceEvent(*e) for e in sim_events])}
+                events, sim_events)}
 
 
 # --- the report ------------------------------------------------------------------------------

@@ -21,22 +21,15 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from memclaims.errors import UsageError
-from memclaims.sim.allocator import AllocatorConfig, CachingAllocator
+from memclaims.sim.allocator import AllocatorConfig, CachingAllocator, TraceEvent
 
 FORMAT = "memclaims-alloc-trace/1"
 # The history's actions that change device memory; "free_requested" is followed by "free_completed"
 # once the block's streams are done with it, and only then can the block be reused.
 ACTIONS = ("segment_alloc", "segment_free", "alloc", "free_completed")
-
-
-class TraceEvent(NamedTuple):
-    action: str
-    addr: int
-    size: int  # alloc: the bytes requested; segment_*: the segment's bytes
-    stream: int
 
 
 def from_snapshot(snapshot: dict[str, Any], device: int = 0) -> list[TraceEvent]:

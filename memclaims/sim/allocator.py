@@ -31,8 +31,18 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 MiB = 1024 * 1024
+
+
+class TraceEvent(NamedTuple):
+    """One event of an allocator's history, as torch's ``_snapshot()`` names them."""
+
+    action: str  # "segment_alloc", "segment_free", "alloc" or "free_completed"
+    addr: int
+    size: int  # alloc and free_completed: the bytes requested; segment_*: the segment's bytes
+    stream: int
 
 
 @dataclass(frozen=True)
@@ -114,7 +124,7 @@ class CachingAllocator:
         self._next_handle = 1
         self._segment_addresses: list[int] = []  # by segment index
         self._next_address = 0
-        self.events: list[tuple[str, int, int, int]] | None = None
+        self.events: list[TraceEvent] | None = None
 
     # --- public -----------------------------------------------------------------------------
 
@@ -134,7 +144,7 @@ class CachingAllocator:
             self.stats.segments += 1
             self.stats.reserved += block.size
             if self.events is not None:
-                self.events.append(("segment_alloc", self._address(block), block.size, stream))
+                self.events.append(TraceEvent("segment_alloc", self._address(block), block.size, stream))
         if cfg.should_split(block.size, rounded):
             rest = Block(segment=block.segment, offset=block.offset + rounded, size=block.size - rounded,
                          small=small, prev=block, next=block.next, stream=block.stream)
@@ -155,7 +165,7 @@ class CachingAllocator:
         s.peak_reserved = max(s.peak_reserved, s.reserved)
         s.peak_requested = max(s.peak_requested, s.requested)
         if self.events is not None:
-            self.events.append(("alloc", self._address(block), nbytes, stream))
+            self.events.append(TraceEvent("alloc", self._address(block), nbytes, stream))
         return handle
 
     def free(self, handle: int) -> None:
@@ -163,7 +173,7 @@ class CachingAllocator:
             return
         block = self._live.pop(handle)
         if self.events is not None:
-            self.events.append(("free_completed", self._address(block), block.requested, block.stream))
+            self.events.append(TraceEvent("free_completed", self._address(block), block.requested, block.stream))
         self.stats.allocated -= block.size
         self.stats.requested -= block.requested
         block.free, block.requested = True, 0

@@ -45,7 +45,7 @@ from memclaims.precision import precision as precision_spec
 from memclaims.probes import PhaseRecorder, Reading, optimizer_state_tensors, phase_entries
 from memclaims.recipe import Recipe
 from memclaims.record import Record, library_versions
-from memclaims.sim.allocator import CachingAllocator
+from memclaims.sim.allocator import CachingAllocator, TraceEvent
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
@@ -479,7 +479,7 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
 
 
 def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | None = None,
-             allocator_events: list[tuple[str, int, int, int]] | None = None) -> Record:
+             allocator_events: list[TraceEvent] | None = None) -> Record:
     """Predict the CUDA caching allocator's peaks for ``recipe`` on the profile's GPU.
 
     ``allocator_events``, a list, receives the allocator model's history in the terms of torch's

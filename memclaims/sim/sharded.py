@@ -62,6 +62,7 @@ from memclaims import optimizers
 from memclaims.errors import UsageError
 from memclaims.probes import optimizer_state_tensors
 from memclaims.recipe import Recipe
+from memclaims.sim.eras import optimizer_era
 from memclaims.sim.repeat import RepeatedMicroBatches
 from memclaims.sim.tracker import DeviceMemory
 
@@ -448,8 +449,6 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
             continue
         grad_bytes = memory.device_bytes(s.grad for s in shards if s.grad is not None)
         memory.in_optimizer = True
-        from memclaims.sim.eras import optimizer_era
-
         if offload:  # the step runs on the host, over host shards and host state
             memory.counting = False
         try:

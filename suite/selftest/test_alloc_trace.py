@@ -18,20 +18,20 @@ from memclaims.errors import UsageError
 from memclaims.recipe import resolve
 from memclaims.record import Record
 from memclaims.sim import alloc_trace, simulate
-from memclaims.sim.allocator import AllocatorConfig, MiB
+from memclaims.sim.allocator import AllocatorConfig, MiB, TraceEvent
 
 pytestmark = pytest.mark.sim
 RECIPE = resolve("vit", "article", ("16-mixed",))  # ViT-L/16 at batch 64: segments of many sizes
 
 
 @pytest.fixture(scope="module")
-def model_history() -> tuple[Record, list[tuple[str, int, int, int]]]:
-    events: list[tuple[str, int, int, int]] = []
+def model_history() -> tuple[Record, list[TraceEvent]]:
+    events: list[TraceEvent] = []
     record = simulate(RECIPE, profile="h100", allocator_events=events)
     return record, events
 
 
-def as_snapshot(events: list[tuple[str, int, int, int]]) -> dict[str, Any]:
+def as_snapshot(events: list[TraceEvent]) -> dict[str, Any]:
     """The events as torch's snapshot holds them: dicts, each free requested before it completes,
     and entries the replay must skip."""
     trace: list[dict[str, Any]] = [{"action": "snapshot", "addr": 0, "size": 0, "stream": 0}]
@@ -52,8 +52,7 @@ def test_the_model_reproduces_its_own_history_exactly(model_history) -> None:
 
 
 def test_a_different_rule_is_caught_at_its_first_request(model_history) -> None:
-    _, events = model_history
-    trace = [alloc_trace.TraceEvent(*e) for e in events]
+    _, trace = model_history
     # Segments for large requests rounded to 4 MiB instead of 2 MiB: the first large request whose
     # 2 MiB rounding differs is the first disagreement, and the model's segment is the larger.
     replayed = alloc_trace.replay(trace, AllocatorConfig(round_large=4 * MiB))
@@ -62,20 +61,19 @@ def test_a_different_rule_is_caught_at_its_first_request(model_history) -> None:
     assert first.request_bytes >= 10 * MiB
     assert first.gpu_segment_bytes is not None and first.model_segment_bytes is not None
     assert first.model_segment_bytes > first.gpu_segment_bytes
-    assert trace[first.index] == ("alloc",) + trace[first.index][1:] and trace[first.index].size == first.request_bytes
+    assert trace[first.index].action == "alloc" and trace[first.index].size == first.request_bytes
     # Requests of 10-20 MiB given a shared 20 MiB segment, as smaller ones are.
     shared = alloc_trace.replay(trace, AllocatorConfig(min_large_alloc=20 * MiB))
     assert shared.first is not None and 10 * MiB <= shared.first.request_bytes < 20 * MiB
 
 
 def test_a_hand_built_history_counts_reuse_unknown_frees_and_returned_segments() -> None:
-    E = alloc_trace.TraceEvent
     trace = [
-        E("free_completed", 999, 512, 0),  # allocated before the history started
-        E("segment_alloc", 0, 20 * MiB, 0), E("alloc", 0, 4 * MiB, 0),
-        E("free_completed", 0, 4 * MiB, 0),
-        E("segment_alloc", 20 * MiB, 20 * MiB, 0), E("alloc", 20 * MiB, 4 * MiB, 0),  # the model reuses instead
-        E("segment_free", 20 * MiB, 20 * MiB, 0),
+        TraceEvent("free_completed", 999, 512, 0),  # allocated before the history started
+        TraceEvent("segment_alloc", 0, 20 * MiB, 0), TraceEvent("alloc", 0, 4 * MiB, 0),
+        TraceEvent("free_completed", 0, 4 * MiB, 0),
+        TraceEvent("segment_alloc", 20 * MiB, 20 * MiB, 0), TraceEvent("alloc", 20 * MiB, 4 * MiB, 0),  # the model reuses instead
+        TraceEvent("segment_free", 20 * MiB, 20 * MiB, 0),
     ]
     replayed = alloc_trace.replay(trace)
     assert replayed.unmatched_frees == 1 and replayed.segment_frees == 1 and replayed.requests == 2
@@ -87,9 +85,8 @@ def test_a_hand_built_history_counts_reuse_unknown_frees_and_returned_segments()
 
 
 def test_traces_round_trip_and_bad_files_name_themselves(tmp_path: Path, model_history) -> None:
-    _, events = model_history
+    _, trace = model_history
     path = tmp_path / "t.trace.json.gz"
-    trace = [alloc_trace.TraceEvent(*e) for e in events]
     alloc_trace.save(path, trace, {"recipe": RECIPE.id})
     assert alloc_trace.load(path) == (trace, {"recipe": RECIPE.id})
     assert not list(tmp_path.glob("*.part"))
@@ -121,9 +118,8 @@ def test_a_snapshot_without_history_or_of_expandable_segments_is_refused() -> No
 
 
 def test_request_difference_lists_the_largest_byte_gaps_first() -> None:
-    E = alloc_trace.TraceEvent
-    gpu = [E("alloc", 0, 100, 0)] * 3 + [E("alloc", 0, 10_000, 0)] + [E("alloc", 0, 7, 0)] * 2
-    sim = [E("alloc", 0, 100, 0)] * 1 + [E("alloc", 0, 7, 0)] * 2 + [E("alloc", 0, 50, 0)]
+    gpu = [TraceEvent("alloc", 0, 100, 0)] * 3 + [TraceEvent("alloc", 0, 10_000, 0)] + [TraceEvent("alloc", 0, 7, 0)] * 2
+    sim = [TraceEvent("alloc", 0, 100, 0)] * 1 + [TraceEvent("alloc", 0, 7, 0)] * 2 + [TraceEvent("alloc", 0, 50, 0)]
     assert alloc_trace.request_difference(gpu, sim) == [
         {"request_bytes": 10_000, "gpu": 1, "sim": 0},
         {"request_bytes": 100, "gpu": 3, "sim": 1},
@@ -134,7 +130,7 @@ def test_request_difference_lists_the_largest_byte_gaps_first() -> None:
 def test_the_command_prints_the_comparison(tmp_path: Path, capsys, model_history) -> None:
     _, events = model_history
     path = tmp_path / "t.trace.json.gz"
-    alloc_trace.save(path, [alloc_trace.TraceEvent(*e) for e in events], {"recipe": "gpu-run"})
+    alloc_trace.save(path, events, {"recipe": "gpu-run"})
     assert alloc_trace.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("gpu-run: ") and "reproduces the GPU's allocator exactly" in out
