@@ -410,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     fitting = commands.add_parser("fit", help="which technique combinations fit a memory budget (predicted on the sim)")
     fitting.add_argument("workload", help="a workload name, hf:<model_type>, or a registered one")
     fitting.add_argument("--memory", required=True, metavar="SIZE",
-                         help="the budget: 24GB (decimal, 24e9 B) or 24GiB (binary, 24 x 2^30 B)")
+                         help="the budget: what PyTorch's allocator may take, the card's memory less the CUDA "
+                              "context (0.3-1 GB); 24GB (decimal, 24e9 B) or 24GiB (binary, 24 x 2^30 B)")
     fitting.add_argument("--device", default="sim", help="sim (the only device that predicts)")
     fitting.add_argument("--profile", default="article", help="the simulated GPU (memclaims list shows them)")
     fitting.add_argument("--scale", default="article", choices=("smoke", "article"))

@@ -10,9 +10,12 @@ claims that also compare accuracy are evaluated on their memory relation only (b
 the same placeholder accuracy, and the detail says so); recipes the sim cannot replay (8-bit
 optimizers, sharding) leave their claim "not simulated" with the sim's reason.
 
-Cost: one simulation per (recipe, scale, simulated device). Profiles that differ only in capacity
-share one simulation: capacity changes no allocation, it only decides "fits". With the gpu tier's
-deterministic cuBLAS setting (32 MiB workspaces everywhere) a100, h100 and h200 all share one.
+Cost: one simulation per (recipe, scale, simulated device). A case must fit its card without the
+allocator freeing its cache and retrying (``sim.simulate(limit_bytes=...)``): a case that fits only
+so reserves up to the card's limit whatever the claim, and runs slower. So profiles that differ
+only in capacity share one simulation: capacity changes no allocation, it only decides "fits". With
+the gpu tier's deterministic cuBLAS setting (32 MiB workspaces everywhere) a100, h100 and h200 all
+share one.
 """
 
 from __future__ import annotations

@@ -13,7 +13,11 @@ native allocator's default policy by hand, for one device and one stream:
 - a reused block is split when the rest is worth keeping (>= 512 B in the small pool, > 1 MiB
   in the large one), otherwise the whole block is handed out;
 - a freed block merges with free neighbours of its segment;
-- nothing is ever returned to the device (no ``empty_cache``), so reserved memory never shrinks;
+- nothing is returned to the device (no ``empty_cache``) unless a ``limit_bytes`` is set and a new
+  segment would pass it: then, as torch's ``release_cached_blocks`` does when ``cudaMalloc`` fails,
+  every cached segment that is wholly free goes back and the segment is asked for once more; if it
+  still does not fit, the request fails (``DeviceFull``, torch's ``OutOfMemoryError``). Without a
+  limit (the default), reserved memory never shrinks;
 - each stream has its own free blocks: a block freed by one stream is never handed to a request
   on another (the native allocator keys its free sets by stream first), so work spread over
   streams (FSDP's all-gathers and reduce-scatters) reserves more than one stream would.
@@ -34,6 +38,15 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 MiB = 1024 * 1024
+
+
+class DeviceFull(Exception):
+    """A segment did not fit under the allocator's limit, even after the cached segments went back."""
+
+    def __init__(self, requested: int, segment: int, reserved: int, limit: int) -> None:
+        self.requested, self.segment, self.reserved, self.limit = requested, segment, reserved, limit
+        super().__init__(f"a {requested} B request needs a new {segment / MiB:g} MiB segment; {reserved} B are "
+                         f"reserved after freeing every wholly free cached segment, the limit is {limit} B")
 
 
 class TraceEvent(NamedTuple):
@@ -106,12 +119,19 @@ class Stats:
     peak_allocated: int = 0
     peak_reserved: int = 0
     peak_requested: int = 0
-    segments: int = 0
+    segments: int = 0  # created, including any released since
+    # torch.cuda.max_memory_reserved() with no reset_peak_memory_stats(): the article's figure.
+    reserved_high_water: int = 0
+    alloc_retries: int = 0  # torch's num_alloc_retries: segments asked for again after freeing the cache
+    segments_released: int = 0
 
 
 @dataclass
 class CachingAllocator:
     config: AllocatorConfig = field(default_factory=AllocatorConfig)
+    # Bytes the allocator can get from the device (the card's memory less what lies outside the
+    # allocator: the CUDA context); None: unlimited.
+    limit_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.config.expandable_segments:
@@ -137,8 +157,13 @@ class CachingAllocator:
         small = cfg.is_small(rounded)
         block = self._take_free(stream, small, rounded)
         if block is None:
-            block = Block(segment=self.stats.segments, offset=0, size=cfg.segment_size(rounded), small=small,
-                          stream=stream)
+            size = cfg.segment_size(rounded)
+            if self.limit_bytes is not None and self.stats.reserved + size > self.limit_bytes:
+                self._release_cached()
+                self.stats.alloc_retries += 1
+                if self.stats.reserved + size > self.limit_bytes:
+                    raise DeviceFull(nbytes, size, self.stats.reserved, self.limit_bytes)
+            block = Block(segment=self.stats.segments, offset=0, size=size, small=small, stream=stream)
             self._segment_addresses.append(self._next_address)
             self._next_address += block.size
             self.stats.segments += 1
@@ -163,6 +188,7 @@ class CachingAllocator:
         s.requested += nbytes
         s.peak_allocated = max(s.peak_allocated, s.allocated)
         s.peak_reserved = max(s.peak_reserved, s.reserved)
+        s.reserved_high_water = max(s.reserved_high_water, s.reserved)
         s.peak_requested = max(s.peak_requested, s.requested)
         if self.events is not None:
             self.events.append(TraceEvent("alloc", self._address(block), nbytes, stream))
@@ -204,6 +230,17 @@ class CachingAllocator:
 
     def _address(self, block: Block) -> int:
         return self._segment_addresses[block.segment] + block.offset
+
+    def _release_cached(self) -> None:
+        """torch's ``release_cached_blocks``: every free block that is a whole segment goes back."""
+        for blocks in self._free_blocks.values():
+            whole = [b for b in blocks if b.prev is None and b.next is None]
+            for block in whole:
+                self._remove_free(block)
+                self.stats.reserved -= block.size
+                self.stats.segments_released += 1
+                if self.events is not None:
+                    self.events.append(TraceEvent("segment_free", self._address(block), block.size, block.stream))
 
     def _take_free(self, stream: int, small: bool, rounded: int) -> Block | None:
         keys = self._free_keys.setdefault((stream, small), [])

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 GB = 1e9  # the article prints max_memory_reserved() / 1e9: decimal GB
 MIB = 2**20  # the course's "MB" are MiB
 BAND = 0.05
+# The ViT-H/14 one-GPU bar on a 24 GB card: an A10G as torch reports it (get_device_properties:
+# total_memory=22587MB, i.e. MiB), less the CUDA context outside the caching allocator.
+A10G_TOTAL_MEMORY_BYTES = 22_587 * MIB
+CUDA_CONTEXT_BYTES = (400_000_000, 600_000_000, 1_100_000_000)
 
 
 # --- the one accessor of baselines/published.json ------------------------------------------------
@@ -192,17 +196,22 @@ _VIT_H14_SERIES = (
     "the same figure's ViT-L bars lie within 0.07 GB of the logged runs); software not logged: replayed as the "
     "article's (profile 'article')")
 _VIT_H14_ONE_GPU_RESIDUAL = (
-    f"{_VIT_H14_SERIES}. Allocated peak 20.25 GB (0.896 of published); the reserved excess (6.1 GB) is the "
-    "allocator's fragmentation between the nightly foreach Adam's two parameter-sized temporaries (2 x 2.53 GB, "
-    "sim.eras) and the next forward's activations: at batch 4 the step's temporaries are half the activations, "
-    "against a sixth on the ViT-L rows 02-05 that the same replay predicts within the band. With torch 2.1's "
-    "Adam (profile torch-2.1: one temporary) 1.060. Ruled out: GradScaler skipping the first steps (1 or 2 "
-    "skipped: 1.134 / 1.121); a knife-edge layout (+512 B on random requests: 1.156-1.164); a large transient "
-    "block at the first convolution, as cuDNN's first call can allocate (2 / 4 / 6 GiB: this bar 1.103 / 1.088 / "
-    "1.005, but row 04, a patch convolution of similar size, 0.930 / 0.909 / 1.248; scripts/vit-h14-hypotheses "
-    "reproduces these). Not explained: the sim's allocator is unchecked at this "
-    "ratio without a GPU; scripts/gpu-check records this recipe's allocator history and replays it through "
-    "the model (memclaims.sim.alloc_trace), which separates the allocator's rules from the request stream")
+    f"{_VIT_H14_SERIES}. On an A100, the card of the ViT-L rows, the replay reserves 26.38 GB: allocated peak "
+    "20.25 GB (0.896 of published) plus 6.1 GB of fragmentation between the nightly foreach Adam's two "
+    "parameter-sized temporaries (2 x 2.53 GB, sim.eras) and the next forward's activations (at batch 4 the "
+    "step's temporaries are half the activations, against a sixth on rows 02-05, which the same replay predicts "
+    "within the band). The series' card is not recorded. Explained if it had 24 GB (A10G class): the run fits "
+    "(it needs an allocator of about 21.5 GB; batch 8, 28.85 GB allocated, would not, so 4 is the largest "
+    "power-of-two batch such a card takes), and when cudaMalloc fails torch frees its cached segments and "
+    "retries, so max_memory_reserved stops at the allocator's limit: an A10G (total_memory 22,587 MiB = 23.68 "
+    "GB) less a CUDA context of 0.4 / 0.6 / 1.1 GB gives 23.23 / 23.06 / 22.54 GB (1.028 / 1.020 / 0.997; "
+    "sim.simulate(limit_bytes=...)). Not proven: nothing records the card. On an A100 none of these closes the gap: "
+    "torch 2.1's Adam (profile torch-2.1: one temporary) 1.060; GradScaler skipping the first steps (1 or 2: "
+    "1.134 / 1.121); a knife-edge layout (+512 B on random requests: 1.156-1.164); a large transient block at "
+    "the first convolution, as cuDNN's first call can allocate (2 / 4 / 6 GiB: this bar 1.103 / 1.088 / 1.005, "
+    "but row 04, a patch convolution of similar size, 0.930 / 0.909 / 1.248). scripts/vit-h14-hypotheses "
+    "reproduces these figures; scripts/gpu-check records this recipe's allocator history on a GPU and replays it "
+    "through the model (memclaims.sim.alloc_trace), which separates the allocator's rules from the request stream")
 _VIT_H14_FSDP_RESIDUAL = (
     f"{_VIT_H14_SERIES}. The article's torch is needed: with torch 2.1's rate limiter (profile torch-2.1) the "
     "three FSDP bars come out 0.80 / 0.64 / 0.52, and nothing untimed is left to close that. Lightning of 2023 "

@@ -38,14 +38,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from memclaims import optimizers
-from memclaims.errors import UsageError
+from memclaims.errors import OutOfMemory, UsageError
 from memclaims.loop import TrainingLoop
 from memclaims.precision import PRECISIONS
 from memclaims.precision import precision as precision_spec
 from memclaims.probes import PhaseRecorder, Reading, optimizer_state_tensors, phase_entries
 from memclaims.recipe import Recipe
 from memclaims.record import Record, library_versions
-from memclaims.sim.allocator import CachingAllocator, TraceEvent
+from memclaims.sim.allocator import CachingAllocator, DeviceFull, TraceEvent
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
@@ -216,11 +216,11 @@ def _move(module: nn.Module, dtype: torch.dtype | None = None) -> None:
 class _Session:
     """One simulated device: a fresh allocator, a fake-tensor mode and the tracker."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, limit_bytes: int | None = None) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         self.profile = profile
-        self.allocator = CachingAllocator(profile.allocator)
+        self.allocator = CachingAllocator(profile.allocator, limit_bytes)
         self.memory = DeviceMemory(self.allocator, profile)
         self.fake = FakeTensorMode()
         # The probes' nested phases over the allocator model's peak counters.
@@ -478,12 +478,38 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     return states
 
 
+@contextmanager
+def _out_of_memory(recipe: Recipe, chosen: Profile, limit_bytes: int | None,
+                   phases: dict[str, PhaseResult]) -> Iterator[None]:
+    """The allocator model's DeviceFull as the runner reports a GPU's: OutOfMemory naming the phase."""
+    try:
+        yield
+    except DeviceFull as full:
+        phase = next((name for name in ("load", "train") if name not in phases), "train")
+        raise OutOfMemory(recipe.id, f"sim ({chosen.gpu}, allocator limited to {limit_bytes} B)", phase,
+                          full.requested, str(full)) from None
+
+
+def _limit_notes(session: _Session) -> list[str]:
+    allocator = session.allocator
+    if allocator.limit_bytes is None:
+        return []
+    stats = allocator.stats
+    if not stats.alloc_retries:
+        return [f"allocator limited to {allocator.limit_bytes} B: never reached"]
+    return [f"allocator limited to {allocator.limit_bytes} B: {stats.alloc_retries} time(s) a new segment did not "
+            f"fit, and the allocator freed {stats.segments_released} wholly free cached segment(s) and retried, "
+            "as torch's release_cached_blocks does (each a device synchronisation: slower steps)"]
+
+
 def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | None = None,
-             allocator_events: list[TraceEvent] | None = None) -> Record:
+             allocator_events: list[TraceEvent] | None = None, limit_bytes: int | None = None) -> Record:
     """Predict the CUDA caching allocator's peaks for ``recipe`` on the profile's GPU.
 
     ``allocator_events``, a list, receives the allocator model's history in the terms of torch's
-    (``memclaims.sim.alloc_trace``); one-device recipes only."""
+    (``memclaims.sim.alloc_trace``); one-device recipes only. ``limit_bytes``: what the allocator
+    can get from the device (a card's memory less the CUDA context); past it the model frees its
+    cache and retries as torch does, and raises OutOfMemory where torch would. None: unlimited."""
     chosen = find_profile(profile)
     check(recipe)
     build, inputs_fn = _model_fns(recipe)
@@ -498,7 +524,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     if recipe.sharded:
         if allocator_events is not None:
             raise UsageError(f"{recipe.id}: the allocator history is recorded for one-device recipes only")
-        return _simulate_sharded(recipe, chosen, steps, notes)
+        return _simulate_sharded(recipe, chosen, steps, notes, limit_bytes)
 
     reference = None
     if recipe.init_on_device:
@@ -509,11 +535,11 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     if recipe.optimizer in optimizers.EIGHT_BIT:
         notes.append(f"{recipe.optimizer}: state from bitsandbytes {_eight_bit_layout().version}'s layout "
                      f"(memclaims.sim.eight_bit); the fused step allocates no temporaries")
-    session = _Session(chosen)
+    session = _Session(chosen, limit_bytes)
     session.allocator.events = allocator_events
     phases: dict[str, PhaseResult] = {}
     torch.manual_seed(0)
-    with session.active():
+    with _out_of_memory(recipe, chosen, limit_bytes, phases), session.active():
         with session.phase(phases, "load"):
             model = _load(session, recipe, build)
         param_count = sum(p.numel() for p in model.parameters())
@@ -527,6 +553,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
         notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
                      f"reserved memory to {site['reserved_bytes']} B)")
+    notes.extend(_limit_notes(session))
     load, train = phases["load"], phases["train"]
     # The contract's keys per phase, plus the sim's live tensor bytes for load and train.
     phases_out = phase_entries(session.recorder.phases)
@@ -543,7 +570,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         load_peak_bytes=load.allocated_bytes,
         peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
         peak_reserved_bytes=max(load.reserved_bytes, train.reserved_bytes),
-        peak_reserved_total_bytes=session.allocator.stats.reserved,  # never shrinks: the article's figure
+        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water,  # never reset: the article's figure
         reference_load_peak_bytes=reference.peak.allocated_bytes if reference else None,
         accuracy=None,
         final_loss=None,
@@ -563,7 +590,8 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     return record
 
 
-def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str]) -> Record:
+def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str],
+                      limit_bytes: int | None) -> Record:
     """Rank 0 of the recipe's FSDP1 run (memclaims.sim.sharded): per-rank accounting on fake tensors."""
     import memclaims.sim.sharded as sharded
 
@@ -581,10 +609,10 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
     if recipe.delayed_init:
         notes.append("init_module(empty_init=False) under FSDPStrategy builds on the host (no device context): "
                      "the load replays as without it")
-    session = _Session(chosen)
+    session = _Session(chosen, limit_bytes)
     phases: dict[str, PhaseResult] = {}
     torch.manual_seed(0)
-    with session.active():
+    with _out_of_memory(recipe, chosen, limit_bytes, phases), session.active():
         with session.phase(phases, "load"):
             with session.host():
                 # Fabric converts true precisions on the host; the unsharded (compute) copy is param_dtype.
@@ -617,6 +645,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
         notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
                      f"reserved memory to {site['reserved_bytes']} B)")
+    notes.extend(_limit_notes(session))
     load, train = phases["load"], phases["train"]
     return Record(
         **recipe.record_fields(), device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
@@ -624,7 +653,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         load_peak_bytes=load.allocated_bytes,
         peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
         peak_reserved_bytes=max(load.reserved_bytes, train.reserved_bytes),
-        peak_reserved_total_bytes=session.allocator.stats.reserved, reference_load_peak_bytes=None,
+        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, reference_load_peak_bytes=None,
         accuracy=None, final_loss=None, nan_loss=False, nan_step=None, step_time_s=None, weights="random",
         data="none (fake tensors)", versions=library_versions(), devices=world, rank=0,
         phases={"load": load.as_dict(), "train": train.as_dict()}, breakdown=breakdown, notes=notes, **states,

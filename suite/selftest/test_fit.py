@@ -105,3 +105,23 @@ def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     statuses = {r["status"] for r in data["rows"]}
     assert "fits" in statuses and "too big" not in statuses
     assert [r["techniques"] for r in data["rows"] if r["status"] == "fits"] == [["fabric"]]
+
+
+def test_a_combination_past_the_budget_is_replayed_under_it_as_torch_retries() -> None:
+    # ViT-B-wide gpusmoke fp32: 2192 MiB reserved, 1975 MiB allocated at the peak (the article profile).
+    recipe = resolve("vit", "gpusmoke", [], Sizes())
+    unlimited = sim.simulate(recipe)
+    reserved, allocated = unlimited.peak_reserved_total_bytes, unlimited.peak_allocated_bytes
+    budget = reserved - 30 * 2**20
+    result = fit.fit("vit", budget, scale="gpusmoke", only=("bf16-true",))
+    reference = next(r for r in result.rows if r.techniques == ["fabric"])
+    assert reference.status == "fits" and reference.frees_cache, reference
+    assert allocated <= reference.peak_reserved_bytes <= budget
+    assert f"{reserved / 1e9:.2f} GB reserved without a limit" in reference.note
+    assert any(line.split()[1:3] == ["fits,", "retries"] for line in fit.table(result))
+    assert "fits only because the allocator frees its cached segments" in fit.table(result)[-1]
+    # Below the allocated peak nothing can help: out of memory, too big.
+    starved = fit.fit("vit", allocated - 2**20, scale="gpusmoke", only=("bf16-true",))
+    row = next(r for r in starved.rows if r.techniques == ["fabric"])
+    assert row.status == "too big" and not row.frees_cache and row.peak_reserved_bytes == reserved
+    assert "out of memory in the train phase" in row.note

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memclaims.sim.allocator import AllocatorConfig, CachingAllocator, MiB
+from memclaims.sim.allocator import AllocatorConfig, CachingAllocator, DeviceFull, MiB, TraceEvent
 
 pytestmark = pytest.mark.sim
 
@@ -129,3 +129,47 @@ def test_streams_do_not_share_free_blocks():
     assert allocator.free_blocks(small=False, stream=1) == [(30 * MiB, 0, 0)]
     allocator.malloc(30 * MiB, stream=1)  # stream 1 gets its own block back
     assert allocator.stats.reserved == 60 * MiB
+
+
+def test_at_its_limit_the_allocator_frees_whole_cached_segments_and_retries():
+    # torch's malloc: when cudaMalloc fails, release_cached_blocks() returns every cached segment that
+    # is wholly free (both pools, every stream) and the segment is asked for once more.
+    allocator = CachingAllocator(AllocatorConfig(), limit_bytes=100 * MiB)
+    allocator.events = []
+    kept = allocator.malloc(30 * MiB)
+    for handle in [allocator.malloc(30 * MiB), allocator.malloc(100), allocator.malloc(20 * MiB, stream=1)]:
+        allocator.free(handle)
+    assert allocator.stats.reserved == 82 * MiB
+    allocator.malloc(40 * MiB)  # 82 + 40 > 100: the free 30, 2 and 20 MiB segments go back
+    stats = allocator.stats
+    assert (stats.reserved, stats.alloc_retries, stats.segments_released) == (70 * MiB, 1, 3)
+    assert stats.reserved_high_water == 82 * MiB  # max_memory_reserved: the peak before the release
+    assert sorted(e.size for e in allocator.events if e.action == "segment_free") == [2 * MiB, 20 * MiB, 30 * MiB]
+    assert allocator.events[-2] == TraceEvent("segment_alloc", 82 * MiB, 40 * MiB, 0)  # addresses never reused
+    allocator.free(kept)
+    allocator.malloc(30 * MiB)  # reuses the freed 30 MiB block: no new segment, no retry
+    assert (stats.reserved, stats.alloc_retries) == (70 * MiB, 1)
+
+
+def test_a_segment_still_past_the_limit_fails_and_split_segments_stay():
+    allocator = CachingAllocator(AllocatorConfig(), limit_bytes=60 * MiB)
+    first = allocator.malloc(5 * MiB)  # a 20 MiB segment, shared by both 5 MiB requests
+    other = allocator.malloc(5 * MiB)
+    allocator.free(first)  # free blocks before and after a live one: the segment is not wholly free
+    allocator.free(allocator.malloc(12 * MiB))  # a segment of its own, wholly free: released at the retry
+    with pytest.raises(DeviceFull) as failed:
+        allocator.malloc(45 * MiB)  # a 46 MiB segment: 20 + 46 > 60
+    assert (failed.value.requested, failed.value.segment, failed.value.reserved, failed.value.limit) == (
+        45 * MiB, 46 * MiB, 20 * MiB, 60 * MiB)
+    assert "after freeing every wholly free cached segment" in str(failed.value)
+    assert allocator.is_live(other) and allocator.stats.alloc_retries == 1
+    assert allocator.free_blocks(small=False) == [(5 * MiB, 0, 0), (10 * MiB, 0, 10 * MiB)]
+
+
+def test_without_a_limit_nothing_is_released():
+    allocator = fresh()
+    for _ in range(3):
+        allocator.free(allocator.malloc(30 * MiB))
+        allocator.malloc(40 * MiB)
+    assert allocator.stats.segments_released == allocator.stats.alloc_retries == 0
+    assert allocator.stats.reserved == allocator.stats.reserved_high_water == 150 * MiB
