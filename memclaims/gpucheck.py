@@ -197,8 +197,7 @@ def allocator_trace(path: Path) -> dict[str, Any]:
             "sim": {"profile": SIM_PROFILE, "peak_reserved_total_bytes": predicted.peak_reserved_total_bytes,
                     "peak_allocated_bytes": predicted.peak_allocated_bytes},
             "replay": asdict(alloc_trace.replay(events)),
-            "request_difference": alloc_trace.request_difference(
-                events, sim_events)}
+            "request_difference": alloc_trace.request_difference(events, sim_events)}
 
 
 # --- the report ------------------------------------------------------------------------------

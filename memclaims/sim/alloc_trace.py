@@ -143,7 +143,7 @@ def replay(events: Sequence[TraceEvent], config: AllocatorConfig | None = None) 
                 live -= event.size
                 model.free(handle)
     return Agreement(requests=requests, gpu_segments=gpu_segments, model_segments=model.stats.segments,
-                     gpu_reserved_peak_bytes=gpu_peak, model_reserved_peak_bytes=model.stats.peak_reserved,
+                     gpu_reserved_peak_bytes=gpu_peak, model_reserved_peak_bytes=model.stats.reserved_high_water,
                      live_peak_bytes=live_peak, disagreements=disagreements, first=first,
                      unmatched_frees=unmatched, segment_frees=segment_frees)
 
