@@ -1,19 +1,9 @@
-"""Wires the pytest side: memclaims' options and hooks, and the fixtures of fixtures/.
+"""This repository's pytest wiring.
 
-The environment preflight runs first: with a broken or mismatched install the run stops with one
-line naming the packages, before any test module imports the training stack.
+memclaims' plugin (options, markers, hooks, fixtures, the environment preflight) loads through its
+``pytest11`` entry point once the project is installed (``pip install -e ".[test]"``, as CI does).
+Run from a checkout that is not installed (``PYTHONPATH=. pytest``), the hook below registers it
+under the entry point's name; installed, it does nothing, so the plugin is never registered twice.
 """
 
-import pytest
-
-from memclaims.preflight import message, problems
-
-_BROKEN = problems()
-
-if _BROKEN:
-    from memclaims.pytest_options import pytest_addoption  # noqa: F401 - the options still parse
-
-    def pytest_configure(config: pytest.Config) -> None:
-        raise pytest.UsageError(message(_BROKEN))
-else:
-    pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records", "fixtures.claim_runs"]
+from memclaims.pytest.testing import register_unless_installed as pytest_addhooks  # noqa: F401

@@ -1,19 +1,29 @@
-"""The ``memclaims`` console script: list, run, benchmark (and the commands of later modules)."""
+"""The ``memclaims`` console script: list, run, benchmark (and the commands of later modules).
+
+Every option comes from the one table of options that the pytest plugin registers too
+(``memclaims.core.settings``): ``--NAME`` here is ``--memclaims-NAME`` there, with the same default,
+help and value check, and a relative path is taken from the working directory. Each call builds one
+``Settings`` from what it was given; a handler reads it (its ``args``), never argparse's namespace.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
-from memclaims import claims as claim_registry
-from memclaims import techniques as registry
-from memclaims.errors import MemclaimsError, OutOfMemory, UsageError
-from memclaims.named_recipes import NAMED_RECIPES
-from memclaims.workloads import GPU_SMOKE, WORKLOADS
+from memclaims.claims import catalogue as claim_registry
+from memclaims.core import settings as table
+from memclaims.core import techniques as registry
+from memclaims.core.errors import MemclaimsError, OutOfMemory, UsageError
+from memclaims.core.settings import Settings
+from memclaims.recipes.named import NAMED_RECIPES
+from memclaims.workloads.registry import WORKLOADS
 
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
@@ -22,37 +32,84 @@ EXIT_USAGE = 2
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the bad value (CONTRACT: no usage dump)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse takes a word that starts with "-" for an option unless it is a bare number, so
+        # "--memory -5GB" was "expected one argument". Any "-" followed by a digit is a value here
+        # (no option of the table is spelled so), for the table's check to name what is wrong.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+class _OldSpelling(argparse.Action):
+    """A deprecated spelling of an option: it works, and says once, in one line, what to write."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, instead: str = "", **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.instead = instead
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"memclaims: warning: {option_string} is deprecated, use {self.instead}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
-def _seconds(text: str) -> float:
-    """A wall-clock limit in seconds; 0 means none."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (0 for no limit), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected seconds (0 for no limit), got {text!r}")
-    return value
+def _word(option: table.Option, command: str) -> Callable[[str], Any]:
+    """argparse's ``type`` for ``option``: the table's check, its message after argparse's
+    ``argument --NAME:``."""
+    def convert(text: str) -> Any:
+        try:
+            return table.item(option, text, command)
+        except table.BadValue as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = option.name
+    return convert
+
+
+def add_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """Every option of the table that ``command`` takes, as the table defines it."""
+    groups: dict[str, Any] = {}
+    for option, use in table.for_command(command):
+        kwargs: dict[str, Any] = {"help": table.help_for(option, "cli", command).replace("%", "%%")}
+        if option.kind == "flag":
+            kwargs.update(action="store_true")
+        else:
+            kwargs.update(type=_word(option, command), metavar=table.metavar_for(option, command))
+            if option.kind in ("list", "paths"):
+                kwargs.update(nargs="*") if use.positional else kwargs.update(action="append")
+            else:
+                kwargs.update(default=table.default_for(option, command))
+        if use.positional:
+            kwargs.pop("metavar", None)
+            parser.add_argument(option.attr, **kwargs)
+            continue
+        if use.required:
+            kwargs.update(required=True)
+        target: Any = parser
+        if option.exclusive:
+            if option.exclusive not in groups:
+                groups[option.exclusive] = parser.add_mutually_exclusive_group()
+            target = groups[option.exclusive]
+        names = [option.short, option.cli_option] if option.short else [option.cli_option]
+        target.add_argument(*names, dest=option.attr, **kwargs)
+        for old in option.cli_aliases:
+            target.add_argument(old, dest=option.attr, action=_OldSpelling, instead=option.cli_option,
+                                type=kwargs["type"], default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The call's one Settings: what ``args.command_key`` was given, else the table's defaults; a
+    relative path stays relative, that is, taken from the working directory."""
+    command = args.command_key
+    return table.settings_from({option.attr: getattr(args, option.attr) for option, _ in table.for_command(command)},
+                               Path(), command)
 
 
 def selection_counts() -> dict[str, int]:
-    return {
-        "singles": len(registry.singles(registry.single_process())),
-        "default": len(registry.default_selection()),
-        "full": len(registry.full_matrix()),
-    }
+    return {name: len(registry.selection(name)) for name in table.MATRICES}
 
 
 def catalogue() -> dict[str, Any]:
@@ -92,7 +149,7 @@ def _sim_profiles() -> dict[str, str]:
     return {p.name: p.summary for p in PROFILES.values()}
 
 
-def cmd_list(args: argparse.Namespace) -> int:
+def cmd_list(args: Settings) -> int:
     data = catalogue()
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
@@ -108,7 +165,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"    {scale:<24} {summary}")
     print(f"  {'hf:<model_type>':<26} any transformers model type with a causal-LM or classification head, built "
           "offline from AutoConfig.for_model (--config key=value,... overrides)")
-    from memclaims import user_workloads
+    from memclaims.workloads import user as user_workloads
 
     for name in user_workloads.names():
         print(f"  {name:<26} registered by the user (entry point or memclaims_workloads)")
@@ -119,7 +176,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for r in data["named_recipes"]:
         needs = "; ".join(r["needs"]) or "runnable"
         print(f"  {r['name']:<36} {r['workload']}: {'+'.join(r['techniques'])}  [{needs}]")
-    print("\nSimulated GPUs (--device sim --profile NAME):")
+    print("\nSimulated GPUs (--device sim --sim-profile NAME):")
     for name, summary in data["sim_profiles"].items():
         print(f"  {name:<26} {summary}")
     counts = data["case_counts"]
@@ -128,46 +185,32 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def sizes_from(args: argparse.Namespace) -> Any:
+def sizes_from(args: Settings) -> Any:
     """The size knobs of ``run`` / ``fit`` as a ``recipe.Sizes``."""
-    from memclaims.recipe import Sizes
+    from memclaims.recipes.recipe import Sizes
 
     return Sizes(batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size,
                  accumulation_steps=args.accumulation_steps)
 
 
-def workload_from(args: argparse.Namespace) -> str:
+def workload_from(args: Settings) -> str:
     """The workload name, with ``--config`` overrides folded into an ``hf:`` name."""
-    from memclaims.hf import with_config
+    from memclaims.workloads.hf import with_config
 
     return with_config(args.workload, args.config)
 
 
-def add_size_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch-size", type=_positive_int, default=None,
-                        help="examples per optimizer step (before small-batch divides it)")
-    sized = parser.add_mutually_exclusive_group()
-    sized.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sequence (text workloads)")
-    sized.add_argument("--image-size", type=_positive_int, default=None,
-                       help="image side in pixels, a multiple of the patch (ViT workloads)")
-    parser.add_argument("--accumulation-steps", type=_positive_int, default=None,
-                        help="micro-batches per optimizer step under -t grad-accum")
-    parser.add_argument("--config", default=None, metavar="K=V,...",
-                        help="config overrides of an hf:<model_type> workload, e.g. hidden_size=4096,num_hidden_layers=32 "
-                             "(and head=causal-lm|classification, attn_implementation=sdpa|eager)")
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from memclaims.measure import measure, runs_ranks
-    from memclaims.options import RunOptions
-    from memclaims.recipe import resolve
+def cmd_run(args: Settings) -> int:
+    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.recipe import resolve
+    from memclaims.run import measure, runs_ranks
 
     recipe = resolve(workload_from(args), args.scale, args.technique or [], sizes_from(args))
     options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
-                         data_dir=args.data_dir, devices=args.devices if args.devices > 1 else None,
-                         profile=args.profile, timeout_s=args.timeout or None)
+                         data_dir=args.data_dir, devices=args.devices if (args.devices or 1) > 1 else None,
+                         profile=args.sim_profile, timeout_s=args.timeout or None)
     if runs_ranks(recipe, options):
-        from memclaims.distributed import DistributedResult
+        from memclaims.measure.distributed import DistributedResult
 
         print(f"memclaims: running {recipe.id} on {args.device}, sharded", file=sys.stderr)
         text = DistributedResult.from_records(measure(recipe, options)).to_json()
@@ -191,14 +234,13 @@ def _print_summary(record: dict[str, Any]) -> None:
         print(f"{key:<28} {value}")
 
 
-def cmd_benchmark(args: argparse.Namespace) -> int:
+def cmd_benchmark(args: Settings) -> int:
     """Wall time of each CPU case of a selection, and the total: the tier's time budget, measured."""
-    from memclaims.measure import measure
-    from memclaims.options import RunOptions
-    from memclaims.recipe import resolve
+    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.recipe import resolve
+    from memclaims.run import measure
 
-    selection = {"singles": registry.singles(registry.single_process()),
-                 "default": registry.default_selection(), "full": registry.full_matrix()}[args.selection]
+    selection = registry.selection(args.matrix)
     total = 0.0
     print(f"{'case':<60} {'seconds':>8}")
     for techniques in selection:
@@ -212,15 +254,16 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_reproduce(args: argparse.Namespace) -> int:
+def cmd_reproduce(args: Settings) -> int:
     from pathlib import Path
 
-    from memclaims.baselines import BaselineStore
-    from memclaims.report import reproduce
+    from memclaims.baselines.store import BaselineStore
+    from memclaims.report.reproduce import reproduce
 
-    every = bool(getattr(args, "all", False))
+    every = args.all
     if every and args.device == "sim":
         return _reproduce_all(args)
+    assert args.out is not None  # the command's default: reproduce/
     out = Path(args.out)
     rows = reproduce(args.device, out, store=BaselineStore(args.baselines_dir), series=every)
     print((out / "reproduce.md").read_text())
@@ -228,13 +271,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return EXIT_FAILED_RUN if any(r.verdict == "does not hold" for r in rows) else 0
 
 
-def _reproduce_all(args: argparse.Namespace) -> int:
-    """Every published memory number of both documents beside the sim's prediction (memclaims.sim.published_table)."""
+def _reproduce_all(args: Settings) -> int:
+    """Every published memory number of both documents beside the sim's prediction (memclaims.report.published_table)."""
     from pathlib import Path
 
-    from memclaims.sim import published_table
+    from memclaims.report import published_table
 
     rows = published_table.build_table()
+    assert args.out is not None  # the command's default: reproduce/
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = published_table.markdown(rows)
@@ -245,13 +289,13 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    from memclaims.baselines import BaselineStore
-    from memclaims.recipe import parse_id
-    from memclaims.report import calibrate
+def cmd_calibrate(args: Settings) -> int:
+    from memclaims.baselines.store import BaselineStore
+    from memclaims.recipes.recipe import parse_id
+    from memclaims.report.reproduce import calibrate
 
-    if parse_id(args.recipe).sharded:  # ranks launched here, one baseline key per rank
-        from memclaims.calibration import calibrate_ranks
+    if parse_id(args.recipe).strategy:  # ranks launched here, one baseline key per rank
+        from memclaims.report.calibration import calibrate_ranks
 
         per_rank = calibrate_ranks(args.recipe, args.runs, BaselineStore(args.baselines_dir), device=args.device,
                                    devices=args.devices, timeout_s=args.timeout or None)
@@ -262,13 +306,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_claims(args: argparse.Namespace) -> int:
+def cmd_claims(args: Settings) -> int:
     """The claim catalogue: every claim, the tiers that check it (or why not), the last verdicts."""
-    from pathlib import Path
 
-    from memclaims import claim_runs
+    from memclaims.claims import runs as claim_runs
 
-    path = Path(args.results)
+    path = args.artifacts
     if path.suffix != ".json":
         path = path / claim_runs.LAST_RUN_NAME
     rows = claim_runs.table(claim_runs.read(path))
@@ -282,8 +325,8 @@ def cmd_claims(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_accept(args: argparse.Namespace) -> int:
-    from memclaims.baselines import BaselineStore
+def cmd_accept(args: Settings) -> int:
+    from memclaims.baselines.store import BaselineStore
 
     path, keys = BaselineStore(args.baselines_dir).accept(args.environment)
     for key in keys:
@@ -292,44 +335,54 @@ def cmd_accept(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_spread(args: argparse.Namespace) -> int:
+def cmd_spread(args: Settings) -> int:
     from pathlib import Path
 
-    from memclaims import spread
-    from memclaims.environment import cpu_class
+    from memclaims.report import spread
 
-    baseline_class = cpu_class()
-    recipes = args.recipe or spread.cpu_recipes()
     classes = [c for c in args.classes.split(",") if c]
-    seeds = [int(s) for s in args.seeds.split(",") if s]
-    print(f"memclaims: {len(recipes)} recipes x seeds {seeds} as {baseline_class}, then seed 123 as "
-          f"{', '.join(classes)}", file=sys.stderr)
-    by_seed = spread.measure_as(spread.NATIVE, recipes, [123, *[s for s in seeds if s != 123]])
-    by_class = {c: spread.measure_as(c, recipes, [123]) for c in classes}
-    from memclaims.recipe import parse_id
+    seeds = [123, *(int(s) for s in args.seeds.split(",") if s and int(s) != 123)]
+    changes = [Path(p) for p in args.changes or []]
+    missing = [str(p) for p in changes if not p.is_file()]
+    if missing:
+        raise UsageError(f"--changes {missing[0]}: no such file (the records.jsonl `memclaims upgrade` writes in its --out folder, or "
+                         f"`python -m memclaims.report.candidate --out FILE` writes)")
+    from memclaims.core import packaged
 
-    results = [spread.Spread(recipe=r, precision=parse_id(r).precision, baseline_accuracy=by_seed[r]["123"],
-                             by_class={c: by_class[c][r]["123"] for c in classes}, by_seed=by_seed[r])
-               for r in recipes]
-    path = Path(args.baselines_dir) / "tolerances.json"
-    spread.write_atomically(path, spread.tolerances_document(results, classes, seeds, baseline_class))
-    for s in results:
-        print(f"{s.recipe:<64} tolerance {s.tolerance * 100:5.2f} points, across classes "
-              f"{s.cross_class_tolerance * 100:5.2f} points")
-    print(f"wrote {path}", file=sys.stderr)
+    # Before the measurement (many minutes): a run must not end unable to write.
+    out = packaged.output_path(packaged.TOLERANCES, args.out, "memclaims baselines spread")
+    print(f"memclaims: converged cases at seeds {seeds}, mutations, then the worker as "
+          f"{', '.join(classes) or 'no other class'}; changes from {len(changes)} file(s)", file=sys.stderr)
+    reuse = None
+    if args.reuse_seeds:
+        from memclaims.baselines.store import read_tolerances
+
+        reuse = read_tolerances(out)
+        if not reuse.get("accuracy", {}).get("recipes"):
+            raise UsageError(f"--reuse-seeds: {out} holds no measured seeds to reuse; run without it first")
+    data = spread.run(Path(args.baselines_dir), out, classes, changes, seeds, reuse=reuse)
+    for recipe_id, entry in data["accuracy"]["recipes"].items():
+        print(f"{recipe_id:<48} same {entry['same'] * 100:5.2f} points, after a change {entry['change'] * 100:5.2f} "
+              f"points ({len(entry['by_change'])} changes measured)")
+    print(f"loss per step after a change: {', '.join(f'{t * 100:.2f} %' for t in data['losses']['per_step'])}")
+    print(f"wrote {out}", file=sys.stderr)
     return 0
 
 
-def cmd_fit(args: argparse.Namespace) -> int:
+def cmd_fit(args: Settings) -> int:
     from pathlib import Path
 
-    from memclaims import fit
+    from memclaims.report import fit
 
     if args.device != "sim":
         raise UsageError(f"fit predicts on the sim only, got --device {args.device!r}; valid devices: sim")
+    assert args.memory is not None  # required by the command
+    from memclaims.core import progress as progress_bar
+
     budget = fit.parse_size(args.memory)
-    result = fit.fit(workload_from(args), budget, profile=args.profile, scale=args.scale, sizes=sizes_from(args),
-                     exact=not args.extrapolate, only=tuple(args.technique or ()), progress=None if args.json else
+    result = fit.fit(workload_from(args), budget, profile=args.sim_profile, scale=args.scale, sizes=sizes_from(args),
+                     exact=not args.extrapolate, only=tuple(args.technique or ()),
+                     progress=None if args.json or progress_bar.shown() else  # a terminal shows the bar
                      (lambda recipe_id: print(f"memclaims: predicting {recipe_id}", file=sys.stderr, flush=True)))
     if args.plot:
         fit.plot(result, Path(args.plot))
@@ -341,10 +394,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_fidelity(args: argparse.Namespace) -> int:
-    from memclaims import fidelity
+def cmd_fidelity(args: Settings) -> int:
+    from memclaims.report import fidelity
 
-    rows = fidelity.fidelity(args.profile, article=not args.hf_only, hf=not args.article_only,
+    rows = fidelity.fidelity(args.sim_profile, article=not args.hf_only, hf=not args.article_only,
                              progress=None if args.json else
                              (lambda recipe_id: print(f"memclaims: {recipe_id}", file=sys.stderr, flush=True)))
     if args.json:
@@ -354,116 +407,104 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upgrade(args: Settings) -> int:
+    from pathlib import Path
+
+    from memclaims.baselines.store import BaselineStore
+    from memclaims.report import upgrade
+
+    specs = upgrade.parse_specs(args.spec)
+    tiers = [t for t in args.tiers.split(",") if t]
+    from memclaims.report.candidate import TIERS
+
+    unknown = [t for t in tiers if t not in TIERS]
+    if unknown:
+        raise UsageError(f"--tiers: unknown tier {unknown[0]!r}; valid tiers: {', '.join(TIERS)}")
+    assert args.out is not None  # the command's default: upgrade/
+    out = Path(args.out)
+    report = upgrade.upgrade(specs, out, BaselineStore(args.baselines_dir), tiers=tiers,
+                             env_dir=Path(args.env_dir) if args.env_dir else None,
+                             progress=lambda text: print(f"memclaims upgrade: {text}", file=sys.stderr, flush=True))
+    print("\n".join(upgrade.summary_lines(report)))
+    print(f"wrote {out / 'upgrade.md'}, {out / 'upgrade.json'} and the candidate's Records {out / 'records.jsonl'}",
+          file=sys.stderr)
+    return EXIT_FAILED_RUN if report.regressions else 0
+
+
+def cmd_report(args: Settings) -> int:
+    from memclaims.report import html_report, run_summary
+
+    assert args.summary_file is not None  # positional, required
+    data = run_summary.load(args.summary_file)
+    out = args.out if args.out is not None else args.summary_file.with_suffix(".html")
+    print(f"wrote {html_report.write(data, out)}")
+    return 0
+
+
+def cmd_history(args: Settings) -> int:
+    from memclaims.report import history
+
+    assert args.runs_dir is not None  # positional, required
+    trends = history.read_runs(args.runs_dir)
+    if args.json:
+        print(json.dumps(trends.as_dict(), indent=2, sort_keys=True))
+    else:
+        print("\n".join(history.table(trends)))
+    if args.plot is not None:
+        print(f"wrote {history.plot(trends, args.plot)}", file=sys.stderr)
+    return 0
+
+
+# Each command: (name, help, handler). A nested name ("baselines calibrate") is a subcommand of
+# the first word's command; its options are the table's rows that name it (memclaims.core.settings).
+COMMANDS: tuple[tuple[str, str, Callable[[Settings], int]], ...] = (
+    ("list", "techniques, workloads, scales and claims", cmd_list),
+    ("run", "run one recipe and print its Record", cmd_run),
+    ("benchmark", "time each CPU case of a selection", cmd_benchmark),
+    ("reproduce", "the article's chain on this machine beside the published numbers", cmd_reproduce),
+    ("claims", "every claim of both documents: tiers that check it, or why not, and the verdict of the last "
+     "pytest run", cmd_claims),
+    ("fit", "which technique combinations fit a memory budget (predicted on the sim)", cmd_fit),
+    ("fidelity", "predictions vs published / measured peaks, beside the model-states-only estimate "
+     "(accelerate, DeepSpeed)", cmd_fidelity),
+    ("upgrade", "a candidate release (torch==2.15.0 ...) in an isolated environment, judged against the "
+     "committed baselines: what moved, attributed", cmd_upgrade),
+    ("report", "the HTML report of a pytest run, from its summary JSON (--memclaims-summary-json)", cmd_report),
+    ("history", "trends over many runs' summary JSON files: where each metric first moved, and which "
+     "library versions changed there", cmd_history),
+    ("baselines calibrate", "tolerances from the spread of repeated runs", cmd_calibrate),
+    ("baselines accept", "store a first run's obtained Records as the baselines", cmd_accept),
+    ("baselines spread", "the measured noise of a numerics change: converged accuracy over seeds, CPU classes "
+     "and library releases, loss steps (writes tolerances.json)", cmd_spread),
+)
+GROUPS = {"baselines": "measured baselines"}  # commands that only hold subcommands
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memclaims", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    listing = commands.add_parser("list", help="techniques, workloads, scales and claims")
-    listing.add_argument("--json", action="store_true")
-    listing.set_defaults(handler=cmd_list)
-
-    running = commands.add_parser("run", help="run one recipe and print its Record")
-    running.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}, hf:<model_type>, or a registered one")
-    running.add_argument("-t", "--technique", action="append", metavar="TECHNIQUE",
-                         help="repeat to combine; none means the Fabric fp32 reference")
-    running.add_argument("--device", default="cpu", choices=("cpu", "cuda", "sim"))
-    running.add_argument("--scale", default="smoke", choices=("smoke", "article", GPU_SMOKE),
-                         help=f"{GPU_SMOKE}: the gpu tier's smoke scale (vit, vit-h14)")
-    running.add_argument("--timeout", type=_seconds, default=0, metavar="SECONDS",
-                         help="wall-clock limit of a sharded run's ranks (default 0: none)")
-    running.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps measured")
-    running.add_argument("--no-eval", action="store_true", help="skip the accuracy phase")
-    running.add_argument("--devices", type=_positive_int, default=1,
-                         help="processes of a sharded recipe (default: 2 on the CPU, every GPU on CUDA)")
-    running.add_argument("--profile", default="article", help="GPU profile of --device sim")
-    running.add_argument("--data-dir", default=None, help="folder holding CIFAR-10 / IMDb (else offline data)")
-    running.add_argument("--json", action="store_true", help="print the Record as JSON")
-    add_size_options(running)
-    running.set_defaults(handler=cmd_run)
-
-    bench = commands.add_parser("benchmark", help="time each CPU case of a selection")
-    bench.add_argument("--selection", default="default", choices=("singles", "default", "full"))
-    bench.add_argument("--workload", default="vit")
-    bench.add_argument("--scale", default="smoke", choices=("smoke", "article"))
-    bench.add_argument("--no-eval", action="store_true")
-    bench.set_defaults(handler=cmd_benchmark)
-
-    repro = commands.add_parser("reproduce", help="the article's chain on this machine beside the published numbers")
-    repro.add_argument("--device", default="cpu", choices=("cpu", "cuda", "sim"),
-                       help="cpu: smoke scale, exact bytes; sim: article scale, predicted; cuda: article scale")
-    repro.add_argument("--out", default="reproduce", help="folder for reproduce.md, .json and .png")
-    repro.add_argument("--baselines-dir", default="baselines", help="baseline folder for the baseline column")
-    repro.add_argument("--all", action="store_true",
-                       help="also the ViT-H/14 series and the LLM bonus rows (cpu: smoke scale on CPU ranks, "
-                            "about 2 min more on 2 cores); with --device sim: every published memory number of "
-                            "both documents, predicted")
-    repro.set_defaults(handler=cmd_reproduce)
-
-    claims_cmd = commands.add_parser("claims", help="every claim of both documents: tiers that check it, or why "
-                                     "not, and the verdict of the last pytest run")
-    claims_cmd.add_argument("--json", action="store_true")
-    claims_cmd.add_argument("--results", default="memclaims-results",
-                            help="the last-run file, or the folder holding claims-last-run.json (pytest writes it "
-                                 "under --memclaims-artifacts)")
-    claims_cmd.set_defaults(handler=cmd_claims)
-
-    fitting = commands.add_parser("fit", help="which technique combinations fit a memory budget (predicted on the sim)")
-    fitting.add_argument("workload", help="a workload name, hf:<model_type>, or a registered one")
-    fitting.add_argument("--memory", required=True, metavar="SIZE",
-                         help="the budget: what PyTorch's allocator may take, the card's memory less the CUDA "
-                              "context (0.3-1 GB); 24GB (decimal, 24e9 B) or 24GiB (binary, 24 x 2^30 B)")
-    fitting.add_argument("--device", default="sim", help="sim (the only device that predicts)")
-    fitting.add_argument("--profile", default="article", help="the simulated GPU (memclaims list shows them)")
-    fitting.add_argument("--scale", default="article", choices=("smoke", "article"))
-    fitting.add_argument("--extrapolate", action="store_true",
-                         help="predict deep hf: models from 2- and 4-layer replays, linearly (fast, approximate: "
-                              "+1.1 %% at LLaMA-7B's shape, +10 %% at an 8-layer 1024-wide model)")
-    fitting.add_argument("--plot", default=None, metavar="PNG", help="bar chart of each prediction against the budget")
-    fitting.add_argument("-t", "--technique", action="append", metavar="TECHNIQUE",
-                         help="consider combinations of these techniques only (repeat; default: all single-process ones)")
-    fitting.add_argument("--json", action="store_true")
-    add_size_options(fitting)
-    fitting.set_defaults(handler=cmd_fit)
-
-    fid = commands.add_parser("fidelity", help="predictions vs published / measured peaks, beside the "
-                              "model-states-only estimate (accelerate, DeepSpeed)")
-    fid.add_argument("--profile", default="article", help="sim profile of the article rows")
-    only = fid.add_mutually_exclusive_group()
-    only.add_argument("--article-only", action="store_true", help="only the article's rows")
-    only.add_argument("--hf-only", action="store_true", help="only the hf: models (cpu tier vs sim)")
-    fid.add_argument("--json", action="store_true")
-    fid.set_defaults(handler=cmd_fidelity)
-
-    base = commands.add_parser("baselines", help="measured baselines")
-    base_commands = base.add_subparsers(dest="baselines_command", required=True, parser_class=_Parser)
-    cal = base_commands.add_parser("calibrate", help="tolerances from the spread of repeated runs")
-    cal.add_argument("recipe", help="recipe id, e.g. vit-smoke/bf16-true")
-    cal.add_argument("--runs", type=_positive_int, default=3)
-    cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    cal.add_argument("--baselines-dir", default="baselines")
-    cal.add_argument("--devices", type=_positive_int, default=None,
-                     help="ranks of a sharded recipe (default: 2 on the CPU, every GPU on CUDA)")
-    cal.add_argument("--timeout", type=_seconds, default=0, metavar="SECONDS",
-                     help="wall-clock limit of each sharded run (default 0: none)")
-    cal.set_defaults(handler=cmd_calibrate)
-    acc = base_commands.add_parser("accept", help="store a first run's obtained Records as the baselines")
-    acc.add_argument("environment", help="the environment id the failing cases printed, e.g. cpu-x86_64-avx2-cu130")
-    acc.add_argument("--baselines-dir", default="baselines")
-    acc.set_defaults(handler=cmd_accept)
-    spr = base_commands.add_parser("spread", help="accuracy tolerances of the cpu tier from the spread over "
-                                   "seeds and CPU classes (writes baselines/tolerances.json)")
-    spr.add_argument("--seeds", default="1,2,3,4", help="seeds besides the article's 123")
-    spr.add_argument("--classes", default="default", help="ATEN_CPU_CAPABILITY classes to run as, e.g. default,avx2")
-    spr.add_argument("--recipe", action="append", help="recipe id (default: every cpu case of the default matrix)")
-    spr.add_argument("--baselines-dir", default="baselines")
-    spr.set_defaults(handler=cmd_spread)
+    nested: dict[str, Any] = {}
+    for name, help_text, handler in COMMANDS:
+        group, _, sub = name.rpartition(" ")
+        if group and group not in nested:
+            holder = commands.add_parser(group, help=GROUPS[group])
+            nested[group] = holder.add_subparsers(dest=f"{group}_command", required=True, parser_class=_Parser)
+        command = (nested[group] if group else commands).add_parser(sub, help=help_text)
+        add_options(command, name)
+        command.set_defaults(handler=handler, command_key=name)
     return parser
+
+
+def parse(argv: Sequence[str] | None = None) -> tuple[Callable[[Settings], int], Settings]:
+    """The handler of the command ``argv`` names, and the call's Settings (a bad value: UsageError)."""
+    args = build_parser().parse_args(argv)
+    return args.handler, settings_of(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        return int(args.handler(args))
+        handler, settings = parse(argv)
+        return int(handler(settings))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -32,8 +32,8 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "mutants"
-TARGETS = ("memclaims.claims", "memclaims.compare", "memclaims.baselines", "memclaims.techniques")
-# What every child would import anyway, loaded once: the training stack (conftest's preflight imports
+TARGETS = ("memclaims.claims.catalogue", "memclaims.baselines.compare", "memclaims.baselines.store", "memclaims.core.techniques")
+# What every child would import anyway, loaded once: the training stack (the plugin's preflight imports
 # all of it) and pytest's plugins. Not memclaims: its import is what runs the mutant.
 PRELOAD = ("torch", "torchvision", "lightning", "torchmetrics", "transformers", "bitsandbytes", "numpy", "pytest",
            "_pytest.pytester", "hypothesis", "pytest_benchmark.plugin", "xdist.plugin")
@@ -90,7 +90,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests", nargs="+", default=config["pytest_add_cli_args_test_selection"],
                         help="pytest arguments selecting the tests (default: [tool.mutmut]'s selection)")
-    parser.add_argument("--only", nargs="+", help="these functions (e.g. memclaims.claims.x__course)")
+    parser.add_argument("--only", nargs="+", help="these functions (e.g. memclaims.claims.catalogue.x__course)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
     args = parser.parse_args()
     if not MUTANTS.is_dir():

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from memclaims import gpu_preflight as pre
-from memclaims.claims import Check, Claim, Verdict
-from memclaims.errors import UsageError
-from memclaims.recipe import resolve
+from memclaims.claims.catalogue import Check, Claim, Verdict
+from memclaims.core.errors import UsageError
+from memclaims.gpu import preflight as pre
+from memclaims.recipes.recipe import resolve
 from memclaims.sim import check as sim_check
 from memclaims.sim.profiles import GPU_TIER_PROFILES
-from memclaims.workloads import gpu_tier_scale
+from memclaims.workloads.registry import gpu_tier_scale
 
 pytestmark = pytest.mark.sim
 

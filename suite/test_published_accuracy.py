@@ -1,6 +1,6 @@
 """The published test accuracies at article scale on a GPU, where the data is the article's.
 
-One case per logged accuracy memclaims can rerun as published (memclaims/published_accuracy.py):
+One case per logged accuracy memclaims can rerun as published (memclaims/claims/published_accuracy.py):
 the ViT chain on CIFAR-10, DistilBERT's "after" on IMDb. What a case needs (GPUs, the article's
 scale, the data set, cached pretrained weights, the article's one-epoch schedule) is data
 (``Target.needs``), checked at collection: a session without it skips the case with the reason and
@@ -14,18 +14,20 @@ from typing import Any
 
 import pytest
 
-from fixtures.records import RecordCache
-from memclaims import machine, published_accuracy, requirements
-from memclaims.measure import measure
-from memclaims.published_accuracy import Facts, Target
-from memclaims.record import Record
+from memclaims.claims import published_accuracy
+from memclaims.claims.published_accuracy import Facts, Target
+from memclaims.core import machine
+from memclaims.core.record import Record
+from memclaims.pytest.records import RecordCache
+from memclaims.recipes import requirements
+from memclaims.run import measure
 
 
 def session_facts(config: pytest.Config) -> Facts:
-    from memclaims.pytest_plugin import option
+    from memclaims.pytest.plugin import settings
 
     return Facts(cuda_devices=machine.cuda_device_count(),
-                 gpu_scale=option(config, "gpu-scale") or "article", options=RecordCache(config).options("gpu"))
+                 gpu_scale=settings(config).gpu_scale, options=RecordCache(config).options("gpu"))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -21,18 +21,20 @@ import pytest
 import torch
 
 from fixtures.messages import differs, not_related, who
-from memclaims import active, lightning_fsdp, published
-from memclaims.claims import peak, peak_metric
-from memclaims.distributed import DistributedResult, expected_shard_bytes, run_distributed, run_distributed_many
-from memclaims.named_recipes import NAMED_RECIPES
-from memclaims.options import RunOptions
-from memclaims.pytest_plugin import option
-from memclaims.recipe import parse_id, resolve
-from memclaims.record import Record
-from memclaims.runner import run
-from memclaims.workloads import gpu_tier_scale
+from memclaims.claims.catalogue import peak, peak_metric
+from memclaims.core import published
+from memclaims.core.record import Record
+from memclaims.measure import active, lightning_fsdp
+from memclaims.measure.distributed import DistributedResult, expected_shard_bytes, run_distributed, run_distributed_many
+from memclaims.measure.runner import run
+from memclaims.pytest.plugin import settings
+from memclaims.recipes.named import NAMED_RECIPES
+from memclaims.recipes.options import RunOptions
+from memclaims.recipes.recipe import parse_id, resolve
+from memclaims.report.candidate import DIST_RANKS, DIST_RUNS
+from memclaims.workloads.registry import gpu_tier_scale
 
-WORLD = 2
+WORLD = DIST_RANKS
 # The sharded run sums the two halves' mean losses in another order than one mean over the whole
 # batch, and its Adam updates use all-reduced (averaged) gradients: float32 rounding, nothing more.
 # Measured: |difference| <= 2.4e-7 on losses of about 2.3.
@@ -50,18 +52,32 @@ def single() -> Record:
     return run(resolve("vit", "smoke", []), RunOptions(device="cpu", evaluate=False))
 
 
-# The ViT-H/14 series (16-mixed) at smoke scale: its CPU-runnable steps, in the same ranks.
+# The sharded smoke recipes with per-rank baselines (the ViT-H/14 series' CPU-runnable steps and
+# BigBird's root-only wrap among them), in one process group: memclaims.report.candidate's list.
+CPU_RUNS = list(DIST_RUNS)
 H14_FSDP = ("16-mixed", "fsdp")
 H14_FSDP_AC = ("16-mixed", "fsdp", "activation-checkpointing")
-# BigBird shards without an auto-wrap policy (its "after" script): the root-only path.
-CPU_RUNS = [("vit", FSDP), ("vit", FSDP_AC), ("vit-h14", H14_FSDP), ("vit-h14", H14_FSDP_AC), ("bigbird", FSDP)]
+
+
+def _group(runs: list[tuple[str, tuple[str, ...]]]) -> dict[tuple[str, tuple[str, ...]], DistributedResult]:
+    results = run_distributed_many([resolve(w, "smoke", t) for w, t in runs],
+                                   RunOptions(device="cpu", evaluate=False), WORLD, timeout_s=240)
+    return dict(zip(runs, results))
+
+
+# DDP's ranks import Lightning (its DDPStrategy); FSDP2's do not: two process groups, so that neither
+# pays for the other.
+DDP_RUNS = [run for run in CPU_RUNS if "ddp" in run[1]]
 
 
 @pytest.fixture(scope="module")
 def cpu_sharded() -> dict[tuple[str, tuple[str, ...]], DistributedResult]:
-    results = run_distributed_many([resolve(w, "smoke", t) for w, t in CPU_RUNS],
-                                   RunOptions(device="cpu", evaluate=False), WORLD, timeout_s=240)
-    return dict(zip(CPU_RUNS, results))
+    return _group([run for run in CPU_RUNS if run not in DDP_RUNS])
+
+
+@pytest.fixture(scope="module")
+def cpu_ddp() -> dict[tuple[str, tuple[str, ...]], DistributedResult]:
+    return _group(DDP_RUNS)
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +88,32 @@ def sharded(cpu_sharded) -> dict[tuple[str, ...], DistributedResult]:
 @pytest.mark.dist
 @pytest.mark.cpu
 @pytest.mark.parametrize("run_key", CPU_RUNS, ids=[f"cpu:{w}-smoke/{'+'.join(t)}@{WORLD}ranks" for w, t in CPU_RUNS])
-def test_every_rank_against_its_baseline(cpu_sharded, run_key, baseline_check, record_property) -> None:
+def test_every_rank_against_its_baseline(request, run_key, baseline_check, record_property) -> None:
     """Each rank's Record is a regression baseline of its own (``recipe@2/rankN``)."""
-    for record in cpu_sharded[run_key].records:
+    group = request.getfixturevalue("cpu_ddp" if run_key in DDP_RUNS else "cpu_sharded")
+    for record in group[run_key].records:
         assert record.devices == WORLD, differs(record, "devices", WORLD)
         baseline_check.check(f"dist-cpu:{record.baseline_key}", record, record_property)
+
+
+@pytest.mark.dist
+@pytest.mark.cpu
+@pytest.mark.parametrize("workload", ["vit"])
+def test_ddp_every_rank_holds_the_whole_model_and_the_same_all_reduced_gradients(cpu_ddp, single,
+                                                                                   workload) -> None:
+    """DDP (bigbird-before's strategy): each rank trains on its own batch of the recipe's size, holds the
+    whole model, its gradients and Adam state, and after the backward the gradients are all-reduced: bit
+    for bit the same on every rank (memclaims.measure.active)."""
+    recipe = resolve(workload, "smoke", ["ddp"])
+    records = cpu_ddp[(workload, ("ddp",))].records
+    for record in records:
+        assert active.problems(recipe, record) == []
+    assert active.rank_problems(records) == []
+    # Different batches per rank: different local losses (else the all-reduce check would prove nothing).
+    assert records[0].final_loss != records[1].final_loss, f"{who(records[0])}: both ranks saw the same batch"
+    if workload == "vit":
+        for key in ("param_bytes", "grad_bytes", "optimizer_state_bytes"):
+            assert getattr(records[0], key) == getattr(single, key), differs(records[0], key, getattr(single, key))
 
 
 def _shapes(workload: str = "vit") -> list[tuple[int, ...]]:
@@ -152,7 +189,7 @@ def test_activation_checkpointing_lowers_activations_and_peak(sharded) -> None:
                 < plain.breakdown["activations_and_temporaries"]), not_related(checkpointed, "<", plain, metric)
         assert checkpointed.peak_allocated_bytes < plain.peak_allocated_bytes, not_related(
             checkpointed, "<", plain, "peak_allocated_bytes")
-        # What the forward pass keeps for backward is what checkpointing saves (memclaims.active).
+        # What the forward pass keeps for backward is what checkpointing saves (memclaims.measure.active).
         inactive = active.problems(resolve("vit", "smoke", FSDP_AC), checkpointed,
                                    without={"activation-checkpointing": plain})
         assert not inactive, "\n".join(inactive)
@@ -227,16 +264,16 @@ def test_expected_shard_bytes_arithmetic() -> None:
 
 @pytest.mark.cpu
 def test_distributed_refusals_are_usage_errors() -> None:
-    from memclaims.errors import UsageError
+    from memclaims.core.errors import UsageError
 
     options = RunOptions(device="cpu", evaluate=False)
-    with pytest.raises(UsageError, match="not sharded"):
+    with pytest.raises(UsageError, match="runs on one device"):
         run_distributed(resolve("vit", "smoke", []), options, 2)
     with pytest.raises(UsageError, match="needs --device cuda"):
         run_distributed(resolve("vit", "smoke", ["fsdp", "cpu-offload"]), options, 2)
     with pytest.raises(UsageError, match="does not split evenly"):
         run_distributed(resolve("vit", "smoke", FSDP), options, 3)
-    with pytest.raises(UsageError, match="memclaims.measure"):
+    with pytest.raises(UsageError, match="memclaims.run"):
         run(resolve("vit", "smoke", FSDP), options)
 
 
@@ -245,7 +282,7 @@ def test_distributed_refusals_are_usage_errors() -> None:
 GPUS = torch.cuda.device_count()
 GB = 1e9  # the article prints max_memory_reserved() / 1e9
 ARTICLE_08_11 = (FSDP_AC, FSDP_AC + ("cpu-offload",), FSDP_AC + ("cpu-offload", "delayed-init"))
-# Rank 0 of the article's 4-GPU runs 08, 09 and 11, decimal GB (baselines/published.json).
+# Rank 0 of the article's 4-GPU runs 08, 09 and 11, decimal GB (memclaims/resources/published.json).
 PUBLISHED_08_11 = {techniques: published.row("multi_gpu", script)["peak_reserved_gb"] for techniques, script in
                    zip(ARTICLE_08_11, ("08_fsdp-with-01-2", "09_fsdp-cpu-offload-with-01-2", "11_delay-allocation"))}
 # A GPU run's allocator may differ from the exact shard by FlatParameter padding and rounding.
@@ -260,7 +297,7 @@ def gpu_ids(name: str) -> list[Any]:
 @pytest.fixture(scope="module")
 def gpu_scale(request: pytest.FixtureRequest) -> str:
     """What --memclaims-gpu-scale asks for (smoke or article); ``_at`` maps it per workload."""
-    return option(request.config, "gpu-scale")
+    return settings(request.config).gpu_scale
 
 
 def _at(workload_name: str, requested: str) -> str:
@@ -385,7 +422,7 @@ BONUS_AFTER = {"distilbert-after": NAMED_RECIPES["distilbert-before"].published.
 def test_gpu_bonus_after_recipe(name, gpu_scale, request, baseline_check, record_property) -> None:
     named = NAMED_RECIPES[name]
     recipe = resolve(named.workload, _at(named.workload, gpu_scale), named.techniques)
-    data_dir = option(request.config, "data-dir") or None  # IMDb, when the user has it
+    data_dir = settings(request.config).data_dir  # IMDb, when the user has it
     result = run_distributed(recipe, RunOptions(device="cuda", evaluate=False, data_dir=data_dir), GPUS,
                              timeout_s=600)
     _report(record_property, result, named.published.peak_gb)

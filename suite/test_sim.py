@@ -7,18 +7,20 @@ Each recipe is simulated once per module (``sims``) and shared by the row and cl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
 import torch
 
-from fixtures.records import RecordCache
-from memclaims import published
-from memclaims.errors import OutOfMemory, UsageError
-from memclaims.recipe import Recipe, resolve
-from memclaims.record import Record
+from fixtures.messages import differs
+from memclaims.core import published
+from memclaims.core.errors import OutOfMemory, UsageError
+from memclaims.core.record import Record
+from memclaims.pytest.records import RecordCache
+from memclaims.recipes.recipe import Recipe, resolve
+from memclaims.report.published_table import A10G_TOTAL_MEMORY_BYTES
 from memclaims.sim import PROFILES, LoadResult, simulate, simulate_load
-from memclaims.sim.published_table import A10G_TOTAL_MEMORY_BYTES
 
 pytestmark = pytest.mark.sim
 
@@ -32,15 +34,14 @@ MIB = 2**20
 # Today's Adam (profile ``current``) predicts 0.855.
 BAND = (0.95, 1.05)
 # Row ("01-2" of script "01-2_pytorch-fabric") -> (techniques, published peak reserved GB, band):
-# every logged row of the chain in baselines/published.json.
+# every logged row of the chain in memclaims/resources/published.json.
 ROWS: dict[str, tuple[tuple[str, ...], float, tuple[float, float]]] = {
     entry["script"].split("_")[0]: (tuple(entry["techniques"]), entry["peak_reserved_gb"], BAND)
     for entry in published.data()["vit_chain"] if entry.get("peak_reserved_gb") is not None
 }
-# The 07 scripts: (load mode, published GB), +-5 %. The article's 07_03 (init_module) is logged as
-# published.json's model_loading row 07_02.
-LOAD_ROWS = {row: (mode, published.row("model_loading", script)["load_peak_reserved_gb"])
-             for row, mode, script in (("07_01", "build-then-convert", "07_01"), ("07_03", "init-module", "07_02"))}
+# The 07 scripts: (load mode, published GB), +-5 %.
+LOAD_ROWS = {script: (mode, published.row("model_loading", script)["load_peak_reserved_gb"])
+             for script, mode in (("07_01", "build-then-convert"), ("07_03", "init-module"))}
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +209,24 @@ def test_load_rows_are_the_stock_1000_class_model(loads):
     assert loads["07_03"].peak.live_bytes < 2.01 * 304_326_632
 
 
+def test_the_doors_load_only_records_are_the_07_replays(loads):
+    """``measure(recipe, RunOptions(device="sim", load_only=True))``, how every caller asks for a 07 row:
+    the load replay's numbers as a Record of its load phase alone."""
+    from memclaims.recipes.options import LOAD_RECIPES, RunOptions
+    from memclaims.run import measure
+
+    for row, (mode, _) in LOAD_ROWS.items():
+        (record,) = measure(resolve("vit", "article", LOAD_RECIPES[mode]), RunOptions(device="sim", load_only=True))
+        peak = loads[row].peak
+        assert (record.peak_reserved_bytes, record.peak_allocated_bytes, record.load_peak_bytes) == (
+            peak.reserved_bytes, peak.allocated_bytes, peak.allocated_bytes)
+        assert (record.param_count, record.param_bytes, record.memory_steps, record.grad_bytes) == (
+            loads[row].param_count, loads[row].param_bytes, 0, 0)
+        assert record.phases == {"load": {"allocated_bytes": peak.allocated_bytes, "above_start_bytes": peak.allocated_bytes,
+                                          "reserved_bytes": peak.reserved_bytes, "live_bytes": peak.live_bytes}}
+        assert f"load only ({mode}" in record.notes[1]
+
+
 def test_init_module_recipe_reports_the_reference_load():
     record = simulate(resolve("vit", "smoke", ["bf16-true", "init-module"]))
     assert record.reference_load_peak_bytes is not None
@@ -252,8 +271,10 @@ def test_bad_load_mode_names_the_valid_ones():
 
 # --- cross-check against the cpu tier's exact accounting --------------------------------------
 
-# fp32 + Adam, mixed precision (autocast), and the true-half chain with accumulation and SGD.
-CROSS_CHECK = [("fabric",), ("16-mixed",), ("bf16-true", "small-batch", "grad-accum", "sgd")]
+# fp32 + Adam, mixed precision (autocast), the true-half chain with accumulation and SGD, transformers'
+# Adafactor (its per-parameter step's temporaries), and checkpointing on one device (the recompute).
+CROSS_CHECK = [("fabric",), ("16-mixed",), ("bf16-true", "small-batch", "grad-accum", "sgd"), ("adafactor",),
+               ("activation-checkpointing",)]
 
 
 def _host_only_bytes(recipe: Recipe, record: Record) -> int:
@@ -279,7 +300,7 @@ def test_live_bytes_match_the_cpu_tier(techniques):
     ``cpu-kernels`` profile runs the CPU's own attention kernel and adds no cuBLAS workspace, so
     nothing else may differ. Tolerance: 0.1 % (it is exact today).
     """
-    from memclaims import runner
+    from memclaims.measure import runner
 
     recipe = resolve("vit", "smoke", techniques)
     measured = runner.run(recipe, runner.RunOptions(device="cpu", evaluate=False))
@@ -289,6 +310,7 @@ def test_live_bytes_match_the_cpu_tier(techniques):
     assert live == pytest.approx(expected, rel=1e-3)
     assert predicted.param_bytes == measured.param_bytes
     assert predicted.optimizer_state_bytes == measured.optimizer_state_bytes
+    assert predicted.recomputed_linear_calls == measured.recomputed_linear_calls  # the same blocks recomputed
 
 
 # --- the optimizer step by era (memclaims.sim.eras) ---------------------------------------------
@@ -379,14 +401,14 @@ def test_eight_bit_state_is_bitsandbytes_own_on_the_cpu(techniques):
     cpu tier's within 0.2 % (bitsandbytes' step counters are Python ints: nothing on the host side)."""
     import dataclasses
 
-    from memclaims import runner
-    from memclaims.optim_state import eight_bit_layout
+    from memclaims.core.optim_state import eight_bit_layout
+    from memclaims.measure import runner
 
     recipe = resolve("vit", "smoke", techniques)
     measured = runner.run(recipe, runner.RunOptions(device="cpu", evaluate=False))
     predicted = simulate(recipe, profile="cpu-kernels", memory_steps=measured.memory_steps)
     assert predicted.optimizer_state_bytes == measured.optimizer_state_bytes
-    from memclaims.workloads import VIT_FAMILIES
+    from memclaims.workloads.vit import VIT_FAMILIES
 
     model = VIT_FAMILIES["vit"].architecture("smoke", recipe.workload.num_classes)
     # bitsandbytes' layout at the threshold the smoke scale passes it (SMOKE_MIN_8BIT_SIZE), so that it quantizes
@@ -414,8 +436,8 @@ def test_eight_bit_state_model_matches_a_real_step_tensor_for_tensor(name):
     model's state has every key, dtype and shape a real bitsandbytes step creates on the CPU."""
     import torch
 
-    from memclaims import optimizers, probes
-    from memclaims.optim_state import count_every_tensor, eight_bit_layout
+    from memclaims.core.optim_state import count_every_tensor, eight_bit_layout
+    from memclaims.measure import optimizers, tensors
     from memclaims.sim import eight_bit
 
     def model() -> torch.nn.Module:
@@ -433,8 +455,8 @@ def test_eight_bit_state_model_matches_a_real_step_tensor_for_tensor(name):
               for state in real.state.values()]
     assert shapes == [{k: (v.dtype, tuple(v.shape)) for k, v in state.items() if isinstance(v, torch.Tensor)}
                       for state in state_model.state.values()]
-    assert probes.storage_bytes(probes.optimizer_state_tensors(real)) == \
-        probes.storage_bytes(probes.optimizer_state_tensors(state_model))
+    assert tensors.storage_bytes(tensors.optimizer_state_tensors(real)) == \
+        tensors.storage_bytes(tensors.optimizer_state_tensors(state_model))
     assert count_every_tensor(real) == count_every_tensor(state_model)
 
 
@@ -478,7 +500,7 @@ SHARDED_SCRIPTS = {"08": "08_fsdp-with-01-2", "09": "09_fsdp-cpu-offload-with-01
 
 
 def published_gb(script: str) -> float:
-    from memclaims.sim.published_table import published
+    from memclaims.report.published_table import published
 
     value: float = published()[("peak_reserved_gb", script)]
     return value
@@ -523,8 +545,8 @@ def test_fsdp_offload_rows_below_published_by_less_than_the_stated_bound(sharded
 
 def test_text_fsdp_after_row_below_published_by_less_than_the_stated_bound(record_property):
     """bonus_distilbert-after on the sim (FSDP1 x4 + offload, bf16-true, 3 x 4): within the same bound (0.775)."""
-    from memclaims.named_recipes import NAMED_RECIPES
-    from memclaims.sim.published_table import published
+    from memclaims.recipes.named import NAMED_RECIPES
+    from memclaims.report.published_table import published
 
     recipe = NAMED_RECIPES["distilbert-after"]
     record = simulate(resolve(recipe.workload, "article", recipe.techniques))
@@ -545,7 +567,7 @@ def test_vit_h14_fsdp_bars_below_published_within_the_run_ahead_bound(change, re
     """The repo's ViT-H/14 FSDP bars on the article's profile (no rate limiter; Lightning of 2023: 16-mixed
     all-gathers fp32): 0.943 / 0.926 / 0.897 of the bars, each within the backward run-ahead bound. With
     torch 2.1's rate limiter they fall to 0.80 / 0.64 / 0.52, which no untimed term closes."""
-    from memclaims.sim.published_table import published
+    from memclaims.report.published_table import published
 
     record = simulate(resolve("vit-h14", "article", VIT_H14_FSDP[change]), profile="article")
     published_gb = published()[("vit_h14_gb", change)]
@@ -572,7 +594,7 @@ def test_sharded_accumulation_reduce_scatters_every_micro_batch():
 
 
 def test_published_accessor_reads_every_number_the_table_names():
-    from memclaims.sim.published_table import SPECS, published
+    from memclaims.report.published_table import SPECS, published
 
     numbers = published()
     for spec in SPECS:
@@ -581,14 +603,14 @@ def test_published_accessor_reads_every_number_the_table_names():
 
 
 def test_table_predicts_every_row():
-    from memclaims.sim.published_table import SPECS
+    from memclaims.report.published_table import SPECS
 
     assert [s.row for s in SPECS if s.predict is None] == []
     # Rows outside the band carry their explanation (the sharded text rows included).
     assert all(s.residual for s in SPECS if s.row.startswith(("08", "09", "11", "bonus_", "ViT-H/14 ")))
 
 
-def test_deepspeed_zero2_row_below_published_within_the_replays_own_shortfall(record_property):
+def test_deepspeed_zero2_row_below_published_within_the_replays_own_shortfall(baseline_check, record_property):
     """bonus_distilbert-before by per-rank accounting (memclaims.sim.zero), within [0.90, 1.00] of published.
 
     Upper edge 1.00: every term is memory DeepSpeed holds at the backward's peak on one rank; what is not
@@ -597,21 +619,58 @@ def test_deepspeed_zero2_row_below_published_within_the_replays_own_shortfall(re
     of the prediction are the one-GPU half-precision replay's activations, and the sim's one-GPU
     half-precision rows (02-04) run 5-7 % low; the other third is exact arithmetic. 0.90 is that shortfall
     on the whole plus about 0.1 GB for DeepSpeed's unmodelled allocations. 0.933 now."""
-    from memclaims.sim.published_table import published
-    from memclaims.sim.zero import predict_distilbert_before
+    from memclaims.measure import active
+    from memclaims.recipes.named import NAMED_RECIPES
+    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.recipe import resolve
+    from memclaims.report.published_table import published
+    from memclaims.run import measure
+    from memclaims.sim.zero import DISTILBERT_ONE_GPU, predict_distilbert_before
 
-    terms = predict_distilbert_before()
+    before = NAMED_RECIPES["distilbert-before"]
+    recipe = resolve(before.workload, before.scale, before.techniques)  # 16-mixed + deepspeed-zero2
+    record = measure(recipe, RunOptions(device="sim", profile="article"))[0]
+    one_gpu = measure(resolve(*DISTILBERT_ONE_GPU), RunOptions(device="sim", profile="article"))[0]
+    terms = predict_distilbert_before(one_gpu)
+    # The technique's case through the one door is the accounting of the named row, term for term.
+    assert record.breakdown == dataclasses.asdict(terms) and record.peak_reserved_total_bytes == terms.total
+    assert record.devices == before.devices and active.problems(recipe, record) == []
     published_bytes = published()[("peak_reserved_gb", "bonus_distilbert-before")] * GB
     ratio = terms.total / published_bytes
     record_property("ratio", round(ratio, 4))
     assert terms.fp32_master == terms.fp32_grad_partition == terms.adam_states // 2 == terms.fp16_model // 2  # W = 4
     assert 0.90 <= ratio <= 1.00, f"bonus_distilbert-before: {ratio:.3f} ({terms})"
+    baseline_check.check(f"sim:{record.recipe}", record, record_property)
+
+
+def test_ddp_rank_is_the_one_gpu_run_plus_its_gradient_buckets(sims, record_cache, baseline_check, record_property):
+    """bigbird-before's strategy at the article's ViT scale: a DDP rank holds the whole model, its gradients
+    and Adam state as one GPU does, plus gradient buckets (gradient_as_bucket_view=False, as Lightning
+    leaves it): one more gradient-sized set, each bucket its own segment (rounded up to 2 MiB at most)."""
+    from memclaims.sim.ddp import bucket_numels
+
+    single = sims(("fabric",))
+    record = record_cache.get("sim", resolve("vit", "article", ("ddp",)))
+    for key in ("param_bytes", "grad_bytes", "optimizer_state_bytes"):
+        assert getattr(record, key) == getattr(single, key), differs(record, key, getattr(single, key))
+    added = record.peak_reserved_total_bytes - single.peak_reserved_total_bytes
+    count = len(bucket_numels(_vit_article_parameters()))
+    assert single.grad_bytes <= added <= single.grad_bytes + count * 2 * 2**20, (
+        f"{record.recipe}: {added:,} B above the one-GPU run; buckets hold {single.grad_bytes:,} B in {count} segments")
+    baseline_check.check(f"sim:{record.recipe}", record, record_property)
+
+
+def _vit_article_parameters() -> list[torch.Tensor]:
+    recipe = resolve("vit", "article", [])
+    with torch.device("meta"):
+        model, _ = recipe.workload.build_model(recipe.scale)
+    return list(model.parameters())
 
 
 def test_table_rows_in_band_or_explained():
-    from memclaims.sim.published_table import build_table, markdown
+    from memclaims.report.published_table import build_table, markdown
 
-    cheap = {"07_01", "07_02", "07 derived fp32", "Adam8bit state", "Adam8bit state (measured)", "AdamW state",
+    cheap = {"07_01", "07_03", "07 derived fp32", "Adam8bit state", "Adam8bit state (measured)", "AdamW state",
              "8-bit estimate", "bonus_distilbert-before"}
     rows = build_table(only=cheap)
     assert {r.row for r in rows} == cheap
@@ -626,3 +685,23 @@ def test_table_rows_in_band_or_explained():
     text = markdown(rows)
     assert "0 pending" in text and "| course | AdamW state |" in text
 
+
+
+# --- claim mixed-precision-keeps-fp32-ops on the sim -----------------------------------------------
+
+
+def test_sim_autocast_keeps_the_cuda_fp32_ops_in_fp32():
+    """The sim's emulated CUDA autocast (memclaims.sim.autocast) runs a linear in bfloat16 but keeps
+    softmax, layer_norm and a loss in float32, as CUDA's fp32 lists do: not every op goes to 16 bits."""
+    import torch.nn.functional as F
+
+    from memclaims.sim.autocast import cuda_autocast
+
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
+    with cuda_autocast(torch.bfloat16):
+        hidden = layer(x)
+        dtypes = {"linear": hidden.dtype, "softmax": F.softmax(hidden, -1).dtype,
+                  "layer_norm": F.layer_norm(hidden, (8,)).dtype, "mse_loss": F.mse_loss(hidden, hidden).dtype}
+    assert dtypes == {"linear": torch.bfloat16, "softmax": torch.float32, "layer_norm": torch.float32,
+                      "mse_loss": torch.float32}, dtypes

@@ -12,8 +12,8 @@ import pytest
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from fixtures.records import RecordCache
-from memclaims import optimizers
+from memclaims.measure import optimizers
+from memclaims.pytest.records import RecordCache
 
 # Recipes whose optimizer step is one micro-batch (no accumulation), so one call = one step.
 RECIPES = [("fabric",), ("bf16-true",), ("bf16-true", "sgd")]

@@ -14,15 +14,17 @@ import pytest
 import torch
 
 from fixtures.messages import differs, not_related
-from memclaims import active, lightning_fsdp, requirements
-from memclaims.errors import DataError, UsageError
-from memclaims.named_recipes import NAMED_RECIPES
-from memclaims.options import RunOptions
-from memclaims.recipe import parse_id, resolve
-from memclaims.record import Record
-from memclaims.runner import run
-from memclaims.text import TEXT_MODELS, PadToLongest, SyntheticReviews, config, imdb_rows, text_data
-from memclaims.workloads import WORKLOADS, workload
+from memclaims.core.errors import DataError
+from memclaims.core.record import Record
+from memclaims.measure import active, lightning_fsdp
+from memclaims.measure.runner import run
+from memclaims.recipes import requirements
+from memclaims.recipes.named import NAMED_RECIPES
+from memclaims.recipes.options import RunOptions
+from memclaims.recipes.recipe import parse_id, resolve
+from memclaims.workloads.data import PadToLongest, SyntheticReviews, imdb_rows
+from memclaims.workloads.registry import WORKLOADS, workload
+from memclaims.workloads.text import TEXT_MODELS, config, text_data
 
 ACCURACY_TOLERANCE = 0.05  # 8-bit states may cost at most 5 points of smoke accuracy vs AdamW
 LEARNED = 0.9  # chance is 0.5 on the balanced synthetic set
@@ -91,7 +93,7 @@ def test_smoke_models_build_eager_and_random(name: str) -> None:
 def test_pretrained_only_from_the_local_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     import transformers
 
-    import memclaims.text as text
+    import memclaims.workloads.text as text
 
     calls: list[dict] = []
 
@@ -180,11 +182,10 @@ def test_named_recipes_carry_the_published_numbers() -> None:
     unmet = after.unmet(cuda_devices=0)
     assert len(unmet) == 1 and unmet[0].startswith("needs a CUDA GPU"), unmet
     assert after.unmet(cuda_devices=1) == []
-    # What memclaims cannot express is data: no GPU count makes DeepSpeed or DDP runnable.
+    # The "before" recipes are techniques now: DeepSpeed ZeRO-2 needs its extra (and CUDA), DDP nothing.
     before = NAMED_RECIPES["distilbert-before"]
-    assert any("DeepSpeed" in need for need in before.unmet(cuda_devices=4))
-    with pytest.raises(UsageError, match="named recipe 'distilbert-before' cannot run here: .*DeepSpeed"):
-        before.resolve(cuda_devices=4)
+    assert before.techniques == ("16-mixed", "deepspeed-zero2") and not before.extra_needs
+    assert NAMED_RECIPES["bigbird-before"].techniques == ("ddp",) and NAMED_RECIPES["bigbird-before"].unmet() == []
     # BigBird "after": micro-batch 1 x 12, FSDP without an auto-wrap policy, as the script.
     bigbird = NAMED_RECIPES["bigbird-after"].resolve(cuda_devices=1)
     assert (bigbird.batch_size, bigbird.micro_batch_size, bigbird.accumulation_steps) == (12, 1, 12)

@@ -1,4 +1,4 @@
-"""Time claims on the sim tier: a roofline prediction of the chain's step times (memclaims/timemodel.py)
+"""Time claims on the sim tier: a roofline prediction of the chain's step times (memclaims/sim/timemodel.py)
 against the published epoch times, as ratios to the fp32 reference.
 
 Bands measured with torch 2.14.1 and the A100-SXM4-40GB peaks (19.5 / 156 / 312 TFLOPS, 1555 GB/s):
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from memclaims import published
-from memclaims.timemodel import A100_40GB, chain_table
+from memclaims.core import published
+from memclaims.sim.timemodel import A100_40GB, chain_table
 
 pytestmark = pytest.mark.sim
 

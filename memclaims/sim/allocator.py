@@ -24,7 +24,7 @@ native allocator's default policy by hand, for one device and one stream:
 
 With ``events`` set to a list, the model logs what it does in the terms of torch's allocator history
 (``segment_alloc``, ``alloc``, ``free_completed``, each with an address, a size and a stream), so its
-stream can be compared with a GPU's (``memclaims.sim.alloc_trace``). Segments get increasing
+stream can be compared with a GPU's (``memclaims.gpu.alloc_trace``). Segments get increasing
 addresses, as fresh ``cudaMalloc`` calls usually do.
 
 ``allocated`` counts block sizes, as ``torch.cuda.memory_allocated`` does; ``requested`` counts

@@ -2,7 +2,7 @@
 
 bitsandbytes' kernels read real data, so its optimizers do not run on fake tensors (SIMULATION.md
 point 8). What they hold on the device is exact arithmetic instead, read from the installed
-library by ``memclaims.optim_state.eight_bit_layout`` (block size, ``min_8bit_size``, the two
+library by ``memclaims.core.optim_state.eight_bit_layout`` (block size, ``min_8bit_size``, the two
 quantization maps, ``max_unorm``), and allocated here in the order ``Optimizer2State.init_state``
 allocates it at a parameter's first step:
 
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from memclaims import optimizers
-from memclaims.optim_state import FP32, EightBitLayout
+from memclaims.core.optim_state import FP32, EightBitLayout
+from memclaims.measure import optimizers
 
 
 class EightBitStateModel(torch.optim.Optimizer):
@@ -78,7 +78,7 @@ class EightBitStateModel(torch.optim.Optimizer):
 
 
 def build(name: str, model: nn.Module, learning_rate: float, layout: EightBitLayout) -> EightBitStateModel:
-    """The course's 8-bit optimizer (``memclaims.optimizers.build``'s groups and arguments), as a state model."""
+    """The course's 8-bit optimizer (``memclaims.measure.optimizers.build``'s groups and arguments), as a state model."""
     hf = optimizers.training_arguments_defaults()
     return EightBitStateModel(optimizers.parameter_groups(model), layout, lr=learning_rate,
                               betas=(hf["adam_beta1"], hf["adam_beta2"]), eps=hf["adam_epsilon"],

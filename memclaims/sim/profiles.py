@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memclaims.errors import UsageError
+from memclaims.core.errors import UsageError
 from memclaims.sim.allocator import AllocatorConfig, MiB
 
 KIB = 1024
@@ -78,7 +78,7 @@ def _gpu_tier_profile(name: str, gpu: str, workspace: int, total_memory: int) ->
     )
 
 
-# The gpu tier's targets (memclaims.preflight). Capacities: the smallest common variant of each card,
+# The gpu tier's targets (memclaims.pytest.preflight). Capacities: the smallest common variant of each card,
 # about what torch.cuda.get_device_properties().total_memory reports (the box says 40 / 80 / 141 GB;
 # the driver keeps some), rounded down to 0.01 GiB.
 GPU_TIER_PROFILES = ("a100", "h100", "h200")
@@ -145,7 +145,7 @@ PROFILES: dict[str, Profile] = {
             flash_backward_scratch=False,
         ),
         # The gpu tier sets CUBLAS_WORKSPACE_CONFIG=:4096:8 for deterministic accuracy
-        # (memclaims.determinism), so an A100 in the gpu tier has 32 MiB workspaces too.
+        # (memclaims.measure.determinism), so an A100 in the gpu tier has 32 MiB workspaces too.
         _gpu_tier_profile("a100", "NVIDIA A100-SXM4-40GB (sm80)", _SM90_CUBLAS_WORKSPACE, int(39.58 * GIB)),
         _gpu_tier_profile("h100", "NVIDIA H100 80GB HBM3 (sm90)", _SM90_CUBLAS_WORKSPACE, int(79.18 * GIB)),
         _gpu_tier_profile("h200", "NVIDIA H200 (sm90)", _SM90_CUBLAS_WORKSPACE, int(139.8 * GIB)),

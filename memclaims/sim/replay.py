@@ -15,7 +15,7 @@ are what a GPU run would hold on the device. What had to be emulated, and why:
   flash v1 (one more copy per layer in ``multi_head_attention_forward``), flash v1's reshape copies
   of q, k, v (and the output gradient in backward), flash v2's backward scratch. "math" is forced
   with ``sdpa_kernel``.
-- optimizers: built by ``memclaims.optimizers`` and switched to ``foreach=True``, the GPU default
+- optimizers: built by ``memclaims.measure.optimizers`` and switched to ``foreach=True``, the GPU default
   that fake parameters do not trigger by themselves.
 - ``nn.init.trunc_normal_``: today's rejection sampler reads values (``.item()``); the torch 2.1
   in-place algorithm it replaced is used while the model is built.
@@ -31,28 +31,36 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memclaims import optimizers
-from memclaims.errors import OutOfMemory, UsageError
-from memclaims.loop import TrainingLoop
-from memclaims.precision import PRECISIONS
-from memclaims.precision import precision as precision_spec
-from memclaims.probes import PhaseRecorder, Reading, optimizer_state_tensors, phase_entries
-from memclaims.recipe import Recipe
-from memclaims.record import Record, library_versions
+import memclaims.sim.ddp as ddp
+from memclaims.core.errors import OutOfMemory, UsageError
+from memclaims.core.precision import PRECISIONS
+from memclaims.core.precision import precision as precision_spec
+from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record
+from memclaims.measure import checkpointing, optimizers
+from memclaims.measure.loop import TrainingLoop
+from memclaims.measure.probes import PhaseRecorder, Reading
+from memclaims.measure.record_builder import SIM_PHASES, build_record, failed_phase
+from memclaims.measure.tensors import optimizer_state_tensors
+from memclaims.recipes.options import memory_steps as resolve_steps
 from memclaims.sim.allocator import CachingAllocator, DeviceFull, TraceEvent
 from memclaims.sim.eras import optimizer_era
+from memclaims.sim.fake_build import naming_the_module, same_mode_copies
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.tracker import DeviceMemory
 
+if TYPE_CHECKING:
+    from memclaims.recipes.recipe import Recipe
+
 GRAD_SCALE = 65536.0  # GradScaler's initial scale (16-mixed)
 LOAD_MODES = ("build-then-convert", "init-module")
+FAKE_DATA = "none (fake tensors)"  # the Record's data: the sim reads no data set
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,7 @@ class LoadResult:
 
 
 def _storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
-    """``probes.storage_bytes`` for fake tensors: they have no data pointer, so storages count by identity."""
+    """``tensors.storage_bytes`` for fake tensors: they have no data pointer, so storages count by identity."""
     seen: dict[int, int] = {}
     for tensor in tensors:
         storage = tensor.untyped_storage()
@@ -162,7 +170,7 @@ def _vit_fns(family: Any) -> tuple[Callable[[str, int | None], nn.Module],
 def _models() -> dict[str, tuple[Callable[[str, int | None], nn.Module],
                                  Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]]]:
     """workload name -> (build(scale name, num_classes or None for the stock head), inputs(scale, batch))"""
-    from memclaims.workloads import VIT_FAMILIES
+    from memclaims.workloads.vit import VIT_FAMILIES
 
     return {name: _vit_fns(family) for name, family in VIT_FAMILIES.items()}
 
@@ -172,7 +180,14 @@ def _workload_fns(workload: Any) -> tuple[Callable[[Any, int | None], nn.Module]
     """A workload's own fake-tensor model and inputs (text, hf: and user workloads that give them)."""
     if workload.architecture is None or workload.fake_inputs is None:
         return None
-    return workload.architecture, workload.fake_inputs
+    architecture = workload.architecture
+
+    def build(scale: Any, num_classes: int | None) -> nn.Module:
+        with naming_the_module(workload.name):
+            made: nn.Module = architecture(scale, num_classes)
+        return made
+
+    return build, workload.fake_inputs
 
 
 def _model_fns(recipe: Recipe) -> tuple[Callable[[Any, int | None], nn.Module],
@@ -188,6 +203,15 @@ def _model_fns(recipe: Recipe) -> tuple[Callable[[Any, int | None], nn.Module],
             f"for it); simulated workloads: {', '.join(_models())}, the text and hf: workloads, and user "
             "workloads that give an architecture and fake_inputs"
         ) from None
+
+
+def parameter_count(recipe: Recipe) -> int:
+    """The parameters of the model the replay builds for ``recipe``, counted on the meta device: no
+    replay, no memory (``memclaims fit`` answers a budget below them at once)."""
+    build, _ = _model_fns(recipe)
+    with torch.device("meta"):
+        model = build(recipe.scale, recipe.workload.num_classes)
+    return sum(p.numel() for p in model.parameters())
 
 
 def _apply_order(module: nn.Module) -> Iterator[tuple[dict[str, Any], str]]:
@@ -233,7 +257,7 @@ class _Session:
                        extra={"live_bytes": self.memory.peak_tensor_bytes})
 
     def step_phase(self, name: str) -> Any:
-        """A phase of a training step (``memclaims.loop.STEP_PHASES``, the same boundaries), as the probes measure it."""
+        """A phase of a training step (``memclaims.measure.loop.STEP_PHASES``, the same boundaries), as the probes measure it."""
         return self.recorder.measure(name, per_step=True)
 
     @contextmanager
@@ -243,7 +267,8 @@ class _Session:
         # make two runs differ (autograd graphs and fake tensors free by reference count).
         gc.disable()
         try:
-            with _era_init(), self.fake, self.memory:
+            # same_mode_copies: modules that deep-copy a layer (nn.Transformer's) keep it in this mode.
+            with _era_init(), self.fake, self.memory, same_mode_copies():
                 yield self
         finally:
             if was_enabled:
@@ -316,14 +341,20 @@ def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit",
     ``.to("cuda").to(dtype)``) or ``init-module`` (07_03: built inside ``fabric.init_module()``).
     ``num_classes=None`` keeps the stock head (1000 classes for ``vit_l_16``, as the 07 scripts).
     """
+    result, _, _ = _replay_load(mode, find_profile(profile), workload, scale, num_classes, precision, _Session)
+    return result
+
+
+def _replay_load(mode: str, chosen: Profile, workload: str, scale: Any, num_classes: int | None, precision: str,
+                 session_of: Callable[[Profile], _Session]) -> tuple[LoadResult, _Session, int]:
+    """``simulate_load``'s replay in a session ``session_of`` opens; also the session and the parameter tensors."""
     if mode not in LOAD_MODES:
         raise UsageError(f"unknown load mode {mode!r}; valid modes: {', '.join(LOAD_MODES)}")
     dtype = precision_spec(precision).param_dtype
-    chosen = find_profile(profile)
     try:
         build, _ = _models()[workload]
     except KeyError:
-        from memclaims.workloads import workload as find_workload
+        from memclaims.workloads.registry import workload as find_workload
 
         found = find_workload(workload)
         fns = _workload_fns(found)
@@ -332,49 +363,89 @@ def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit",
                              f"{', '.join(_models())} and the text and hf: workloads") from None
         build = fns[0]
         scale = found.scale(scale) if isinstance(scale, str) else scale
-    session = _Session(chosen)
+    session = session_of(chosen)
     results: dict[str, PhaseResult] = {}
     with session.active():
         with session.phase(results, "load"):
             model = _load_only(session, mode, scale, num_classes, dtype, build)
         params = list(model.parameters())
-        count = sum(p.numel() for p in params)
+        count, tensors = sum(p.numel() for p in params), len(params)
         param_bytes = _storage_bytes(iter(params))
         del model, params
-    return LoadResult(mode=mode, profile=chosen.name, param_count=count, param_bytes=param_bytes,
-                      peak=results["load"])
+    return (LoadResult(mode=mode, profile=chosen.name, param_count=count, param_bytes=param_bytes,
+                       peak=results["load"]), session, tensors)
+
+
+def load_mode(recipe: Recipe) -> str:
+    """The 07 script whose load a load-only replay of ``recipe`` is: 07_03 (init-module) or 07_01."""
+    return "init-module" if recipe.init_on_device else "build-then-convert"
+
+
+def simulate_load_record(recipe: Recipe, *, profile: str = "article", allocator_events: list[TraceEvent] | None = None,
+                         limit_bytes: int | None = None) -> Record:
+    """``simulate_load`` of the recipe's load (``load_mode``, its precision, workload and scale) as a Record:
+    the load phase only (memory_steps 0, no gradients or optimizer state), the stock head as the 07
+    scripts load it (1000 classes for ``vit_l_16``). The door's ``RunOptions(load_only=True)``."""
+    chosen = find_profile(profile)
+    check(recipe)
+    if recipe.sharded:
+        raise UsageError(f"{recipe.id}: the load-only replay (the 07 scripts) loads on one device; "
+                         "a sharded recipe's load runs with its training")
+    mode = load_mode(recipe)
+
+    def session_of(chosen: Profile) -> _Session:
+        session = _Session(chosen, limit_bytes)
+        session.allocator.events = allocator_events
+        return session
+
+    phases: dict[str, PhaseResult] = {}
+    with _out_of_memory(recipe, chosen, limit_bytes, phases):
+        result, session, tensors = _replay_load(mode, chosen, recipe.workload.name, recipe.scale, None,
+                                                recipe.precision, session_of)
+    how = ('built inside fabric.init_module()' if mode == "init-module"
+           else f'built on the CPU in fp32, then .to("cuda").to({precision_spec(recipe.precision).param_dtype})')
+    notes = [f"sim profile {chosen.name!r}: {chosen.summary}",
+             f"load only ({mode}, as the 07 scripts load the model): the stock head, {how}; no training step"]
+    notes.extend(_limit_notes(session))
+    return build_record(
+        recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
+        precision=recipe.precision, memory_steps=0, param_count=result.param_count, param_tensor_count=tensors,
+        phases=session.recorder.phases, step_peaks=session.recorder.step_peaks,
+        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, weights="random", data=FAKE_DATA,
+        notes=notes, observed={"param_bytes": result.param_bytes, "grad_bytes": 0, "optimizer_state_bytes": 0},
+    )
 
 
 # --- train -------------------------------------------------------------------------------------
 
 
 class _Precision:
-    """What Fabric's precision plugin does around the forward pass and backward, on fake tensors."""
+    """What Fabric's precision plugin does around the forward pass and backward, on fake tensors
+    (``core.precision.Precision``: the input cast, autocast, the output cast)."""
 
     def __init__(self, recipe: Recipe) -> None:
         self.name = "32-true" if recipe.plain_pytorch else recipe.precision
-        spec = PRECISIONS[self.name]
-        self.compute, self.mixed, self.true_half = spec.compute_dtype, spec.mixed, spec.true_half
+        self.spec = PRECISIONS[self.name]
+        self.compute = self.spec.compute_dtype
         self.scale: torch.Tensor | None = None
 
     def convert_input(self, inputs: Any) -> Any:
-        # MixedPrecision and HalfPrecision both cast floating inputs to the half dtype (token ids
-        # and masks of text models are integers: unchanged).
         if isinstance(inputs, dict):
             return {k: self.convert_input(v) for k, v in inputs.items()}
-        return inputs.to(self.compute) if (self.mixed or self.true_half) and inputs.is_floating_point() else inputs
+        dtype = self.spec.input_dtype()
+        return inputs.to(dtype) if dtype is not None and inputs.is_floating_point() else inputs
 
     def forward_context(self) -> Any:
-        if self.mixed:
+        if self.spec.autocast_dtype is not None:
             from memclaims.sim.autocast import cuda_autocast
 
-            return cuda_autocast(self.compute)
-        if self.true_half:
+            return cuda_autocast(self.spec.autocast_dtype)
+        if self.spec.true_half:
             return _default_dtype(self.compute)
         return nullcontext()
 
     def convert_output(self, output: torch.Tensor) -> torch.Tensor:
-        return output.to(torch.get_default_dtype()) if self.mixed or self.true_half else output
+        return output.to(torch.get_default_dtype()) if self.spec.casts_output else output
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.name == "16-mixed":  # GradScaler: the scale lives on the device
@@ -384,16 +455,8 @@ class _Precision:
         loss.backward()
 
 
-def _default_memory_steps(recipe: Recipe) -> int:
-    # The peak needs the second step: gradients and optimizer state alive during the forward.
-    # With accumulation the scripts step at batch 0, then every accum-th batch, so two steps cover
-    # a whole cycle (batches 1..accum: state alive, gradients accumulating, then the step); later
-    # cycles repeat it allocation for allocation.
-    return 2
-
-
 class _SimLoop(TrainingLoop):
-    """``memclaims.loop``'s training loop on fake tensors, with what the replay adds to it.
+    """``memclaims.measure.loop``'s training loop on fake tensors, with what the replay adds to it.
 
     The article's scripts keep ``logits`` bound until the next forward pass reassigns it, so the
     loop keeps them too; a fake loss has no value to read; the optimizer step runs in the
@@ -438,12 +501,12 @@ class _SimLoop(TrainingLoop):
 
     def after_step(self, optimizer: Any) -> None:
         for value in optimizer_state_tensors(optimizer):
-            self.session.memory.tag(value, "optimizer_state")
+            self.session.memory.tag(value, OPTIMIZER_STATE)
 
 
 def _optimizer(recipe: Recipe, model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
     if recipe.optimizer in optimizers.EIGHT_BIT:
-        from memclaims.optim_state import eight_bit_layout
+        from memclaims.core.optim_state import eight_bit_layout
         from memclaims.sim.eight_bit import build as build_eight_bit
 
         # The layout was read outside the fake mode (simulate): it runs bitsandbytes for real.
@@ -463,8 +526,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     memory = session.memory
     optimizer, scheduler = _optimizer(recipe, model)
     for p in model.parameters():
-        memory.tag(p, "parameters")
-        p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, "gradients"))
+        memory.tag(p, PARAMETERS)
+        p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, GRADIENTS))
     loop = _SimLoop(session, recipe)
     # Each batch is made while the previous one is still bound, as a loader's next batch is moved
     # to the device; one more than the steps need, as the loop stops at the last step.
@@ -485,9 +548,19 @@ def _out_of_memory(recipe: Recipe, chosen: Profile, limit_bytes: int | None,
     try:
         yield
     except DeviceFull as full:
-        phase = next((name for name in ("load", "train") if name not in phases), "train")
+        phase = failed_phase(phases, SIM_PHASES)
         raise OutOfMemory(recipe.id, f"sim ({chosen.gpu}, allocator limited to {limit_bytes} B)", phase,
                           full.requested, str(full)) from None
+
+
+def _allocator_notes(site: dict[str, Any], session: _Session) -> list[str]:
+    """What set the reserved peak (``site``: the allocator's record of it), then the limit's notes."""
+    notes = []
+    if site:
+        where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
+        notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
+                     f"reserved memory to {site['reserved_bytes']} B)")
+    return notes + _limit_notes(session)
 
 
 def _limit_notes(session: _Session) -> list[str]:
@@ -503,19 +576,23 @@ def _limit_notes(session: _Session) -> list[str]:
 
 
 def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | None = None,
-             allocator_events: list[TraceEvent] | None = None, limit_bytes: int | None = None) -> Record:
+             allocator_events: list[TraceEvent] | None = None, limit_bytes: int | None = None,
+             devices: int | None = None) -> Record:
     """Predict the CUDA caching allocator's peaks for ``recipe`` on the profile's GPU.
 
     ``allocator_events``, a list, receives the allocator model's history in the terms of torch's
-    (``memclaims.sim.alloc_trace``); one-device recipes only. ``limit_bytes``: what the allocator
+    (``memclaims.gpu.alloc_trace``); one-device recipes only. ``limit_bytes``: what the allocator
     can get from the device (a card's memory less the CUDA context); past it the model frees its
-    cache and retries as torch does, and raises OutOfMemory where torch would. None: unlimited."""
+    cache and retries as torch does, and raises OutOfMemory where torch would. None: unlimited.
+    ``devices``: the ranks of a sharded recipe (rank 0 is replayed); None: ``sharded.WORLD_SIZE``."""
     chosen = find_profile(profile)
     check(recipe)
+    if recipe.strategy == "deepspeed_stage_2":
+        if allocator_events is not None or limit_bytes is not None:
+            raise UsageError(f"{recipe.id}: DeepSpeed's rank is per-rank accounting: no allocator history or limit")
+        return _simulate_zero2(recipe, chosen.name, memory_steps)
     build, inputs_fn = _model_fns(recipe)
-    steps = memory_steps if memory_steps is not None else _default_memory_steps(recipe)
-    if steps < 1:
-        raise UsageError(f"--steps must be at least 1 (got {steps})")
+    steps = resolve_steps(recipe, memory_steps, "sim")
     notes = [f"sim profile {chosen.name!r}: {chosen.summary}"]
     if steps < 2:
         notes.append("one optimizer step only: the peak of the second step (gradients and optimizer "
@@ -524,7 +601,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     if recipe.sharded:
         if allocator_events is not None:
             raise UsageError(f"{recipe.id}: the allocator history is recorded for one-device recipes only")
-        return _simulate_sharded(recipe, chosen, steps, notes, limit_bytes)
+        return _simulate_sharded(recipe, chosen, steps, notes, limit_bytes, devices)
 
     reference = None
     if recipe.init_on_device:
@@ -532,9 +609,16 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
                                   scale=recipe.scale, num_classes=recipe.workload.num_classes,
                                   precision=recipe.precision if recipe.precision.endswith("-true") else "32-true")
 
+    if recipe.strategy == "ddp":
+        notes.append("DDP rank (memclaims.sim.ddp): the whole model, gradients and optimizer state, plus "
+                     "gradient buckets of torch's default caps (gradient_as_bucket_view=False, as Lightning "
+                     "sets it); not modelled: gloo/NCCL buffers")
     if recipe.optimizer in optimizers.EIGHT_BIT:
         notes.append(f"{recipe.optimizer}: state from bitsandbytes {_eight_bit_layout().version}'s layout "
                      f"(memclaims.sim.eight_bit); the fused step allocates no temporaries")
+    if recipe.optimizer == "adafactor":
+        notes.append("adafactor: transformers' own step on fake tensors, one parameter at a time (it has no "
+                     "foreach path): factored second moment for matrices, no first moment")
     session = _Session(chosen, limit_bytes)
     session.allocator.events = allocator_events
     phases: dict[str, PhaseResult] = {}
@@ -542,61 +626,58 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     with _out_of_memory(recipe, chosen, limit_bytes, phases), session.active():
         with session.phase(phases, "load"):
             model = _load(session, recipe, build)
+            if recipe.activation_checkpointing:  # as the real engine's build (wrapping allocates nothing)
+                notes.append(checkpointing.enable(model, recipe.workload))
+            # fabric.setup under DDP: the Reducer's gradient buckets, alive for the whole run.
+            buckets = ddp.allocate_buckets(list(model.parameters())) if recipe.strategy == "ddp" else []
         param_count = sum(p.numel() for p in model.parameters())
         param_tensors = len(list(model.parameters()))
         with session.phase(phases, "train"):
             states = _train(session, recipe, model, steps, inputs_fn)
-        breakdown = dict(session.recorder.phases["train"].breakdown)
         site = dict(session.memory.reserved_peak_site)
-        del model
-    if site:
-        where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
-        notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
-                     f"reserved memory to {site['reserved_bytes']} B)")
-    notes.extend(_limit_notes(session))
-    load, train = phases["load"], phases["train"]
-    # The contract's keys per phase, plus the sim's live tensor bytes for load and train.
-    phases_out = phase_entries(session.recorder.phases)
-    phases_out["load"]["live_bytes"], phases_out["train"]["live_bytes"] = load.live_bytes, train.live_bytes
-    record = Record(
-        **recipe.record_fields(),
-        device="sim",
-        device_name=f"simulated {chosen.gpu}",
-        probe=f"sim:{chosen.name}",
-        precision="32-true" if recipe.plain_pytorch else recipe.precision,
-        memory_steps=steps,
-        param_count=param_count,
-        param_tensor_count=param_tensors,
-        load_peak_bytes=load.allocated_bytes,
-        peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
-        peak_reserved_bytes=max(load.reserved_bytes, train.reserved_bytes),
+        del model, buckets
+    notes.extend(_allocator_notes(site, session))
+    return build_record(
+        recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
+        precision="32-true" if recipe.plain_pytorch else recipe.precision, memory_steps=steps,
+        param_count=param_count, param_tensor_count=param_tensors, phases=session.recorder.phases,
+        step_peaks=session.recorder.step_peaks,
         peak_reserved_total_bytes=session.allocator.stats.reserved_high_water,  # never reset: the article's figure
         reference_load_peak_bytes=reference.peak.allocated_bytes if reference else None,
-        accuracy=None,
-        final_loss=None,
-        nan_loss=False,
-        nan_step=None,
-        step_time_s=None,
-        weights="random",
-        data="none (fake tensors)",
-        versions=library_versions(),
-        # The contract's keys per phase, plus the sim's live tensor bytes for load and train.
-        phases=phases_out,
-        step_peaks={name: list(peaks) for name, peaks in session.recorder.step_peaks.items()},
-        breakdown=breakdown,
-        notes=notes,
-        **states,
+        weights="random", data=FAKE_DATA, notes=notes, observed=states,
     )
-    return record
+
+
+def _simulate_zero2(recipe: Recipe, profile: str, memory_steps: int | None) -> Record:
+    """Rank 0 of the recipe's DeepSpeed ZeRO-2 run (memclaims.sim.zero): the same recipe replayed on one
+    simulated GPU with the model in the half dtype (DeepSpeed's ``module.half()``/``bfloat16()``, no
+    autocast), its activations added to ZeRO-2's per-rank model states."""
+    import memclaims.sim.zero as zero
+    from memclaims.recipes.recipe import resolve
+
+    half = "16-true" if recipe.precision == "16-mixed" else "bf16-true"
+    rest = [t for t in recipe.techniques if t != "deepspeed-zero2" and t != recipe.precision]
+    one_gpu = simulate(resolve(recipe.workload.name, recipe.scale.name, [half, *rest], recipe.sizes),
+                       profile=profile, memory_steps=memory_steps)
+    config = zero.Zero2Config(model_dtype=PRECISIONS[half].param_dtype)
+    terms = zero.zero2_rank_bytes(*zero.single_gpu_activations(one_gpu), config=config)
+    notes = [*one_gpu.notes, f"DeepSpeed ZeRO-2 rank 0 of {config.world} by per-rank accounting (memclaims.sim.zero): "
+             f"{half} one-GPU replay's activations + model states by term {dataclasses.asdict(terms)}; peaks are "
+             "the terms' sum (allocated = reserved: no allocator replay of the whole)"]
+    return dataclasses.replace(
+        one_gpu, **recipe.record_fields(), precision=recipe.precision, param_bytes=terms.fp16_model,
+        grad_bytes=terms.fp32_grad_partition, optimizer_state_bytes=terms.fp32_master + terms.adam_states,
+        peak_allocated_bytes=terms.total, peak_reserved_bytes=terms.total, peak_reserved_total_bytes=terms.total,
+        phases={}, step_peaks={}, breakdown=dataclasses.asdict(terms), devices=config.world, rank=0, notes=notes)
 
 
 def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str],
-                      limit_bytes: int | None) -> Record:
+                      limit_bytes: int | None, devices: int | None) -> Record:
     """Rank 0 of the recipe's FSDP1 run (memclaims.sim.sharded): per-rank accounting on fake tensors."""
     import memclaims.sim.sharded as sharded
 
     build, inputs_fn = _model_fns(recipe)
-    world = sharded.WORLD_SIZE
+    world = devices or sharded.WORLD_SIZE
     shard_dtype = PRECISIONS[recipe.precision].param_dtype
     param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision, chosen.lightning_era)
     lightning = "installed" if chosen.lightning_era == "installed" else f"{chosen.lightning_era}-era"
@@ -638,25 +719,16 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         if replayed:
             notes.append(f"{replayed} micro-batches replayed from micro-batch 2's allocations, which matched micro-batch "
                          "1's event for event (memclaims.sim.repeat)")
-        breakdown = dict(session.memory.breakdown_at_peak)
         site = dict(session.memory.reserved_peak_site)
         del model, wrapped
-    if site:
-        where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
-        notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
-                     f"reserved memory to {site['reserved_bytes']} B)")
-    notes.extend(_limit_notes(session))
-    load, train = phases["load"], phases["train"]
-    return Record(
-        **recipe.record_fields(), device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
+    notes.extend(_allocator_notes(site, session))
+    # The same phases entries as every engine's (the contract's keys, and live_bytes for load and train).
+    return build_record(
+        recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
         precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,
-        load_peak_bytes=load.allocated_bytes,
-        peak_allocated_bytes=max(load.allocated_bytes, train.allocated_bytes),
-        peak_reserved_bytes=max(load.reserved_bytes, train.reserved_bytes),
-        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, reference_load_peak_bytes=None,
-        accuracy=None, final_loss=None, nan_loss=False, nan_step=None, step_time_s=None, weights="random",
-        data="none (fake tensors)", versions=library_versions(), devices=world, rank=0,
-        phases={"load": load.as_dict(), "train": train.as_dict()}, breakdown=breakdown, notes=notes, **states,
+        phases=session.recorder.phases, step_peaks=session.recorder.step_peaks,
+        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, weights="random", data=FAKE_DATA,
+        notes=notes, observed=states, devices=world, rank=0,
     )
 
 
@@ -664,12 +736,12 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
 _UNSUPPORTED_FLAGS: dict[str, str] = {}
 # Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
 # real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit.
-_OPTIMIZERS = ("adam", "sgd", "adamw", *optimizers.EIGHT_BIT)
+_OPTIMIZERS = ("adam", "sgd", "adamw", "adafactor", *optimizers.EIGHT_BIT)
 
 
 def _eight_bit_layout() -> Any:
     """The installed bitsandbytes' 8-bit layout (read on real CPU tensors), or UsageError with the reason."""
-    from memclaims.optim_state import eight_bit_layout
+    from memclaims.core.optim_state import eight_bit_layout
 
     try:
         return eight_bit_layout()
@@ -685,6 +757,10 @@ def check(recipe: Recipe) -> None:
         import memclaims.sim.sharded as sharded
 
         sharded.check(recipe)
+    if recipe.strategy == "deepspeed_stage_2" and (recipe.precision not in ("16-mixed", "bf16-mixed")
+                                                   or recipe.optimizer != "adam"):
+        raise UsageError(f"the sim device cannot run {recipe.id}: its DeepSpeed ZeRO-2 accounting (memclaims.sim.zero) "
+                         "covers 16-mixed or bf16-mixed with Adam, as bonus_distilbert-before ran")
     for flag, reason in _UNSUPPORTED_FLAGS.items():
         if getattr(recipe, flag):
             raise UsageError(f"the sim device cannot run {recipe.id}: {reason}")

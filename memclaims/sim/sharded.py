@@ -52,19 +52,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memclaims import optimizers
-from memclaims.errors import UsageError
-from memclaims.probes import optimizer_state_tensors
-from memclaims.recipe import Recipe
+from memclaims.core.errors import UsageError
+from memclaims.core.record import OPTIMIZER_STATE, PARAMETERS
+from memclaims.measure import optimizers
+from memclaims.measure.tensors import optimizer_state_tensors
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.repeat import RepeatedMicroBatches
 from memclaims.sim.tracker import DeviceMemory
+
+if TYPE_CHECKING:
+    from memclaims.recipes.recipe import Recipe
 
 WORLD_SIZE = 4  # the article's multi-GPU runs and the ViT-H/14 series: 4 GPUs
 DEFAULT_STREAM, UNSHARD_STREAM, POST_BACKWARD_STREAM = 0, 1, 2
@@ -299,6 +302,14 @@ class _Wrapped(nn.Module):
         super().__init__()
         self.block, self.unit, self.checkpointing, self.order = block, unit, checkpointing, order
 
+    def __getattr__(self, name: str) -> Any:
+        """The block's attributes, as FSDP and CheckpointWrapper forward them (``TransformerEncoder``
+        reads ``layers[0].self_attn``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.block, name)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.unit.unshard()
         if self.unit not in self.order:
@@ -406,7 +417,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     memory: DeviceMemory = session.memory
     shards = sharded.shards()
     for shard in shards:
-        memory.tag(shard, "parameters")
+        memory.tag(shard, PARAMETERS)
     offload = recipe.cpu_offload
     optimizer, scheduler = optimizers.build(recipe.optimizer, nn.ParameterList(shards), recipe.learning_rate, 1000)
     for group in optimizer.param_groups:
@@ -458,7 +469,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
             memory.counting = True
             memory.in_optimizer = False
         for value in optimizer_state_tensors(optimizer):
-            memory.tag(value, "optimizer_state")
+            memory.tag(value, OPTIMIZER_STATE)
         if accumulation > 1:
             optimizer.zero_grad()
         if scheduler is not None:

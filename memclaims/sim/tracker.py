@@ -18,9 +18,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memclaims.record import ACTIVATIONS, CATEGORIES
+from memclaims.core.record import ACTIVATIONS, CATEGORIES
 from memclaims.sim.allocator import CachingAllocator
 from memclaims.sim.profiles import Profile
+from memclaims.sim.rnn_workspace import RNN_LAYER, with_workspace
 
 OTHER = ACTIVATIONS  # what an untagged storage counts as
 
@@ -89,6 +90,8 @@ class DeviceMemory(TorchDispatchMode):
             scratch = self._attention_copies(func, kernel, args)
         self.op = func
         out = func(*args, **(kwargs or {}))
+        if func is RNN_LAYER:
+            out = with_workspace(args, out)
         if kernel in _BLHD_KERNELS:
             out = _blhd_outputs(func, out)
         # An output that aliases an input (a view, an in-place op: its schema says so) allocates

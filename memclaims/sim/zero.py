@@ -17,7 +17,7 @@ peak (the backward of a later step) is summed here, each term from the code that
 - ``reduce_buckets``: ``DeepSpeedZeroOptimizer.backward`` allocates, with ``contiguous_gradients``,
   an ``ipg_buffer`` of ``reduce_bucket_size`` elements in the model's dtype, and a second one with
   ``overlap_comm`` ("double buffers"), alive through the whole backward, whatever the model's size;
-- ``activations``: the same recipe replayed on one simulated GPU (``memclaims.sim.simulate``), its
+- ``activations``: the same recipe replayed on one simulated GPU (``DISTILBERT_ONE_GPU``), its
   peak reserved bytes less its own model states (parameters, gradients, optimizer state).
 
 Lightning's ``DeepSpeedStrategy.__init__`` (``lightning/fabric/strategies/deepspeed.py``; the same
@@ -36,8 +36,12 @@ on a side stream); the fp16 ``grads_in_partition`` coexisting with the fp32 part
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from memclaims.core.record import Record
 
 WORLD_SIZE = 4  # the article's LLM bonus: 4 GPUs
 NCCL_START_ALIGNMENT_FACTOR = 2  # stage_1_and_2.py: "4-byte alignment/sizeof(fp16) = 2"
@@ -96,23 +100,23 @@ def zero2_rank_bytes(param_count: int, activations: int, config: Zero2Config = L
     )
 
 
-def single_gpu_activations(workload: str = "distilbert", precision: str = "16-true",
-                           profile: str = "article") -> tuple[int, int]:
-    """(parameter count, activation and workspace bytes) of the recipe replayed on one simulated GPU:
-    its peak reserved bytes less its model states. ``16-true``: under DeepSpeed the model is fp16
-    (``module.half()``) and Fabric's ``DeepSpeedPrecision.forward_context`` only sets the default dtype,
-    no autocast, so the forward runs as the sim's 16-true does, not as its 16-mixed (autocast: fp32
-    copies saved for backward)."""
-    from memclaims.recipe import resolve
-    from memclaims.sim import simulate
+# bonus_distilbert-before's one-GPU replay (workload, scale, techniques): 16-true, since under DeepSpeed the
+# model is fp16 (``module.half()``) and Fabric's ``DeepSpeedPrecision.forward_context`` only sets the default
+# dtype, no autocast, so the forward runs as the sim's 16-true does, not as its 16-mixed (autocast: fp32
+# copies saved for backward). Its callers measure it through the one door (memclaims.run.measure).
+DISTILBERT_ONE_GPU = ("distilbert", "article", ("16-true",))
 
-    record = simulate(resolve(workload, "article", (precision,)), profile=profile)
+
+def single_gpu_activations(record: Record) -> tuple[int, int]:
+    """(parameter count, activation and workspace bytes) of a one-GPU sim Record: its peak reserved
+    bytes less its model states."""
     assert record.peak_reserved_total_bytes is not None  # the sim always predicts the reserved total
     states = record.param_bytes + record.grad_bytes + record.optimizer_state_bytes
     return record.param_count, record.peak_reserved_total_bytes - states
 
 
-def predict_distilbert_before() -> Zero2Terms:
-    """bonus_distilbert-before: DistilBERT, ZeRO-2 x4, fp16, batch 12 of 512 tokens, rank 0."""
-    params, activations = single_gpu_activations()
+def predict_distilbert_before(one_gpu: Record) -> Zero2Terms:
+    """bonus_distilbert-before: DistilBERT, ZeRO-2 x4, fp16, batch 12 of 512 tokens, rank 0, from the
+    sim's Record of ``DISTILBERT_ONE_GPU``."""
+    params, activations = single_gpu_activations(one_gpu)
     return zero2_rank_bytes(params, activations)

@@ -1,4 +1,4 @@
-"""memclaims.sim.alloc_trace: a GPU's allocator history replayed through the sim's allocator model.
+"""memclaims.gpu.alloc_trace: a GPU's allocator history replayed through the sim's allocator model.
 
 No GPU here, so the histories are the model's own (``simulate(..., allocator_events=...)``) written
 out in the shape of ``torch.cuda.memory._snapshot()``, and small hand-built ones."""
@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
-from memclaims import diagnosis, gpucheck
-from memclaims.errors import UsageError
-from memclaims.recipe import resolve
-from memclaims.record import Record
-from memclaims.sim import alloc_trace, simulate
+from memclaims.core.errors import UsageError
+from memclaims.core.record import Record
+from memclaims.gpu import alloc_trace
+from memclaims.gpu import check as gpucheck
+from memclaims.measure import diagnosis
+from memclaims.recipes.recipe import resolve
+from memclaims.sim import simulate
 from memclaims.sim.allocator import AllocatorConfig, MiB, TraceEvent
 
 pytestmark = pytest.mark.sim
@@ -146,12 +148,19 @@ def test_sharded_recipes_refuse_an_allocator_history() -> None:
 
 
 def test_gpu_check_step_saves_the_trace_and_reports_the_replay(tmp_path: Path, monkeypatch, model_history) -> None:
-    """The allocator-trace step with ``measure`` faked: it writes a history-only snapshot as the
-    CUDA probe would, and the step turns it into a trace, a replay and the sim's prediction."""
+    """The allocator-trace step with ``measure`` faked on CUDA: it writes a history-only snapshot as the
+    CUDA probe would, and the step turns it into a trace, a replay and the sim's prediction (the real
+    door: the sim's history comes back beside its Record)."""
+    import memclaims.run
+
     record, events = model_history
     recipe_seen: list[str] = []
+    real_measure = memclaims.run.measure
 
     def fake_measure(recipe: Any, options: Any) -> list[Record]:
+        if options.device == "sim":
+            assert options.allocator_events and options.memory_steps == gpucheck.TRACE_STEPS
+            return real_measure(recipe, options)
         recipe_seen.append(recipe.id)
         assert options.device == "cuda" and options.memory_steps == gpucheck.TRACE_STEPS
         assert diagnosis.history_entries() == gpucheck.TRACE_ENTRIES
@@ -161,7 +170,7 @@ def test_gpu_check_step_saves_the_trace_and_reports_the_replay(tmp_path: Path, m
         path.write_bytes(pickle.dumps(as_snapshot(events)))
         return [record]
 
-    monkeypatch.setattr("memclaims.measure.measure", fake_measure)
+    monkeypatch.setattr("memclaims.run.measure", fake_measure)
     monkeypatch.setattr(gpucheck, "TRACE_WORKLOAD", "vit")
     monkeypatch.setattr(gpucheck, "SIM_PROFILE", "h100")
     monkeypatch.setattr(diagnosis, "_history_stacks", True)

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memclaims.baselines import SCHEMA, Baseline, BaselineError, BaselineStore
+from memclaims.baselines.store import SCHEMA, Baseline, BaselineError, BaselineStore
 
 ENV = "cpu-x86_64"
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

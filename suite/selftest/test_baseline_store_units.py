@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from memclaims import baselines as b
-from memclaims.baselines import Baseline, BaselineError, BaselineStore
-from memclaims.testing import fake_record
+from memclaims.baselines import store as b
+from memclaims.baselines.store import Baseline, BaselineError, BaselineStore
+from memclaims.pytest.testing import fake_record
 
 AVX2 = {"machine": "x86_64", "capability": "avx2", "half_features": [], "torch_build": "cu130"}
 AVX512 = {"machine": "x86_64", "capability": "avx512", "half_features": [], "torch_build": "cu130"}
@@ -147,31 +147,49 @@ def test_obtained_then_accepted(tmp_path: Path) -> None:
         store.accept(environment)
 
 
-def test_measured_accuracy_tolerances(tmp_path: Path) -> None:
-    store = BaselineStore(tmp_path)
-    assert store.tolerances() == {} and store.accuracy_tolerance("vit-smoke/sgd") is None
-    (tmp_path / b.TOLERANCES).write_text(json.dumps({"schema": b.SCHEMA, "accuracy": {"recipes": {
-        "vit-smoke/sgd": {"tolerance": 0.03, "cross_class_tolerance": 0.07}}}}))
-    store = BaselineStore(tmp_path)
-    assert store.accuracy_tolerance("vit-smoke/sgd") == 0.03
-    assert store.accuracy_tolerance("vit-smoke/sgd", across_classes=True) == 0.07
-    assert store.accuracy_tolerance("vit-smoke/other") is None
+def test_measured_noise_and_a_tolerance_file_that_cannot_be_trusted(tmp_path: Path) -> None:
+    file = tmp_path / "tolerances.json"
+    store = BaselineStore(tmp_path, tolerances=file)
+    assert store.tolerances() == {} and store.noise().accuracy == {}
+    file.write_text(json.dumps({"schema": b.SCHEMA, "accuracy": {"recipes": {
+        "vit-converged/sgd": {"same": 0.005, "change": 0.02, "by_seed": {"123": 0.95, "1": 0.96}}}},
+        "losses": {"per_step": [0.001, 0.002]}}))
+    noise = BaselineStore(tmp_path, tolerances=file).noise()
+    assert (noise.accuracy["vit-converged/sgd"].change, noise.loss_per_step) == (0.02, [0.001, 0.002])
     for text, problem in (("{", "cannot be read"), (json.dumps({"schema": 99}), "expected an object with schema 1"),
-                          ("[1]", "expected an object")):
-        (tmp_path / b.TOLERANCES).write_text(text)
+                          ("[1]", "expected an object"),
+                          (json.dumps({"schema": 1, "accuracy": {"recipes": {"r": {"same": 0.1}}}}),
+                           "not the measured noise memclaims writes")):
+        file.write_text(text)
         with pytest.raises(BaselineError, match=problem):
-            BaselineStore(tmp_path).tolerances()
+            BaselineStore(tmp_path, tolerances=file).noise()
+
+
+def test_the_store_reads_a_users_own_noise_else_the_packaged_one(tmp_path: Path) -> None:
+    from memclaims.core import packaged
+
+    assert BaselineStore(tmp_path).tolerance_file() == packaged.resource(packaged.TOLERANCES)
+    own = tmp_path / "tolerances.json"  # memclaims baselines spread --out BASELINES_DIR/tolerances.json
+    own.write_text(json.dumps({"schema": 1, "accuracy": {"recipes": {}}}))
+    assert BaselineStore(tmp_path).tolerance_file() == own
+    assert BaselineStore(tmp_path).tolerances() == {"schema": 1, "accuracy": {"recipes": {}}}
+    given = tmp_path / "given.json"
+    assert BaselineStore(tmp_path, tolerances=given).tolerance_file() == given
 
 
 def test_published_numbers_file(tmp_path: Path) -> None:
-    with pytest.raises(BaselineError, match="cannot be read"):
-        b.load_published(tmp_path)
+    from memclaims.core.errors import DataError
+    from memclaims.core.published import load_published
+
+    path = tmp_path / "published.json"
+    with pytest.raises(DataError, match="cannot be read"):
+        load_published(path)
     for text in ("{", json.dumps({"schema": 2}), json.dumps([1]), json.dumps({})):
-        (tmp_path / "published.json").write_text(text)
-        with pytest.raises(BaselineError, match=f"published numbers {tmp_path / 'published.json'}"):
-            b.load_published(tmp_path)
-    (tmp_path / "published.json").write_text(json.dumps({"schema": 1, "rows": [1]}))
-    assert b.load_published(tmp_path) == {"schema": 1, "rows": [1]}
+        path.write_text(text)
+        with pytest.raises(DataError, match=f"published numbers {path}"):
+            load_published(path)
+    path.write_text(json.dumps({"schema": 1, "rows": [1]}))
+    assert load_published(path) == {"schema": 1, "rows": [1]}
 
 
 def test_non_finite_numbers_are_stored_as_null() -> None:

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from memclaims.baselines import BaselineError, BaselineStore, environment_id
-from memclaims.compare import REGRESSION, STALE, compare
-from memclaims.record import Record
-from memclaims.testing import FAKE_PEAK, FAKE_VERSIONS, fake_record, make_project
+from memclaims.baselines.compare import REGRESSION, STALE, compare
+from memclaims.baselines.store import BaselineError, BaselineStore
+from memclaims.core.environment import environment_id
+from memclaims.core.record import Record
+from memclaims.pytest.testing import FAKE_PEAK, FAKE_VERSIONS, PLATEAU, fake_record, make_project
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
@@ -36,7 +37,7 @@ def scaled(record: Record, factor: float, **changes: Any) -> Record:
 
 INNER_TEST = """
 import json, pathlib, pytest
-from memclaims.record import Record
+from memclaims.core.record import Record
 
 HERE = pathlib.Path(__file__).parent
 NAMES = sorted(p.stem for p in HERE.glob("rec_*.json"))
@@ -105,12 +106,14 @@ def test_less_memory_is_stale_and_fails_only_when_strict(project: pytest.Pyteste
 
 
 def test_accuracy_fails_only_when_it_drops(project: pytest.Pytester) -> None:
-    add_case(project, "a", fake_record(accuracy=0.50))
+    add_case(project, "a", fake_record(accuracy=0.50, accuracy_schedule=PLATEAU))
     store(project).store_record(fake_record(accuracy=0.60))
     result = project.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     assert ("accuracy got worse than its baseline: baseline 60.00 %, now 50.00 %, change -10.00 points "
             "(tolerance -2.00 points)") in output(result)
+    add_case(project, "a", fake_record(accuracy=0.50))  # short of its plateau: reported only
+    project.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
 def test_step_time_fails_only_above_the_users_threshold(project: pytest.Pytester) -> None:
@@ -299,20 +302,20 @@ def test_this_machines_class_is_what_aten_runs(monkeypatch: pytest.MonkeyPatch) 
     import subprocess
     import sys
 
-    code = "from memclaims.environment import cpu_capability; print(cpu_capability())"
+    code = "from memclaims.core.environment import cpu_capability; print(cpu_capability())"
     env = {**__import__("os").environ, "ATEN_CPU_CAPABILITY": "default"}
     forced = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert forced.stdout.strip() == "default"
 
 
 def test_a_sibling_class_is_compared_and_the_difference_said(project: pytest.Pytester) -> None:
-    now = fake_record(environment=AVX2, accuracy=0.50)
+    now = fake_record(environment=AVX2, accuracy=0.50, accuracy_schedule=PLATEAU)
     add_case(project, "a", now)
     store(project).store_record(fake_record(environment=AVX512_BF16, accuracy=0.60))
     result = project.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     text = output(result)
-    assert "accuracy got worse than its baseline: baseline 60.00 %, now 50.00 %" in text
+    assert "got worse than its baseline: baseline 60.00 %, now 50.00 %" in text
     assert "baseline from avx512 with amx, bf16 (cu130), this machine avx2 (cu130)" in text
     result.stdout.re_match_lines([r"cpu:vit-smoke/fake-a\s+cpu-x86_64-avx512-amx-bf16-cu130\s+accuracy.*regression"])
     # Its own class wins over a sibling once it exists.
@@ -321,11 +324,11 @@ def test_a_sibling_class_is_compared_and_the_difference_said(project: pytest.Pyt
 
 
 def test_measured_accuracy_tolerance_applies(project: pytest.Pytester) -> None:
-    add_case(project, "a", fake_record(accuracy=0.55))
+    add_case(project, "a", fake_record(accuracy=0.55, accuracy_schedule=PLATEAU))
     store(project).store_record(fake_record(accuracy=0.60))
     project.runpytest("-p", "no:cacheprovider").assert_outcomes(failed=1)  # default: 2 points
     (project.path / "baselines" / "tolerances.json").write_text(json.dumps(
-        {"schema": 1, "accuracy": {"recipes": {"vit-smoke/fake-a": {"tolerance": 0.06}}}}))
+        {"schema": 1, "accuracy": {"recipes": {"vit-smoke/fake-a": {"same": 0.06, "change": 0.08}}}}))
     project.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     (project.path / "baselines" / "tolerances.json").write_text("{")
     broken = project.runpytest("-p", "no:cacheprovider")
@@ -426,9 +429,10 @@ def test_memory_tolerance_boundary_and_directions() -> None:
 
 
 def test_published_numbers_are_stored_as_data() -> None:
-    from memclaims.baselines import load_published
+    from memclaims.core import packaged
+    from memclaims.core.published import load_published
 
-    data = load_published(ROOT / "baselines")
+    data = load_published(packaged.resource(packaged.PUBLISHED))
     chain = {row["script"]: row for row in data["vit_chain"]}
     assert (chain["06_sgd-with-scheduler"]["peak_reserved_gb"], chain["01-2_pytorch-fabric"]["time_min"]) == (2.02, 17.88)
     assert all(row["source"] for row in data["vit_chain"] + data["multi_gpu"] + data["llm_bonus"])

@@ -6,17 +6,17 @@ import dataclasses
 
 import pytest
 
-from memclaims import budget
-from memclaims import techniques as registry
-from memclaims.options import RunOptions, accuracy_schedule
-from memclaims.recipe import resolve
-from memclaims.runner import run
+from memclaims.core import techniques as registry
+from memclaims.measure.runner import run
+from memclaims.recipes.options import RunOptions, accuracy_schedule
+from memclaims.recipes.recipe import resolve
+from memclaims.report import budget
 
 
 def test_article_scale_has_a_budgeted_schedule_and_full_epochs_on_request() -> None:
     recipe = resolve("vit", "article", ("bf16-true",))
     assert accuracy_schedule(recipe, RunOptions()) == {
-        "kind": "steps", "epochs": None, "optimizer_steps": 50, "test_examples": 2000}
+        "kind": "steps", "epochs": None, "optimizer_steps": 50, "test_examples": 2000, "plateau": False}
     weekly = accuracy_schedule(recipe, RunOptions(accuracy_full_epochs=True))
     assert weekly["kind"] == "epochs" and weekly["epochs"] == 1 and weekly["test_examples"] is None
     assert accuracy_schedule(recipe, RunOptions(accuracy_epochs=2))["epochs"] == 2
@@ -31,7 +31,7 @@ def test_a_budgeted_run_trains_its_steps_scores_its_examples_and_declares_them(m
     recipe = resolve("vit", "smoke", ("bf16-true",))
     budgeted = dataclasses.replace(recipe, scale=dataclasses.replace(recipe.scale, accuracy_steps=7,
                                                                      accuracy_test_examples=20))
-    from memclaims import loop
+    from memclaims.measure import loop
 
     calls: list[int] = []
     original = loop.TrainingLoop.train
@@ -43,7 +43,8 @@ def test_a_budgeted_run_trains_its_steps_scores_its_examples_and_declares_them(m
     monkeypatch.setattr(loop.TrainingLoop, "train", counting)
     record = run(budgeted, RunOptions(memory_steps=2))
     assert calls == [2, 7]  # the memory steps, then the budget (not an epoch: -1)
-    assert record.accuracy_schedule == {"kind": "steps", "epochs": None, "optimizer_steps": 7, "test_examples": 20}
+    assert record.accuracy_schedule == {"kind": "steps", "epochs": None, "optimizer_steps": 7, "test_examples": 20,
+                                        "plateau": False}  # smoke: trained for a budget, not to its plateau
     assert round(record.accuracy * 20) == pytest.approx(record.accuracy * 20, abs=1e-6)  # scored on 20 images
 
 
@@ -74,7 +75,7 @@ def test_parameter_count_from_sizes_matches_the_model(workload: str, scale: str)
     import torch
 
     recipe = resolve(workload, scale, ("fabric",))
-    from memclaims.workloads import VIT_FAMILIES
+    from memclaims.workloads.vit import VIT_FAMILIES
 
     with torch.device("meta"):
         model = VIT_FAMILIES[workload].architecture(scale, recipe.workload.num_classes)

@@ -1,4 +1,4 @@
-"""Every check of memclaims/claims.py on constructed Records: it holds on a world shaped like the
+"""Every check of memclaims/claims/catalogue.py on constructed Records: it holds on a world shaped like the
 claim, and fails when that world is broken the way the claim guards against.
 
 The worlds: on the sim and gpu tiers, peaks, accuracies and times are the published ones (the sim's
@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-import memclaims.claims as claims
-from memclaims import published
-from memclaims.accuracy import BY_CLAIM as ACCURACY_PAIRS
-from memclaims.errors import UsageError
-from memclaims.record import Record
+import memclaims.claims.catalogue as claims
+from memclaims.claims.accuracy import BY_CLAIM as ACCURACY_PAIRS
+from memclaims.claims.lookup import Key, Lookup, Variant
+from memclaims.core import published
+from memclaims.core.errors import UsageError
+from memclaims.core.record import Record
 from suite.selftest.test_baselines import fake_record
 
 N = 20_000  # parameters of the constructed model
@@ -28,6 +29,7 @@ ACTIVATIONS = 2_000_000  # fp32 activations of the reference at the full batch
 GB = 1e9
 
 Techniques = tuple[str, ...]
+CHAIN_05 = ("bf16-true", "small-batch", "grad-accum")
 STAND_IN = ("bf16-true",)  # a recipe the article did not log takes 03's published figure
 SIM_05_FIDELITY = 1.010  # what the replay (the 2023-06 optimizer era) predicts for 05 against the published figure
 
@@ -77,10 +79,40 @@ def _article(techniques: Techniques, tier: str) -> Record:
                        "init-module" not in techniques)
 
 
-def world(tier: str) -> dict[Techniques, Record]:
-    wanted = {t for c in claims.CHECKS.values() for t in c.recipes_on(tier)}
+def load_record(techniques: Techniques, init_module_factor: float = 1.0) -> Record:
+    """The sim's load-only replay of a 07 script (RunOptions.load_only): the published reserved peaks, the
+    stock model's published parameter count."""
+    numbers = published.numbers("init-module-load")
+    gb = (numbers["init_module_gb"] * init_module_factor if "init-module" in techniques
+          else numbers["build_then_convert_gb"])
+    params = published.numbers("init-module-param-count")["params"]
+    peak = int(gb * GB)
+    return fake_record(f"vit-article/{'+'.join(techniques)}", scale="article", device="sim", techniques=list(techniques),
+                       precision="16-true", memory_steps=0, param_count=params, param_bytes=2 * params, grad_bytes=0,
+                       optimizer_state_bytes=0, load_peak_bytes=peak, peak_allocated_bytes=peak,
+                       peak_reserved_bytes=peak, peak_reserved_total_bytes=peak, accuracy=None)
+
+
+def fake_load(init_module_factor: float = 1.0) -> Callable[[Any, str], Record]:
+    """memclaims.report.reproduce's ``load_fn``: the load-only replays of ``load_record``."""
+    return lambda recipe, device: load_record(recipe.techniques, init_module_factor)
+
+
+BATCH_ONE_FRACTION = 0.2  # 05 at micro-batch 1: a fifth of its peak at micro-batch 4, an 80 % cut
+
+
+def _record(key: Key, tier: str) -> Record:
+    if isinstance(key, Variant):
+        if key.load_only:
+            return load_record(key.techniques)
+        return _memory(_article(key.techniques, tier), BATCH_ONE_FRACTION)  # a smaller micro-batch
+    return _cpu(key) if tier == "cpu" else _article(key, tier)
+
+
+def world(tier: str) -> dict[Key, Record]:
+    wanted: set[Key] = {t for c in claims.CHECKS.values() for t in c.recipes_on(tier)}
     wanted |= {("fabric",), ("sgd",), ("16-true",)}
-    return {t: _cpu(t) if tier == "cpu" else _article(t, tier) for t in wanted}
+    return {t: _record(t, tier) for t in wanted}
 
 
 def _memory(record: Record, factor: float) -> Record:
@@ -89,7 +121,7 @@ def _memory(record: Record, factor: float) -> Record:
                                           if getattr(record, f) is not None})
 
 
-def break_world(name: str, tier: str, records: dict[Techniques, Record], monkeypatch: pytest.MonkeyPatch) -> None:
+def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the claim false in ``records`` (or in what the check reads besides Records)."""
     check = claims.CHECKS[name]
     if isinstance(check.run, claims.Ratio):
@@ -107,7 +139,7 @@ def break_world(name: str, tier: str, records: dict[Techniques, Record], monkeyp
     elif name == "init-module-load":
         key = ("16-true", "init-module")
         records[key] = dataclasses.replace(records[key], load_peak_bytes=int(records[key].load_peak_bytes * 1.5))
-        _fake_load(monkeypatch, 1.5)
+        records[claims.LOAD_INIT_MODULE] = load_record(claims.LOAD_INIT_MODULE.techniques, 1.5)
     elif name in ("adam-two-states", "course-adamw-8-bytes"):
         fabric = records[("fabric",)]
         records[("fabric",)] = dataclasses.replace(fabric, optimizer_state_bytes=3 * fabric.param_bytes)
@@ -124,11 +156,24 @@ def break_world(name: str, tier: str, records: dict[Techniques, Record], monkeyp
         key = ("bf16-true", "small-batch")
         records[key] = _memory(records[("bf16-true",)], 1.01)
     elif name == "batch-1-further-75":
-        _fake_simulate(monkeypatch, 0.6)
+        records[claims.MICRO_BATCH_ONE] = _memory(records[CHAIN_05], 0.6)
     elif name == "bf16-supported":
         _fake_cuda(monkeypatch, bf16=False)
+    elif name == "bf16-range-for-precision":  # a bfloat16 with float16's range and precision
+        import torch
+
+        real_finfo = torch.finfo
+        monkeypatch.setattr(torch, "finfo", lambda dtype: real_finfo(torch.float16 if dtype == torch.bfloat16 else dtype))
+    elif name == "mixed-precision-keeps-fp32-ops":  # an autocast that runs the loss in bfloat16 too
+        import torch
+        import torch.nn.functional as F
+
+        real_ce = F.cross_entropy
+        monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: real_ce(*a, **k).to(torch.bfloat16))
+    elif name == "course-fp8-parameters":  # what bitsandbytes really stores: parameters in float32
+        monkeypatch.setattr(claims, "adam8bit_storage", REAL_ADAM8BIT_STORAGE)
     elif name == "course-quarter":  # a 1.5x larger 8-bit state: AdamW / Adam8bit = 2.6x, not 4x
-        from memclaims import optim_state
+        from memclaims.core import optim_state
 
         real_bytes = optim_state.adam8bit_bytes
         monkeypatch.setattr(optim_state, "adam8bit_bytes", lambda params, **k: int(1.5 * real_bytes(params, **k)))
@@ -142,16 +187,6 @@ def break_world(name: str, tier: str, records: dict[Techniques, Record], monkeyp
         monkeypatch.setattr(published, "numbers", off)
 
 
-def _fake_simulate(monkeypatch: pytest.MonkeyPatch, fraction: float) -> None:
-    import memclaims.sim as sim
-
-    def simulate(recipe: Any, **_: Any) -> Record:
-        accum = _article(("bf16-true", "small-batch", "grad-accum"), "sim")
-        return _memory(accum, fraction)
-
-    monkeypatch.setattr(sim, "simulate", simulate)
-
-
 def _fake_cuda(monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:
     import torch
 
@@ -160,33 +195,27 @@ def _fake_cuda(monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "constructed A100")
 
 
-def _fake_load(monkeypatch: pytest.MonkeyPatch, init_module_factor: float) -> None:
-    """The sim's load replay, answering the published reserved peaks of the 07 scripts."""
-    import types
-
-    import memclaims.sim as sim
-
-    numbers = published.numbers("init-module-load")
-    gb = {"init-module": numbers["init_module_gb"] * init_module_factor,
-          "build-then-convert": numbers["build_then_convert_gb"]}
-    monkeypatch.setattr(sim, "simulate_load", lambda mode: types.SimpleNamespace(
-        peak=types.SimpleNamespace(reserved_bytes=int(gb[mode] * GB))))
+REAL_ADAM8BIT_STORAGE = claims.adam8bit_storage
 
 
 def _prepare_holding(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if name == "init-module-load":
-        _fake_load(monkeypatch, 1.0)
-    if name == "batch-1-further-75":
-        _fake_simulate(monkeypatch, 0.2)
     if name == "bf16-supported":
         _fake_cuda(monkeypatch, bf16=True)
+    if name == "course-fp8-parameters":  # the slide's world: parameters stored in 8 bits
+        import torch
+
+        monkeypatch.setattr(claims, "adam8bit_storage",
+                            lambda: (torch.float8_e4m3fn, {"state1": torch.uint8, "state2": torch.uint8}))
 
 
 CASES = [(tier, name) for name, check in claims.CHECKS.items() for tier in sorted(check.tiers)]
 
 
-def _lookup(records: dict[Techniques, Record]) -> Callable[[Techniques], Record]:
-    return lambda techniques: records[tuple(techniques)]
+def _lookup(records: dict[Key, Record]) -> Lookup:
+    """The records by key; a model's parameters as memclaims.run builds them on the meta device."""
+    from memclaims.run import model_parameters
+
+    return Lookup(lambda key: records[key if isinstance(key, Variant) else tuple(key)], model_parameters)
 
 
 @pytest.mark.parametrize(("tier", "name"), CASES, ids=[f"{t}:{n}" for t, n in CASES])
@@ -206,8 +235,7 @@ def test_check_fails_on_a_world_where_it_does_not(tier: str, name: str, monkeypa
     assert not verdict.passed, verdict.detail
 
 
-def test_audited_details_say_text_logs_and_this_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_load(monkeypatch, 1.0)
+def test_audited_details_say_text_logs_and_this_run() -> None:
     verdict = claims.CHECKS["overall-20x"].run("sim", _lookup(world("sim")))
     assert "text 20x, logs 26.84 / 2.02 = 13.3x, this run 13.3x" in verdict.detail
     verdict = claims.CHECKS["init-module-load"].run("sim", _lookup(world("sim")))

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from memclaims import claim_runs
+from memclaims.claims import runs as claim_runs
 from memclaims.cli import main
+from memclaims.pytest.testing import CHECKOUT_CONFTEST
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
@@ -19,7 +20,7 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     """A throwaway project with a suite/test_claims.py whose verdicts are known in advance, and one
     external check the catalogue names (suite/test_sharding.py::test_sharding_lowers_the_per_rank_peak)."""
     pytester.makeini((ROOT / "pytest.ini").read_text())
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records", "fixtures.claim_runs"]')
+    pytester.makeconftest(CHECKOUT_CONFTEST)  # the plugin records the verdicts: nothing else to wire
     pytester.syspathinsert(ROOT)
     (pytester.path / "suite").mkdir()
     (pytester.path / "suite" / "test_claims.py").write_text(
@@ -54,19 +55,24 @@ def test_plugin_writes_each_verdict_and_the_cli_shows_them(project: pytest.Pytes
     assert verdicts["fsdp-memory@dist"]["verdict"] == "does not hold"
     assert verdicts["fsdp-memory@dist"]["nodeid"].startswith("suite/test_sharding.py::test_sharding_lowers")
 
-    assert main(["claims", "--results", str(path.parent)]) == 0
+    assert main(["claims", "--artifacts", str(path.parent)]) == 0
     out = capsys.readouterr().out
     line = next(row for row in out.splitlines() if row.startswith("sgd-memory "))
-    assert line.split()[2:6] == ["FAIL", "-", "-", "."], line  # cpu failed; sim, gpu not run; dist not checked
-    assert next(row for row in out.splitlines() if row.startswith("fp16-range ")).split()[2] == "ok"
+    # Printed in logs.md only (06 and 05's peaks); cpu failed; sim, gpu not run; dist not checked.
+    assert line.split()[2:7] == ["logs", "FAIL", "-", "-", "."], line
+    assert next(row for row in out.splitlines() if row.startswith("fp16-range ")).split()[2:4] == ["text", "ok"]
+    assert next(row for row in out.splitlines() if row.startswith("vit-h14-fsdp ")).split()[2] == "figure"
     assert "text 20x; logs 26.84 / 2.02 = 13.3x" in out
 
-    assert main(["claims", "--json", "--results", str(path)]) == 0
+    assert main(["claims", "--json", "--artifacts", str(path)]) == 0
     data = json.loads(capsys.readouterr().out)
     rows = {row["claim"]: row for row in data["claims"]}
     assert rows["overall-20x"]["tiers"]["sim"]["verdict"] == "holds"
     assert rows["overall-20x"]["tiers"]["dist"] == {"not_checked": rows["overall-20x"]["tiers"]["dist"]["not_checked"]}
     assert rows["overall-20x"]["published"]["text_factor"] == 20
+    assert rows["overall-20x"]["source_kind"] == "text+logs"  # 20x in the text, 2.02 GB in logs.md only
+    assert rows["overall-20x"]["printed"] == {"end_gb": "logs", "fp32_gb": "text", "text_factor": "text"}
+    assert rows["init-module-param-count"]["source_kind"] == "derived"
     assert data["coverage"]["total"] == len(rows) and data["coverage"]["nowhere"] < data["coverage"]["total"]
 
 
@@ -85,7 +91,7 @@ def test_a_later_run_keeps_the_verdicts_it_did_not_renew(tmp_path: Path) -> None
 
 
 def test_without_a_last_run_every_checked_tier_says_not_run(tmp_path: Path, capsys) -> None:
-    assert main(["claims", "--results", str(tmp_path)]) == 0
+    assert main(["claims", "--artifacts", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert next(row for row in out.splitlines() if row.startswith("overall-20x ")).split()[2:6] == ["-", "-", "-", "."]
+    assert next(row for row in out.splitlines() if row.startswith("overall-20x ")).split()[2:7] == ["text+logs", "-", "-", "-", "."]
     assert "absent: no pytest run has checked a claim here yet" in out

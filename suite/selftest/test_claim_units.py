@@ -1,4 +1,4 @@
-"""memclaims/claims.py beyond holds / does not hold on the two worlds of test_claim_checks: the
+"""memclaims/claims/catalogue.py beyond holds / does not hold on the two worlds of test_claim_checks: the
 boundaries each check draws, the numbers its detail reports, which peak a claim compares, why a tier
 skips a claim, and the catalogue's coverage rule."""
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-import memclaims.claims as claims
-from memclaims import published
-from memclaims.recipe import Recipe
-from memclaims.record import Record
+import memclaims.claims.catalogue as claims
+from memclaims.claims.lookup import Key, Lookup, recipe_of
+from memclaims.core import published
+from memclaims.core.record import Record
 from suite.selftest.test_claim_checks import CASES, _article, _fake_cuda, _lookup, _memory, _prepare_holding, world
 
 CHAIN_05 = ("bf16-true", "small-batch", "grad-accum")
@@ -42,33 +42,30 @@ def test_chain_must_fall_at_every_step_equal_is_not_lower() -> None:
     assert holding.detail.startswith("chain fabric 26.84 GB > 16-mixed 18.21 GB > bf16-true 13.82 GB > "), holding.detail
 
 
-def _simulated(monkeypatch: pytest.MonkeyPatch, cut: float) -> list[Recipe]:
-    import memclaims.sim as sim
-
-    asked: list[Recipe] = []
-
-    def simulate(recipe: Recipe, **_: Any) -> Record:
-        asked.append(recipe)
-        return _memory(_article(CHAIN_05, "sim"), 1 - cut)
-
-    monkeypatch.setattr(sim, "simulate", simulate)
-    return asked
+def _batch_one_world(cut: float) -> dict:
+    """The sim world, its 05 at micro-batch 1 ``cut`` below 05 at micro-batch 4."""
+    records = world("sim")
+    records[claims.MICRO_BATCH_ONE] = _memory(records[CHAIN_05], 1 - cut)
+    return records
 
 
 @pytest.mark.parametrize(("cut", "passed"), [(0.80, True), (0.74, True), (0.701, True), (0.69, False), (0.2, False)])
-def test_batch_one_cut_against_the_claimed_75_percent_less_5_points(cut: float, passed: bool,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    asked = _simulated(monkeypatch, cut)
-    verdict = claims.CHECKS["batch-1-further-75"].run("sim", _lookup(world("sim")))
+def test_batch_one_cut_against_the_claimed_75_percent_less_5_points(cut: float, passed: bool) -> None:
+    verdict = claims.CHECKS["batch-1-further-75"].run("sim", _lookup(_batch_one_world(cut)))
     assert verdict.passed is passed, verdict.detail
-    (recipe,) = asked
+
+
+def test_batch_one_is_05_in_micro_batches_of_one() -> None:
+    """What the check asks for: 05's recipe at its batch of 16, in 16 micro-batches of 1 (a size knob,
+    so its id is not 05's own)."""
+    recipe = recipe_of(claims.MICRO_BATCH_ONE, "vit", "article")
     assert (recipe.batch_size, recipe.accumulation_steps, recipe.micro_batch_size) == (16, 16, 1)
     assert recipe.techniques == CHAIN_05 and recipe.scale.name == "article"
+    assert recipe.id == "vit-article[accum=16]/bf16-true+small-batch+grad-accum"
 
 
-def test_batch_one_detail_has_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
-    _simulated(monkeypatch, 0.5)
-    records = world("sim")
+def test_batch_one_detail_has_the_numbers() -> None:
+    records = _batch_one_world(0.5)
     accum = records[CHAIN_05]
     detail = claims.CHECKS["batch-1-further-75"].run("sim", _lookup(records)).detail
     state = (accum.param_bytes + accum.grad_bytes + accum.optimizer_state_bytes) / 1e9
@@ -76,13 +73,6 @@ def test_batch_one_detail_has_the_numbers(monkeypatch: pytest.MonkeyPatch) -> No
     assert detail.startswith(f"micro-batch 1: {peak_gb * 0.5:.2f} GB vs micro-batch 4: {peak_gb:.2f} GB: cut 50.0% "
                              f"(claim 75%); parameters + gradients + Adam state alone are {state:.2f} GB "), detail
     assert detail.endswith(f"({state * 1e9 / claims.peak(accum):.0%} of the micro-batch-4 peak)")
-
-
-def test_micro_batch_one_keeps_the_batch_in_micro_batches_of_one() -> None:
-    from memclaims.recipe import resolve
-
-    recipe = claims.micro_batch_one(resolve("vit", "article", CHAIN_05))
-    assert (recipe.batch_size, recipe.accumulation_steps, recipe.micro_batch_size) == (16, 16, 1)
 
 
 def test_adam_state_detail_and_step_counters() -> None:
@@ -219,7 +209,7 @@ def test_the_catalogue_is_covered_and_each_gap_is_named(monkeypatch: pytest.Monk
     problems = claims.coverage_problems()
     assert "overall-20x: tier cpu needs exactly one of a check and a reason" in problems
     assert "fp16-range: kind 'vibes' is not one of memory, ratio, accuracy, time, count" in problems
-    assert "adam-two-states: the catalogue says memclaims/claims.py checks it, but it has no check" in problems
+    assert "adam-two-states: the catalogue says memclaims/claims/catalogue.py checks it, but it has no check" in problems
     assert "fp16-range: catalogue tiers ['cpu', 'sim'] != check tiers ['cpu']" in problems
     assert "sgd-two-thirds: empty reason for tier dist" in problems
     assert "check 'init-module-load' has no catalogue entry in published.json" in problems
@@ -244,15 +234,16 @@ def test_init_module_load_band_per_tier(tier: str, fidelity: float, passed: bool
     assert f"{'derived' if tier == 'cpu' else 'published'} {expected:.3f}" in verdict.detail
 
 
-def test_init_module_load_on_the_sim_is_the_load_replay_at_article_scale_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from suite.selftest.test_claim_checks import _fake_load
+def test_init_module_load_on_the_sim_is_the_load_replay_at_article_scale_only() -> None:
+    from suite.selftest.test_claim_checks import load_record
 
-    _fake_load(monkeypatch, 0.93)  # the replay: 0.93 of the published ratio, outside the sim's +-5 %
-    assert not claims.CHECKS["init-module-load"].run("sim", _lookup(world("sim"))).passed
+    replayed = world("sim")  # the replay: 0.93 of the published ratio, outside the sim's +-5 %
+    replayed[claims.LOAD_INIT_MODULE] = load_record(claims.LOAD_INIT_MODULE.techniques, 0.93)
+    assert not claims.CHECKS["init-module-load"].run("sim", _lookup(replayed)).passed
     assert claims.CHECKS["init-module-load"].run("gpu", _lookup(world("gpu"))).passed  # gpu: the Record's bytes
     smoke = {k: dataclasses.replace(r, scale="smoke") for k, r in _load_world("sim", 0.65 / 1.24).items()}
+    smoke[claims.LOAD_INIT_MODULE] = replayed[claims.LOAD_INIT_MODULE]  # not read off article scale
     assert claims.CHECKS["init-module-load"].run("sim", _lookup(smoke)).passed  # off article scale: the Record's
-    _fake_load(monkeypatch, 1.0)
     verdict = claims.CHECKS["init-module-load"].run("sim", _lookup(world("sim")))
     assert verdict.passed and "text 50 %, logs 1 - 0.65 / 1.24 = 47.6 %, this run 47.6%" in verdict.detail
 
@@ -372,12 +363,12 @@ def test_a_check_asks_for_exactly_the_recipes_it_declares(tier: str, name: str, 
     _prepare_holding(name, monkeypatch)
     records = world(tier)
     declared = claims.CHECKS[name].recipes_on(tier)
-    asked: list[tuple[str, ...]] = []
+    asked: list[Key] = []
 
-    def get(techniques: tuple[str, ...]) -> Record:
-        asked.append(tuple(techniques))
-        assert tuple(techniques) in declared, (name, tier, techniques, declared)
-        return records[tuple(techniques)]
+    def get(key: Key) -> Record:
+        asked.append(key)
+        assert key in declared, (name, tier, key, declared)
+        return records[key]
 
-    claims.CHECKS[name].run(tier, get)
+    claims.CHECKS[name].run(tier, Lookup(get, _lookup({}).parameters_of))
     assert set(asked) == set(declared)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from memclaims import distributed, launcher, lightning_fsdp
+from memclaims.measure import distributed, launcher, lightning_fsdp
+from memclaims.recipes.options import DEFAULT_TIMEOUT_S
 
 # What `srun` exports to a one-task job step: Lightning's SLURMEnvironment.detect() is True with these.
 SLURM = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "nightly", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0",
@@ -61,8 +62,9 @@ def _rank_records(run: int):
 
 
 def test_calibrate_sharded_recipe_stores_one_baseline_per_rank(tmp_path, monkeypatch, capsys) -> None:
-    from memclaims import calibration, cli
-    from memclaims.baselines import BaselineStore
+    from memclaims import cli
+    from memclaims.baselines.store import BaselineStore
+    from memclaims.report import calibration
 
     launched: list[tuple[str, int | None, float | None]] = []
     runs = iter(range(3))
@@ -75,7 +77,7 @@ def test_calibrate_sharded_recipe_stores_one_baseline_per_rank(tmp_path, monkeyp
     assert cli.main(["baselines", "calibrate", "vit-smoke/fsdp", "--runs", "3", "--devices", "2",
                      "--baselines-dir", str(tmp_path)]) == 0
     assert launched == [("vit-smoke/fsdp", 2, None)] * 3  # no wall-clock limit unless asked
-    from memclaims.baselines import environment_id
+    from memclaims.core.environment import environment_id
 
     stored = BaselineStore(tmp_path).load(environment_id(_rank_records(0)[0]), fresh=True)
     assert set(stored) == {"vit-smoke/fsdp@2/rank0", "vit-smoke/fsdp@2/rank1"}
@@ -89,7 +91,7 @@ def test_cli_run_timeout_is_an_option_not_a_hidden_limit(monkeypatch, capsys) ->
 
     seen: list[float | None] = []
 
-    def fake(recipe, options, devices=None, *, timeout_s=launcher.DEFAULT_TIMEOUT_S):
+    def fake(recipe, options, devices=None, *, timeout_s=DEFAULT_TIMEOUT_S):
         seen.append(timeout_s)
         raise SystemExit(0)
 
@@ -105,8 +107,8 @@ def test_cli_run_timeout_is_an_option_not_a_hidden_limit(monkeypatch, capsys) ->
 def test_sharded_fabric_is_given_the_environment_memclaims_chose(monkeypatch, in_slurm_job) -> None:
     import lightning.fabric
 
-    from memclaims.options import RunOptions
-    from memclaims.recipe import resolve
+    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.recipe import resolve
 
     built: list[dict] = []
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from memclaims.determinism import CUBLAS_WORKSPACE_CONFIG, deterministic
+from memclaims.measure.determinism import CUBLAS_WORKSPACE_CONFIG, deterministic
 
 
 class FakeTorch:
@@ -54,8 +54,8 @@ def test_a_users_workspace_setting_is_kept_and_a_nondeterministic_one_is_noted()
 
 
 def test_the_runner_wraps_every_run_in_it(monkeypatch) -> None:
-    from memclaims import determinism, pipeline, runner
-    from memclaims.recipe import resolve
+    from memclaims.measure import determinism, pipeline, runner
+    from memclaims.recipes.recipe import resolve
 
     seen: list[str] = []
     original = determinism.deterministic

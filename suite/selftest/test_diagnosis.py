@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from memclaims import diagnosis
-from memclaims.probes import CudaProbe
-from memclaims.record import Record
-from memclaims.testing import make_project
+from memclaims.core.record import Record
+from memclaims.measure import diagnosis
+from memclaims.measure.probes import CudaProbe
+from memclaims.pytest.testing import CHECKOUT_CONFTEST, make_project
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
@@ -33,7 +33,7 @@ class FakeCudaMemory:
 
 
 class FakeCuda:
-    """The parts of torch.cuda that CudaProbe.prepare and memclaims.diagnosis call."""
+    """The parts of torch.cuda that CudaProbe.prepare and memclaims.measure.diagnosis call."""
 
     def __init__(self) -> None:
         self.memory = FakeCudaMemory()
@@ -64,7 +64,7 @@ def test_cuda_probe_records_a_bounded_history_only_when_asked() -> None:
 
 FAKE_CASES = """
 import json, pathlib, pytest
-from memclaims.record import Record
+from memclaims.core.record import Record
 
 HERE = pathlib.Path(__file__).parent
 
@@ -84,7 +84,7 @@ class FakeCuda:
 @pytest.fixture(scope="module", autouse=True)
 def recipes_ran():
     # As the record cache does: every recipe runs (and captures its snapshot) before any check.
-    from memclaims import diagnosis
+    from memclaims.measure import diagnosis
 
     for name in ("grows", "same"):
         diagnosis.capture_snapshot(FakeCuda("vit-article/" + name), "vit-article/" + name)
@@ -120,7 +120,7 @@ def test_cuda_snapshot_of_the_failing_recipe_is_saved_on_memory_failure_only(pyt
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", fake._dump_snapshot)
     make_project(pytester, ROOT)
     pytester.makepyfile(test_fake=FAKE_CASES)
-    from memclaims.baselines import Baseline, BaselineStore
+    from memclaims.baselines.store import Baseline, BaselineStore
 
     store = BaselineStore(pytester.path / "baselines")
     store.update("nvidia-fake", {name: Baseline(Record(**_cuda_record(name)))
@@ -157,7 +157,7 @@ def test_cuda_snapshot_of_the_failing_recipe_is_saved_on_memory_failure_only(pyt
 _TRAINING_IMPORTS = ("lightning.fabric", "torch.distributed._tools.mem_tracker", "torchvision", "torch._dynamo",
                      "torch._inductor.test_operators", "torch.distributed.fsdp", "torch.distributed.tensor",
                      "torch.export", "torch.onnx", "torch.utils.flop_counter", "torch.sparse", "torch._prims",
-                     "torch.utils._debug_mode", "memclaims.runner")
+                     "torch.utils._debug_mode", "memclaims.measure.runner")
 
 
 @pytest.fixture(scope="module")
@@ -195,20 +195,18 @@ def test_cpu_case_failing_on_memory_saves_both_breakdowns(training_imports: None
 
 # --- out-of-memory cases are listed at the end of the run -----------------------------------
 
-OOM_CONFTEST = """
+OOM_CONFTEST = CHECKOUT_CONFTEST + """
 import dataclasses
-import fixtures.records
-from memclaims.errors import OutOfMemory
-from memclaims.record import Record
-
-pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]
+import memclaims.pytest.records
+from memclaims.core.errors import OutOfMemory
+from memclaims.core.record import Record
 
 def fake_measure(recipe, options):
     if "sgd" in recipe.techniques:
         raise OutOfMemory(recipe.id, options.device, "train", 123_456_789, "CPU out of memory (fake)")
     return [Record(**{f.name: None for f in dataclasses.fields(Record)} | {"recipe": recipe.id})]
 
-fixtures.records.measure = fake_measure
+memclaims.pytest.records.measure = fake_measure
 """
 OOM_TESTS = """
 import pytest
@@ -221,15 +219,15 @@ def test_case(technique, record_cache):
 
 
 def test_out_of_memory_case_is_listed_and_the_session_goes_on(pytester: pytest.Pytester) -> None:
-    import fixtures.records
+    import memclaims.pytest.records
 
     make_project(pytester, ROOT, conftest=OOM_CONFTEST)
     pytester.makepyfile(test_oom=OOM_TESTS)
-    real_measure = fixtures.records.measure
+    real_measure = memclaims.pytest.records.measure
     try:
         result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--memclaims-summary-json", "s.json")
     finally:
-        fixtures.records.measure = real_measure  # the conftest patched the shared module
+        memclaims.pytest.records.measure = real_measure  # the conftest patched the shared module
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines([
         "vit-smoke/sgd ran out of memory on cpu in the train phase while allocating 123456789 B*",
@@ -243,10 +241,10 @@ def test_out_of_memory_case_is_listed_and_the_session_goes_on(pytester: pytest.P
 
 def test_nested_session_restores_the_history_setting(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\n")
-    pytester.makeconftest('pytest_plugins = ["memclaims.pytest_plugin"]')
+    pytester.makeconftest(CHECKOUT_CONFTEST)
     pytester.syspathinsert(ROOT)
     pytester.makepyfile(test_x="""
-        from memclaims import diagnosis
+        from memclaims.measure import diagnosis
         def test_x():
             assert diagnosis.history_entries() == 1234
     """)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from memclaims import data, download
-from memclaims.testing import PLUGIN_CONFTEST, make_project
+from memclaims.pytest.testing import make_project
+from memclaims.workloads import data, download
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
@@ -33,7 +33,7 @@ def fetched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Path]]:
 
 
 def _session(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    make_project(pytester, ROOT, conftest=PLUGIN_CONFTEST).makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    make_project(pytester, ROOT).makepyfile(test_nothing="def test_nothing():\n    pass\n")
     return pytester.runpytest_inprocess("-p", "no:cacheprovider", "-s", *args)
 
 

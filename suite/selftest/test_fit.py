@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from memclaims import cli, fit, sim
-from memclaims.errors import UsageError
-from memclaims.recipe import Sizes, resolve
+from memclaims import cli, sim
+from memclaims.core.errors import UsageError
+from memclaims.recipes.recipe import Sizes, resolve
+from memclaims.report import fit
 
 pytestmark = pytest.mark.sim
 
@@ -26,9 +27,15 @@ def test_sizes_say_decimal_or_binary(text: str, expected: int) -> None:
     assert fit.parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["80G", "80", "GB", "-1GB", "80 gigabytes"])
+@pytest.mark.parametrize("text", ["80G", "80", "GB", "80 gigabytes"])
 def test_sizes_without_a_known_unit_are_refused(text: str) -> None:
     with pytest.raises(UsageError, match="valid units: B, KB, MB, GB, TB .* KiB, MiB, GiB, TiB"):
+        fit.parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["-1GB", "0GB", "0.4B", "-0.0GiB"])
+def test_sizes_that_are_no_budget_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match=f"--memory {text!r} is not a positive budget"):
         fit.parse_size(text)
 
 
@@ -69,7 +76,7 @@ def test_the_matrix_is_pruned_where_a_subset_already_fits(result: fit.FitResult)
             assert not has_fitting_subset, row  # nothing was replayed that a cheaper combination answers
     assert sum(r.status == "pruned" for r in result.rows) > 0
     # Every combination of the full matrix has a row.
-    from memclaims import techniques
+    from memclaims.core import techniques
 
     assert len(result.rows) == len(techniques.full_matrix(tuple(techniques.BY_NAME[n] for n in POOL))) + 1  # + fabric
 
@@ -125,3 +132,16 @@ def test_a_combination_past_the_budget_is_replayed_under_it_as_torch_retries() -
     row = next(r for r in starved.rows if r.techniques == ["fabric"])
     assert row.status == "too big" and not row.frees_cache and row.peak_reserved_bytes == reserved
     assert "out of memory in the train phase" in row.note
+
+
+def test_single_device_checkpointing_and_adafactor_are_ranked() -> None:
+    """Neither needs fsdp nor a real tensor: both are replayed, and each lowers the reference's peak."""
+    reference = sim.simulate(resolve(TINY, "smoke", [], SIZES))
+    budget = int(reference.peak_reserved_total_bytes * 0.7)  # the fp32 reference does not fit
+    result = fit.fit(TINY, budget, scale="smoke", sizes=SIZES, only=("activation-checkpointing", "adafactor"))
+    rows = {"+".join(r.techniques): r for r in result.rows}
+    assert set(rows) == {"fabric", "activation-checkpointing", "adafactor", "adafactor+activation-checkpointing"}
+    assert all(r.status != "not predicted" for r in rows.values()), [r.note for r in rows.values()]
+    for single in ("activation-checkpointing", "adafactor"):
+        assert rows[single].status in ("fits", "too big")
+        assert rows[single].peak_reserved_bytes < rows["fabric"].peak_reserved_bytes

@@ -4,29 +4,39 @@ the time caps, and the report from recorded step outputs."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from memclaims import gpucheck
+from memclaims.gpu import check as gpucheck
+
+
+def PARSE(args: list[str]) -> object:  # noqa: N802 - the CLI's parser, as scripts/gpu-check gives it
+    from memclaims.cli import parse
+
+    return parse(args)
+
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_dry_run_lists_every_step_and_each_command_parses(tmp_path) -> None:
+    # The script runs the `python` on PATH, as on the lent machine: this interpreter's.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     done = subprocess.run([str(ROOT / "scripts" / "gpu-check"), "--dry-run", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": path})
     assert done.returncode == 0, done.stderr
     for name in ("facts", "smoke-tier", "cuda-01-2", "cuda-06", "fsdp-offload", "history", "allocator-trace", "sim"):
         assert f"] {name}: " in done.stdout
     assert "--memclaims-gpu-scale smoke" in done.stdout and str(tmp_path / "out" / "baselines") in done.stdout
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
-    assert gpucheck.check_parses(gpucheck.steps(tmp_path)) == []
+    assert gpucheck.check_parses(gpucheck.steps(tmp_path), PARSE) == []
 
 
 def test_a_command_that_does_not_parse_is_reported() -> None:
     bad = gpucheck.Step("bad", (sys.executable, "-m", "memclaims.cli", "run", "vit", "--scale", "huge"), 1)
-    problems = gpucheck.check_parses([bad])
+    problems = gpucheck.check_parses([bad], PARSE)
     assert len(problems) == 1 and "huge" in problems[0]
 
 

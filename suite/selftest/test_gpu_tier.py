@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from memclaims import claims
-from memclaims import techniques as registry
-from memclaims.recipe import parse_id, resolve
-from memclaims.workloads import GPU_SMOKE, WORKLOADS, gpu_tier_scale
+from memclaims.claims import catalogue as claims
+from memclaims.core import techniques as registry
+from memclaims.core.names import GPU_SMOKE
+from memclaims.recipes.recipe import parse_id, resolve
+from memclaims.workloads.registry import WORKLOADS, gpu_tier_scale
 from suite.selftest.test_baselines import fake_record
 
 MiB = 2**20

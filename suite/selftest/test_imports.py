@@ -1,6 +1,6 @@
 """No import cycles among memclaims' modules, counting every import statement (function-local ones
-too: a lazy import only postpones a cycle), and ``from package import name`` as an import of the
-package, whose ``__init__`` must then be complete."""
+too: a lazy import only postpones a cycle; not those under ``if TYPE_CHECKING:``, never run), and
+``from package import name`` as an import of the package, whose ``__init__`` must then be complete."""
 
 from __future__ import annotations
 
@@ -27,7 +27,11 @@ def modules(package: Path) -> dict[str, Path]:
 def _imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     edges: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for guard in ast.walk(tree):
+        if isinstance(guard, ast.If) and isinstance(guard.test, ast.Name) and guard.test.id == "TYPE_CHECKING":
+            guard.body = []  # annotations only (as scripts/import-layers): never imported at run time
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             edges.update(alias.name for alias in node.names if alias.name in known)
         elif isinstance(node, ast.ImportFrom):
@@ -141,7 +145,7 @@ def test_importing_a_sibling_through_the_package_init_is_a_cycle(tmp_path: Path)
 
 
 def test_the_names_user_workloads_may_not_take_are_the_built_in_workloads() -> None:
-    from memclaims.workload_types import BUILT_IN_WORKLOADS
-    from memclaims.workloads import WORKLOADS
+    from memclaims.core.names import BUILT_IN_WORKLOADS
+    from memclaims.workloads.registry import WORKLOADS
 
     assert sorted(BUILT_IN_WORKLOADS) == sorted(WORKLOADS)

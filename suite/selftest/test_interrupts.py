@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from memclaims.baselines import Baseline, BaselineStore, dumps, parse
-from memclaims.record import Record
+from memclaims.baselines.store import Baseline, BaselineStore, dumps, parse
+from memclaims.core.record import Record
 
 ENV = "cpu-x86_64"
 TRIALS = int(os.environ.get("MEMCLAIMS_KILL_TRIALS", "20"))  # more for a soak run

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from memclaims import launcher
-from memclaims.errors import UsageError
-from memclaims.launcher import LaunchError, check_worker, launch, torchrun_env
+from memclaims.core.errors import UsageError
+from memclaims.measure import launcher
+from memclaims.measure.launcher import LaunchError, check_worker, launch, torchrun_env
 
 pytestmark = [pytest.mark.dist, pytest.mark.cpu]
 
@@ -124,15 +124,15 @@ def test_under_torchrun_the_existing_group_is_used_without_spawning(monkeypatch,
                         "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(name, value)
     # The function runs in this very process, and the group it needed is gone afterwards.
-    assert launch(check_worker, 1, ("pid",)) == [os.getpid()]
-    assert launch(check_worker, 1, ("all-reduce",)) == [0.0]
+    assert launch(check_worker, 1, ("pid",), timeout_s=TIMEOUT_S) == [os.getpid()]
+    assert launch(check_worker, 1, ("all-reduce",), timeout_s=TIMEOUT_S) == [0.0]
     assert not dist.is_initialized()
     with pytest.raises(UsageError, match="disagrees with torchrun's WORLD_SIZE=1"):
-        launch(check_worker, 2, ("pid",))
+        launch(check_worker, 2, ("pid",), timeout_s=TIMEOUT_S)
     # A group that exists already is used, and left alone.
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        assert launch(check_worker, 1, ("all-reduce",)) == [0.0]
+        assert launch(check_worker, 1, ("all-reduce",), timeout_s=TIMEOUT_S) == [0.0]
         assert dist.is_initialized()
     finally:
         dist.destroy_process_group()

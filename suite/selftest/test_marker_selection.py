@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from memclaims.pytest_plugin import TIERS
-from memclaims.testing import make_project
+from memclaims.pytest.plugin import TIERS
+from memclaims.pytest.testing import make_project
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]

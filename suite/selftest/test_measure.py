@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-from memclaims import distributed, runner, sim
-from memclaims.measure import measure, measure_many, runs_ranks
-from memclaims.options import RunOptions
-from memclaims.recipe import resolve
+from memclaims import sim
+from memclaims.core.errors import OutOfMemory, UsageError
+from memclaims.measure import distributed, runner
+from memclaims.recipes.options import RunOptions
+from memclaims.recipes.recipe import resolve
+from memclaims.run import measure, measure_many, runs_ranks
 
 
 @pytest.fixture
@@ -55,6 +57,33 @@ def test_the_sim_is_the_engine_of_device_sim(engines) -> None:
     (record,) = measure(recipe, RunOptions(device="sim", profile="h100", memory_steps=1))
     assert record.to_json() == sim.simulate(recipe, profile="h100", memory_steps=1).to_json()
     assert record.probe == "sim:h100" and engines == []
+
+
+@pytest.mark.sim
+def test_the_sims_options_reach_it_through_the_door_beside_the_records() -> None:
+    """The allocator's history and its limit are asked for in RunOptions; the history comes back beside
+    the Records (Measurement.allocator_events), the Record itself unchanged."""
+    recipe = resolve("vit", "smoke", ("bf16-true",))
+    events: list[Any] = []
+    direct = sim.simulate(recipe, profile="h100", memory_steps=1, allocator_events=events)
+    traced = measure(recipe, RunOptions(device="sim", profile="h100", memory_steps=1, allocator_events=True))
+    assert events and traced.allocator_events == events
+    plain = measure(recipe, RunOptions(device="sim", profile="h100", memory_steps=1))
+    assert plain.allocator_events is None
+    assert traced[0].to_json() == plain[0].to_json() == direct.to_json()
+    limit = direct.peak_allocated_bytes - 2**20
+    with pytest.raises(OutOfMemory) as starved:
+        measure(recipe, RunOptions(device="sim", profile="h100", memory_steps=1, limit_bytes=limit))
+    assert starved.value.phase == "train" and f"allocator limited to {limit} B" in str(starved.value)
+
+
+@pytest.mark.cpu
+def test_a_real_device_refuses_the_sims_options(engines) -> None:
+    recipe = resolve("vit", "smoke", ("fabric",))
+    for asked in ({"limit_bytes": 2**30}, {"allocator_events": True}, {"load_only": True}):
+        with pytest.raises(UsageError, match=f"{next(iter(asked))}: the sim's options"):
+            measure(recipe, RunOptions(device="cpu", **asked))
+    assert engines == []
 
 
 @pytest.mark.cpu

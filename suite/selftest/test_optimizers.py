@@ -17,10 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memclaims import machine, optim_state, optimizers, requirements, techniques
-from memclaims.errors import UsageError
-from memclaims.probes import optimizer_state_tensors, storage_bytes
-from memclaims.workloads import workload
+from memclaims.core import machine, optim_state, techniques
+from memclaims.core.errors import UsageError
+from memclaims.measure import optimizers
+from memclaims.measure.tensors import optimizer_state_tensors, storage_bytes
+from memclaims.recipes import requirements
+from memclaims.workloads.registry import workload
 
 PARAMS, TENSORS = 65_783_042, 104  # the course's distilbert-base-cased with a 2-label head
 ADAMW_ELEMENTS, ADAMW_BYTES = 131_566_188, 526_264_752
@@ -203,3 +205,17 @@ def test_bitsandbytes_hub_kernel_warning_is_silenced() -> None:
     import logging
 
     assert not logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.WARNING)
+
+
+def test_sgd_steps_under_a_cosine_decay_over_the_whole_run() -> None:
+    """Claim sgd-needs-cosine: memclaims' sgd is the article's 06, SGD lr 0.01 without momentum under
+    CosineAnnealingLR(T_max = every batch of the run); Adam (01-05) has no schedule."""
+    model = nn.Linear(4, 2)
+    optimizer, scheduler = optimizers.build("sgd", model, 0.01, total_steps=703)
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["momentum"] == 0
+    assert isinstance(scheduler, torch.optim.lr_scheduler.CosineAnnealingLR) and scheduler.T_max == 703
+    for _ in range(703):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] < 1e-9  # decayed to zero at the end of the run
+    assert optimizers.build("adam", model, 5e-5, total_steps=703)[1] is None

@@ -10,11 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from memclaims import active, steady
-from memclaims.loop import STEP_PHASES, TrainingLoop
-from memclaims.probes import CpuProbe, CudaProbe, bytes_by, device_type, dtype_name, phase_entries
-from memclaims.recipe import resolve
-from memclaims.record import Record
+from memclaims.core.record import Record
+from memclaims.measure import active, steady
+from memclaims.measure.loop import STEP_PHASES, TrainingLoop
+from memclaims.measure.probes import CpuProbe, CudaProbe, PhasePeak, phase_entries
+from memclaims.measure.record_builder import build_record
+from memclaims.measure.tensors import bytes_by, device_type, dtype_name
+from memclaims.recipes.recipe import resolve
 
 
 class FakeAllocator:
@@ -164,6 +166,36 @@ def test_the_loop_opens_every_step_phase_in_the_scripts_order() -> None:
     assert (loop.step_examples, loop.step_micro_batches) == (4, 2)
 
 
+def _built(phases: dict[str, PhasePeak], **fields: Any) -> Record:
+    return build_record(resolve("vit", "smoke", ("bf16-true",)), device="sim", device_name="d", probe="p",
+                        precision="bf16-true", memory_steps=2, param_count=10, param_tensor_count=2, phases=phases,
+                        step_peaks={"forward": [5, 6]}, peak_reserved_total_bytes=None, weights="random", data="none",
+                        notes=[], observed={"param_bytes": 20, "grad_bytes": 20, "optimizer_state_bytes": 0}, **fields)
+
+
+def test_the_record_builder_derives_the_peaks_and_phases_of_every_engine() -> None:
+    """One builder for every engine: the load peak, the run's peaks and the ``phases`` entries follow from
+    the recorder's phases; a reader's further peaks (the sim's live bytes) go to the recipe's own phases only."""
+    live = {"live_bytes": 90}
+    phases = {"load": PhasePeak(100, 200, above_start_bytes=100, extra=live),
+              "train": PhasePeak(300, 400, {"parameters": 7}, above_start_bytes=200, extra=live),
+              "forward": PhasePeak(250, 400, above_start_bytes=150, extra=live)}
+    record = _built(phases)
+    assert (record.load_peak_bytes, record.peak_allocated_bytes, record.peak_reserved_bytes) == (100, 300, 400)
+    assert record.phases == {"load": {"allocated_bytes": 100, "above_start_bytes": 100, "reserved_bytes": 200, "live_bytes": 90},
+                             "train": {"allocated_bytes": 300, "above_start_bytes": 200, "reserved_bytes": 400, "live_bytes": 90},
+                             "forward": {"allocated_bytes": 250, "above_start_bytes": 150, "reserved_bytes": 400}}
+    assert record.breakdown == {"parameters": 7} and record.step_peaks == {"forward": [5, 6]}
+    assert (record.final_loss, record.nan_loss, record.nan_step, record.memory_losses) == (None, False, None, [])
+    # A probe without reserved memory (the CPU's): no reserved peak; a load-only run: its load is the peak.
+    cpu = _built({"load": PhasePeak(100), "train": PhasePeak(300)})
+    assert cpu.peak_reserved_bytes is None and cpu.phases["train"] == {"allocated_bytes": 300, "above_start_bytes": 0,
+                                                                       "reserved_bytes": None}
+    load_only = _built({"load": PhasePeak(100, 200)})
+    assert (load_only.peak_allocated_bytes, load_only.peak_reserved_bytes, load_only.breakdown) == (100, 200, {})
+    assert phase_entries(phases)["load"] == {k: v for k, v in record.phases["load"].items() if k != "live_bytes"}
+
+
 def test_bytes_by_dtype_and_device() -> None:
     tensors = [torch.zeros(10, dtype=torch.uint8), torch.zeros(4), torch.zeros(4, device="meta")]
     assert bytes_by(iter(tensors), dtype_name) == {"float32": 16 + 16, "uint8": 10}
@@ -264,3 +296,44 @@ def test_activation_checkpointing_needs_its_comparison_and_a_smaller_forward() -
     assert any("activation-checkpointing is not active" in line
                for line in active.problems(recipe, plain, without={"activation-checkpointing": plain}))
     assert any("no Record of the same recipe without it" in line for line in active.problems(recipe, checkpointed))
+
+
+def test_an_out_of_memory_is_blamed_on_the_first_unfinished_phase() -> None:
+    from memclaims.measure.record_builder import SIM_PHASES, TOP_PHASES, failed_phase
+
+    assert failed_phase(set()) == "load"
+    assert failed_phase({"load", "forward"}) == "train"
+    assert failed_phase(set(TOP_PHASES)) == "accuracy"
+    assert failed_phase({"load", "train"}, SIM_PHASES) == "train"  # the sim replays no accuracy phase
+
+
+def test_every_engine_raising_out_of_memory_blames_the_phase_by_the_one_rule() -> None:
+    """Each module that builds a memclaims OutOfMemory names its phase with failed_phase (the runner and
+    the sim had a copy of the rule each)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "memclaims"
+    raising = {}
+    for path in sorted(package.rglob("*.py")):
+        calls = [n.func for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+        names = {f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "" for f in calls}
+        # torch.OutOfMemoryError is torch's; memclaims' is core.errors.OutOfMemory
+        if "OutOfMemory" in names:
+            raising[path.relative_to(package).as_posix()] = "failed_phase" in names
+    assert set(raising) >= {"measure/runner.py", "sim/replay.py"}
+    assert all(raising.values()), f"name the phase with measure.record_builder.failed_phase: {raising}"
+
+
+def test_activation_checkpointing_on_one_device_must_recompute_in_backward() -> None:
+    """One device: the forward keeps less than without it, and the backward ran the blocks' linears again."""
+    recipe = resolve("vit", "smoke", ["activation-checkpointing"])
+    plain = _record(phases={"forward": {"above_start_bytes": 9000}}, recomputed_linear_calls=0)
+    checkpointed = _record(("activation-checkpointing",), phases={"forward": {"above_start_bytes": 3000}},
+                           recomputed_linear_calls=4)
+    without = {"activation-checkpointing": plain}
+    assert active.problems(recipe, checkpointed, without=without) == []
+    lazy = dataclasses.replace(checkpointed, recomputed_linear_calls=0)  # kept less, recomputed nothing
+    assert any("nothing was recomputed" in line for line in active.problems(recipe, lazy, without=without))
+    unobserved = dataclasses.replace(checkpointed, recomputed_linear_calls=None)  # FSDP on the sim observes none
+    assert active.problems(recipe, unobserved, without=without) == []

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from memclaims.probes import CpuProbe, CudaProbe, HostMemory, model_state_bytes, storage_bytes
+from memclaims.measure.probes import CpuProbe, CudaProbe, HostMemory, model_state_bytes
+from memclaims.measure.tensors import storage_bytes
 
 
 class FakeCuda:

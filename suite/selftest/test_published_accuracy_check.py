@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from memclaims import published_accuracy
-from memclaims.published_accuracy import Facts, Target, check, unmet
-from memclaims.record import Record
-from memclaims.runner import RunOptions
-from memclaims.testing import fake_record
+from memclaims.claims import published_accuracy
+from memclaims.claims.published_accuracy import Facts, Target, check, unmet
+from memclaims.core.record import Record
+from memclaims.measure.runner import RunOptions
+from memclaims.pytest.testing import fake_record
 
 TARGETS = {t.name: t for t in published_accuracy.targets()}
 BF16 = TARGETS["vit_chain/03_bfloat16"]
@@ -36,7 +36,7 @@ def run_of(target: Target, pct: float, **changes: object) -> Record:
 
 
 def test_targets_are_the_logged_runs_on_the_articles_data() -> None:
-    from memclaims import published
+    from memclaims.core import published
 
     chain = [r["script"] for r in published.data()["vit_chain"] if r.get("accuracy_pct") is not None]
     assert list(TARGETS) == [f"vit_chain/{s}" for s in chain] + ["llm_bonus/bonus_distilbert-after"]
@@ -66,7 +66,7 @@ def test_each_missing_need_skips_with_how_to_get_it() -> None:
 
 
 def test_data_available_finds_the_folders_download_writes(tmp_path: Path) -> None:
-    from memclaims.published_accuracy import data_available
+    from memclaims.claims.published_accuracy import data_available
 
     assert not data_available("cifar10", tmp_path) and not data_available("imdb", tmp_path)
     assert not data_available("cifar10", tmp_path / "absent") and not data_available("cifar10", None)
@@ -113,8 +113,8 @@ def test_a_run_that_is_not_the_articles_is_not_compared_blind() -> None:
 
 
 def test_the_catalogue_says_the_gpu_tier_checks_it() -> None:
-    from memclaims import claim_runs
-    from memclaims.claims import CLAIMS_BY_NAME, coverage_problems
+    from memclaims.claims import runs as claim_runs
+    from memclaims.claims.catalogue import CLAIMS_BY_NAME, coverage_problems
 
     claim = CLAIMS_BY_NAME[published_accuracy.CLAIM]
     assert claim.checks == {"gpu": "suite/test_published_accuracy.py::test_published_accuracy"}

@@ -6,9 +6,9 @@ from itertools import combinations
 
 import pytest
 
-from memclaims import techniques as registry
-from memclaims.errors import UsageError
-from memclaims.recipe import parse_id, resolve
+from memclaims.core import techniques as registry
+from memclaims.core.errors import UsageError
+from memclaims.recipes.recipe import parse_id, resolve
 
 
 def test_names_are_the_public_contract() -> None:
@@ -73,7 +73,7 @@ def test_selections_by_name() -> None:
 
 
 def test_every_chain_step_has_its_logged_row() -> None:
-    from memclaims import published
+    from memclaims.core import published
 
     scripts = [published.chain_row(step)["script"] for step in ((registry.REFERENCE,), *registry.ARTICLE_CHAIN)]
     assert scripts == ["01-2_pytorch-fabric", "02_mixed-precision", "03_bfloat16", "04_lower-batchsize",

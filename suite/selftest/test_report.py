@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from memclaims.baselines import BaselineStore
-from memclaims.recipe import Recipe
-from memclaims.record import Record
-from memclaims.report import calibrate, reproduce
-from memclaims.series import MeasureFn
-from memclaims.testing import fake_record
+from memclaims.baselines.store import BaselineStore
+from memclaims.core.record import Record
+from memclaims.pytest.testing import fake_record
+from memclaims.recipes.recipe import Recipe
+from memclaims.report.reproduce import calibrate, reproduce
+from memclaims.report.series import MeasureFn
 from suite.selftest.test_baselines import PEAK
 from suite.selftest.test_claim_checks import _article, _cpu
 
@@ -31,18 +31,18 @@ def fake_run(recipe: Recipe, device: str, evaluate: bool) -> Record:
 
 def test_reproduce_writes_markdown_json_and_chart(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path / "baselines")
-    from memclaims.recipe import resolve
+    from memclaims.recipes.recipe import resolve
 
     store.store_record(fake_run(resolve("vit", "smoke", ("fabric",)), "cpu", True))
     rows = reproduce("cpu", tmp_path / "out", run_fn=fake_run, store=store)
-    assert [r.row for r in rows] == ["01", "01-2", "02", "03", "04", "05", "06", "07-1", "07-2"]
+    assert [r.row for r in rows] == ["01", "01-2", "02", "03", "04", "05", "06", "07-1", "07-3"]
     assert [r.kind for r in rows] == ["train"] * 7 + ["load"] * 2
     assert all(r.verdict == "holds" for r in rows if r.claim), [(r.row, r.size) for r in rows]
     assert rows[2].ran_as.startswith("bf16-mixed (asked 16-mixed")
     md = (tmp_path / "out" / "reproduce.md").read_text()
     assert "| 02 02_mixed-precision | 16-mixed | bf16-mixed (asked 16-mixed" in md
     assert "| 04 04_lower-batchsize | + small-batch | as asked | 5.69 |" in md
-    assert "## Model loading (07)" in md and "| 07-2 07_02 load (init_module, 16-true) | init-module | 0.65 |" in md
+    assert "## Model loading (07)" in md and "| 07-3 07_03 load (init_module, 16-true) | init-module | 0.65 |" in md
     assert "holds: within band" in md
     assert "text 20x, logs 26.84 / 2.02 = 13.3x, this run" in md
     assert "text 50 %, logs 1 - 0.65 / 1.24 = 47.6 %, this run 50.0%" in md
@@ -66,15 +66,14 @@ def test_reproduce_says_outside_the_band_and_by_how_much(tmp_path: Path) -> None
 
 
 def test_reproduce_on_the_sim_compares_with_published_ratios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import memclaims.timemodel as timemodel
-    from suite.selftest.test_claim_checks import _fake_load
+    import memclaims.sim.timemodel as timemodel
+    from suite.selftest.test_claim_checks import fake_load
 
-    _fake_load(monkeypatch, 1.0)
     monkeypatch.setattr(timemodel, "predicted_ratio", lambda candidate, reference: 1 / 6.1)
-    rows = {r.row: r for r in reproduce("sim", tmp_path, run_fn=fake_run)}
+    rows = {r.row: r for r in reproduce("sim", tmp_path, run_fn=fake_run, load_fn=fake_load())}
     assert all(r.verdict == "holds" for r in rows.values() if r.claim), {k: r.size for k, r in rows.items()}
     assert "published 0.412" in rows["04"].size  # 5.69 / 13.82
-    assert rows["07-2"].measured_ratio == rows["07-2"].published_ratio  # the load replay's reserved peaks
+    assert rows["07-3"].measured_ratio == rows["07-3"].published_ratio  # the load replay's reserved peaks
     md = (tmp_path / "reproduce.md").read_text()
     assert "text 6x faster, logs 17.88 / 3.45 = 5.2x, this run (roofline on the simulated A100" in md
     assert "GB reserved (decimal), predicted" in md and "| 02 02_mixed-precision | 16-mixed | as asked | 18.21 |" in md
@@ -98,11 +97,11 @@ def test_calibrate_stores_spread_with_a_floor(tmp_path: Path) -> None:
 # --- the ViT-H/14 series and the LLM bonus rows (reproduce --all on cpu and cuda) --------------------
 
 STATE = 1_000  # parameters, gradients and optimizer state of a one-process bar, each
-# Peak of each bar, as a fraction of the one-process bar of its series (memclaims.series' floors:
+# Peak of each bar, as a fraction of the one-process bar of its series (memclaims.report.series' floors:
 # FSDP over 2 ranks >= 0.5; checkpointing >= the sharded state / the FSDP peak; the bonus "after"
 # >= 0.119 of its "before").
 HOLDING = {("16-mixed",): 1.0, ("16-mixed", "fsdp"): 0.7, ("16-mixed", "fsdp", "activation-checkpointing"): 0.5,
-           ("16-mixed", "fsdp", "activation-checkpointing", "cpu-offload"): 0.4, ("fabric",): 1.0,
+           ("16-mixed", "fsdp", "activation-checkpointing", "cpu-offload"): 0.4, ("fabric",): 1.0, ("ddp",): 1.0, ("16-mixed", "deepspeed-zero2"): 1.0,
            ("bf16-true", "grad-accum", "fsdp", "cpu-offload", "delayed-init"): 0.2,
            ("bf16-true", "grad-accum", "fsdp", "delayed-init"): 0.2}
 
@@ -128,7 +127,7 @@ def fake_measure(peaks: dict[tuple[str, ...], float], devices: int = 2,
 
 
 def _gb(named: str) -> float:
-    from memclaims.named_recipes import NAMED_RECIPES
+    from memclaims.recipes.named import NAMED_RECIPES
 
     value = NAMED_RECIPES[named].published.peak_gb
     assert value is not None
@@ -158,13 +157,14 @@ def test_reproduce_all_adds_the_series_with_their_own_reference(tmp_path: Path) 
     assert "band [0.500, 1)" in series["vit-h14/fsdp"].size, series["vit-h14/fsdp"].size
     assert "CPU ranks (gloo) instead of 4 GPUs" in series["vit-h14/fsdp"].ran_as
     assert "bf16-mixed for 16-mixed" in series["vit-h14/one-gpu"].ran_as
-    assert "without DeepSpeed ZeRO stage 2" in series["distilbert/before"].ran_as
+    assert "without DeepSpeed ZeRO-2 on one process" in series["distilbert/before"].ran_as
+    assert "without DDP" in series["bigbird/before"].ran_as
     assert "no CPU offload" in series["distilbert/after"].ran_as and "smoke scale" in series["bigbird/after"].ran_as
     md = (tmp_path / "reproduce.md").read_text()
     assert "## Series vit-h14: ViT-H/14 at 518 px" in md and "## Series distilbert:" in md
     after, before = _gb("distilbert-after"), _gb("distilbert-before")
     assert f"| {after:.2f} | 0.00 | {after / before:.3f} | 0.200 | holds: within band |" in md
-    assert "| bigbird/before | bonus_bigbird-before | fabric | " in md and "| did not run | 0.01 | n/a | 1.000 |" in md
+    assert "| bigbird/before | bonus_bigbird-before | ddp | " in md and "| did not run | 0.01 | n/a | 1.000 |" in md
     assert f"| {h14[2]:.2f} | not run | {h14[2] / h14[0]:.3f} | n/a | n/a: CPU offload moves parameters off a GPU |" in md
     data = json.loads((tmp_path / "reproduce.json").read_text())
     assert [s["reference"] for s in data["series"]] == ["vit-h14/one-gpu", "distilbert/before", "bigbird/before"]
@@ -194,7 +194,7 @@ def test_reproduce_all_on_one_gpu_runs_offload_and_says_fsdp_needs_two(tmp_path:
     measure = fake_measure(HOLDING, devices=1, calls=calls)
 
     def bigbird_before_does_not_fit(recipes: Sequence[Recipe], device: str) -> list[list[Record]]:
-        return [[] if r.id == "bigbird-article/fabric" else ranks for r, ranks in zip(recipes, measure(recipes, device))]
+        return [[] if r.id == "bigbird-article/ddp" else ranks for r, ranks in zip(recipes, measure(recipes, device))]
 
     series = {r.row: r for r in reproduce("cuda", tmp_path, run_fn=fake_run, series=True,
                                           measure_fn=bigbird_before_does_not_fit) if r.kind == "series"}
@@ -211,9 +211,9 @@ def test_reproduce_all_on_one_gpu_runs_offload_and_says_fsdp_needs_two(tmp_path:
 
 def test_cli_all_adds_the_series_on_cpu_and_the_published_table_on_the_sim(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import memclaims.report as report
+    import memclaims.report.reproduce as report
     from memclaims.cli import main
-    from memclaims.sim import published_table
+    from memclaims.report import published_table
 
     asked: list[tuple[str, bool]] = []
 
@@ -230,3 +230,21 @@ def test_cli_all_adds_the_series_on_cpu_and_the_published_table_on_the_sim(tmp_p
     assert asked == [("cpu", False), ("cpu", True)]
     assert main(["reproduce", "--device", "sim", "--all", "--out", str(tmp_path)]) == 0
     assert asked == [("cpu", False), ("cpu", True)] and (tmp_path / "reproduce-all.md").is_file()
+
+
+def test_fidelity_hf_rows_read_the_live_bytes_of_the_phases_that_have_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-device sim Record's step phases (forward, backward...) carry no live_bytes: load and train do."""
+    import memclaims.run
+    from memclaims.report import fidelity
+
+    def fake_measure(recipe: Recipe, options: Any) -> list[Record]:
+        if options.device == "cpu":
+            return [fake_record(recipe.id, peak_allocated_bytes=1000)]
+        phases = {"load": {"allocated_bytes": 10, "live_bytes": 8}, "train": {"allocated_bytes": 990, "live_bytes": 900},
+                  "forward": {"allocated_bytes": 990}}
+        return [fake_record(recipe.id, device="sim", phases=phases)]
+
+    monkeypatch.setattr(memclaims.run, "measure", fake_measure)
+    monkeypatch.setattr(fidelity, "HF_MODELS", (("hf:gpt2", ("bf16-true",)),))
+    (row,) = fidelity.hf_rows(None)
+    assert (row.reference_bytes, row.predicted_bytes) == (1000, 900)

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-import memclaims.report as report
-from memclaims.recipe import Recipe
-from memclaims.record import Record
-from suite.selftest.test_claim_checks import _fake_load
+import memclaims.report.reproduce as report
+from memclaims.core.record import Record
+from memclaims.recipes.recipe import Recipe
+from suite.selftest.test_claim_checks import fake_load
 from suite.selftest.test_report import fake_run
 
 # Which rows' claims read each row's run: its own claim, and the claim of the row measured against it.
 READERS = {"01": {"01"}, "02": {"02", "03"}, "03": {"03", "04"}, "04": {"04", "05"},
-           "05": {"05", "06"}, "06": {"06"}, "07-2": {"07-2"}}
-CLAIM_ROWS = ("01", "02", "03", "04", "05", "06", "07-2")
-TECHNIQUES = {row: techniques for row, _, techniques, _ in report.CHAIN_ROWS} | {"07-2": report.LOAD_RECIPE}
+           "05": {"05", "06"}, "06": {"06"}, "07-3": {"07-3"}}
+CLAIM_ROWS = ("01", "02", "03", "04", "05", "06", "07-3")
+TECHNIQUES = {row: techniques for row, _, techniques, _ in report.CHAIN_ROWS} | {"07-3": report.LOAD_RECIPE}
 HEAVY = 1.5
 MEMORY = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_reserved_total_bytes", "load_peak_bytes")
 
@@ -46,11 +46,11 @@ def _heavier(row: str) -> report.RunFn:
 def _reproduce(device: str, out: Path, run_fn: report.RunFn, monkeypatch: pytest.MonkeyPatch,
                load_factor: float = 1.0) -> dict[str, report.Row]:
     if device == "sim":
-        import memclaims.timemodel as timemodel
+        import memclaims.sim.timemodel as timemodel
 
-        _fake_load(monkeypatch, load_factor)  # the sim's 07 rows come from its load replay
         monkeypatch.setattr(timemodel, "predicted_ratio", lambda candidate, reference: 1 / 6.1)
-    return {r.row: r for r in report.reproduce(device, out, run_fn=run_fn)}
+    # The sim's 07 rows come from its load-only replays.
+    return {r.row: r for r in report.reproduce(device, out, run_fn=run_fn, load_fn=fake_load(load_factor))}
 
 
 @pytest.mark.parametrize("device", ["cpu", "sim"])
@@ -68,7 +68,7 @@ def test_every_claim_row_holds_on_the_articles_world(device: str, tmp_path: Path
 @pytest.mark.parametrize("broken", CLAIM_ROWS)
 def test_a_heavier_row_does_not_hold_and_only_its_readers_move(device: str, broken: str, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    load_factor = HEAVY if broken == "07-2" else 1.0  # on the sim the 07 rows are the load replay's
+    load_factor = HEAVY if broken == "07-3" else 1.0  # on the sim the 07 rows are the load replay's
     rows = _reproduce(device, tmp_path, _heavier(broken), monkeypatch, load_factor)
     assert rows[broken].verdict == "does not hold", rows[broken].size
     assert "outside" in rows[broken].size or "above" in rows[broken].size, rows[broken].size
@@ -87,4 +87,4 @@ def test_a_heavier_reference_breaks_the_rows_measured_against_it(tmp_path: Path,
     rows = _reproduce("cpu", tmp_path, _heavier("01-2"), monkeypatch)
     assert {r: rows[r].verdict for r in ("01", "02", "03")} == dict.fromkeys(("01", "02", "03"), "does not hold")
     assert rows["01-2"].verdict == "n/a"
-    assert all(rows[r].verdict == "holds" for r in ("04", "05", "06", "07-2")), {r: rows[r].size for r in rows}
+    assert all(rows[r].verdict == "holds" for r in ("04", "05", "06", "07-3")), {r: rows[r].size for r in rows}

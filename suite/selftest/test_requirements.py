@@ -1,4 +1,4 @@
-"""memclaims.requirements: what a case needs, evaluated once at collection into one joined skip.
+"""memclaims.recipes.requirements: what a case needs, evaluated once at collection into one joined skip.
 
 Unit tests of each need against a stub machine, the needs derived from recipes and claims, the
 bitsandbytes check (a real step, so a build without a backend skips instead of failing), the
@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from memclaims import machine, requirements
-from memclaims.claims import CLAIMS, needs
-from memclaims.errors import UsageError
-from memclaims.recipe import resolve
-from memclaims.requirements import Machine, Needs
-from memclaims.testing import PLUGIN_CONFTEST, make_project
+from memclaims import run
+from memclaims.claims.catalogue import CLAIMS, CLAIMS_BY_NAME
+from memclaims.core import machine
+from memclaims.core.errors import UsageError
+from memclaims.pytest.testing import make_project
+from memclaims.recipes import requirements
+from memclaims.recipes.recipe import resolve
+from memclaims.recipes.requirements import Machine, Needs
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
@@ -60,9 +62,9 @@ def test_nothing_needed_is_met_without_probing() -> None:
     (Needs(cuda_devices=2), Stub(cuda=0), "needs 2 CUDA devices: torch.cuda.is_available() is False"),
     (requirements.needs(bitsandbytes="cpu"), Stub(bitsandbytes={"cpu": "no working CPU backend"}),
      "needs bitsandbytes' 8-bit optimizers on the CPU: no working CPU backend (install a build with a CPU "
-     "backend: pip install 'bitsandbytes>=0.45,<0.51')"),
+     "backend: pip install 'bitsandbytes>=0.45')"),
     (requirements.needs(packages="deepspeed"), Stub(packages={"deepspeed": "ModuleNotFoundError: no deepspeed"}),
-     "needs deepspeed: ModuleNotFoundError: no deepspeed (pip install deepspeed)"),
+     "needs deepspeed: ModuleNotFoundError: no deepspeed (pip install 'memclaims[deepspeed]')"),
     (requirements.needs(options="vit-h14"), Stub(),
      "runs only when asked: add --memclaims-vit-h14 (633M parameters at 518 px"),
     (requirements.needs(paths="/proc/self/clear_refs"), Stub(),
@@ -125,13 +127,17 @@ def test_the_install_hint_is_pyprojects_range() -> None:
 def test_recipe_needs() -> None:
     def of(techniques: tuple[str, ...], tier: str) -> Needs:
         scale = "smoke" if tier == "cpu" else "article"
-        return requirements.for_recipe(resolve("vit", scale, techniques), tier)
+        return run.needs(resolve("vit", scale, techniques), tier)
 
-    assert of(("bf16-true",), "cpu") == Needs()
-    assert of(("bf16-true",), "gpu") == Needs(cuda_devices=1)
-    assert of(("adam8bit",), "cpu") == Needs(bitsandbytes=frozenset({"cpu"}))
-    assert of(("adam8bit",), "gpu") == Needs(cuda_devices=1, bitsandbytes=frozenset({"cuda"}))
-    assert of(("adam8bit",), "sim") == Needs()  # the sim reads bitsandbytes' layout, no step
+    vit = Needs(packages=frozenset({"torchvision"}))  # the ViT workloads build torchvision's model, on every tier
+    assert of(("bf16-true",), "cpu") == vit
+    assert of(("bf16-true",), "gpu") == vit | Needs(cuda_devices=1)
+    assert of(("adam8bit",), "cpu") == vit | Needs(bitsandbytes=frozenset({"cpu"}))
+    assert of(("adam8bit",), "gpu") == vit | Needs(cuda_devices=1, bitsandbytes=frozenset({"cuda"}))
+    assert of(("adam8bit",), "sim") == vit  # the sim reads bitsandbytes' layout, no step
+    text = run.needs(resolve("distilbert", "smoke", ("bf16-true",)), "cpu")
+    assert text == Needs(packages=frozenset({"transformers"}))
+    assert run.needs(resolve("hf:gpt2", "smoke", ()), "sim").packages == {"transformers"}
     offload = requirements.for_techniques(("fsdp", "cpu-offload"), "cpu")
     assert offload == Needs(cuda_devices=1)  # offload exists only from a GPU
     unreplayable = of(("fsdp", "adam8bit"), "sim")
@@ -141,18 +147,23 @@ def test_recipe_needs() -> None:
 
 
 def test_case_needs_add_16_mixed_on_the_cpu_tier_only() -> None:
-    assert requirements.for_case(resolve("vit", "smoke", ["16-mixed"]), "cpu").unsupported == (
+    assert run.case_needs(resolve("vit", "smoke", ["16-mixed"]), "cpu").unsupported == (
         requirements.FP16_MIXED_ON_CPU,)
-    assert requirements.for_case(resolve("vit", "article", ["16-mixed"]), "gpu") == Needs(cuda_devices=1)
+    vit = Needs(packages=frozenset({"torchvision"}))
+    assert run.case_needs(resolve("vit", "article", ["16-mixed"]), "gpu") == vit | Needs(cuda_devices=1)
     # A claim may still use a 16-mixed cpu Record: the rule is the case's, not the recipe's.
-    assert requirements.for_recipe(resolve("vit", "smoke", ["16-mixed"]), "cpu") == Needs()
+    assert run.needs(resolve("vit", "smoke", ["16-mixed"]), "cpu") == vit
 
 
 def test_claim_needs() -> None:
+    from memclaims.pytest.records import claim_needs
+
     checked = next(c for c in CLAIMS if c.checks.get("gpu") == "claims" and c.check is not None)
-    assert needs(checked, "gpu").cuda_devices == 1 and not needs(checked, "gpu").unsupported
+    assert claim_needs(checked, "gpu").cuda_devices == 1 and not claim_needs(checked, "gpu").unsupported
     elsewhere = next(c for c in CLAIMS if "cpu" in c.not_on)
-    assert needs(elsewhere, "cpu") == Needs(unsupported=(elsewhere.not_on["cpu"],))
+    assert claim_needs(elsewhere, "cpu") == Needs(unsupported=(elsewhere.not_on["cpu"],))
+    # A variant a check looks up (the 07 load-only replay) needs what its recipe needs.
+    assert claim_needs(CLAIMS_BY_NAME["init-module-param-count"], "sim") == Needs(packages=frozenset({"torchvision"}))
 
 
 # --- the one bitsandbytes check ----------------------------------------------------------------------
@@ -203,7 +214,7 @@ def test_bitsandbytes_without_a_backend_is_unmet(monkeypatch: pytest.MonkeyPatch
 
 NO_BACKEND_PROJECT = """
 import pytest
-from memclaims import optimizers
+from memclaims.measure import optimizers
 from torch import nn
 
 
@@ -233,7 +244,7 @@ def test_installed_without_a_backend_skips_not_fails(pytester: pytest.Pytester, 
 
 PROJECT = """
 import pytest
-from memclaims.requirements import Needs
+from memclaims.recipes.requirements import Needs
 
 
 @pytest.fixture
@@ -258,14 +269,16 @@ def test_plain():
 
 @pytest.fixture
 def boom_or_not(request):
-    if not request.config.getoption("memclaims_vit_h14") == "true":
+    from memclaims.pytest.plugin import settings
+
+    if not settings(request.config).vit_h14:
         raise RuntimeError("set up although its test should have been skipped at collection")
 """
 
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    make_project(pytester, ROOT, conftest=PLUGIN_CONFTEST).makepyfile(test_needs=PROJECT)
+    make_project(pytester, ROOT).makepyfile(test_needs=PROJECT)
     return pytester
 
 
@@ -296,12 +309,12 @@ def test_a_deselected_test_probes_nothing(project: pytest.Pytester, monkeypatch:
 
 
 @pytest.mark.parametrize(("marker", "message"), [
-    ('requires("cuda")', "requires() takes a memclaims.requirements.Needs or keywords"),
+    ('requires("cuda")', "requires() takes a memclaims.recipes.requirements.Needs or keywords"),
     ("requires(gpus=2)", "unexpected keyword argument 'gpus'"),
     ('requires(options="vit-h41")', "memclaims has no option --memclaims-vit-h41"),
 ])
 def test_a_malformed_requires_is_a_usage_error(pytester: pytest.Pytester, marker: str, message: str) -> None:
-    make_project(pytester, ROOT, conftest=PLUGIN_CONFTEST).makepyfile(
+    make_project(pytester, ROOT).makepyfile(
         test_bad=f"import pytest\n\n@pytest.mark.{marker}\ndef test_x():\n    pass\n")
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -326,7 +339,7 @@ def test_nothing_skips_but_the_requirements() -> None:
     files = [*(ROOT / "suite").rglob("*.py"), *(ROOT / "fixtures").rglob("*.py"), *(ROOT / "memclaims").rglob("*.py"),
              ROOT / "conftest.py"]
     for path in files:
-        if path == ROOT / "memclaims" / "pytest_plugin.py":
+        if path == ROOT / "memclaims" / "pytest" / "plugin.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and _dotted(node) in FORBIDDEN:
@@ -334,7 +347,7 @@ def test_nothing_skips_but_the_requirements() -> None:
             if isinstance(node, ast.ImportFrom) and node.module == "pytest" and \
                     {a.name for a in node.names} & {"skip", "importorskip"}:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: from pytest import skip")
-    assert found == [], "skip through @pytest.mark.requires (memclaims.requirements) instead:\n" + "\n".join(found)
-    plugin = ast.parse((ROOT / "memclaims" / "pytest_plugin.py").read_text(encoding="utf-8"))
+    assert found == [], "skip through @pytest.mark.requires (memclaims.recipes.requirements) instead:\n" + "\n".join(found)
+    plugin = ast.parse((ROOT / "memclaims" / "pytest" / "plugin.py").read_text(encoding="utf-8"))
     uses = [n.lineno for n in ast.walk(plugin) if isinstance(n, ast.Attribute) and _dotted(n) in FORBIDDEN]
-    assert len(uses) == 1, f"pytest_plugin.py skips in {len(uses)} places (lines {uses}); only the requirements hook may"
+    assert len(uses) == 1, f"memclaims/pytest/plugin.py skips in {len(uses)} places (lines {uses}); only the requirements hook may"

@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from memclaims import lightning_fsdp, runner
-from memclaims.probes import CpuProbe
-from memclaims.recipe import resolve
+from memclaims.measure import lightning_fsdp, runner
+from memclaims.measure.probes import CpuProbe
+from memclaims.recipes.recipe import resolve
 
 FSDP_AC = ("fsdp", "activation-checkpointing")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memclaims.recipe import Sizes, resolve
+from memclaims.recipes.recipe import Sizes, resolve
 from memclaims.sim import repeat, simulate
 from memclaims.sim.allocator import CachingAllocator
 from memclaims.sim.profiles import PROFILES

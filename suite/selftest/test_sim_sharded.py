@@ -171,11 +171,28 @@ def test_checkpointed_blocks_recompute_under_the_emulated_cuda_autocast() -> Non
     """16-mixed + checkpointing: the recompute runs the same CUDA autocast policy as the forward
     (torch's checkpoint restores autocast state; the emulated policy is re-entered), else the
     recomputed layer norms come out in half precision and checkpoint refuses them."""
-    from memclaims.recipe import resolve
+    from memclaims.recipes.recipe import resolve
     from memclaims.sim import simulate
 
     record = simulate(resolve("vit", "smoke", ("16-mixed", "fsdp", "activation-checkpointing")))
     assert record.peak_reserved_total_bytes and record.devices == WORLD
+
+
+def test_a_sharded_replays_phases_are_every_engines_entries() -> None:
+    """Rank 0's Record comes from the one Record builder: the probes' entries per phase (allocated,
+    above its start, reserved) and the sim's live bytes, as a one-device replay's load and train."""
+    from memclaims.recipes.recipe import resolve
+    from memclaims.sim import simulate
+
+    record = simulate(resolve("vit", "smoke", ("fsdp",)), memory_steps=1)
+    one_device = simulate(resolve("vit", "smoke", ("fabric",)), memory_steps=1)
+    assert set(record.phases) == {"load", "train"} and record.devices == WORLD
+    for name in ("load", "train"):
+        assert set(record.phases[name]) == set(one_device.phases[name]) == {
+            "allocated_bytes", "above_start_bytes", "reserved_bytes", "live_bytes"}
+    load, train = record.phases["load"], record.phases["train"]
+    assert load["above_start_bytes"] == load["allocated_bytes"] == record.load_peak_bytes  # nothing before the load
+    assert train["allocated_bytes"] == record.peak_allocated_bytes and 0 < train["above_start_bytes"] < train["allocated_bytes"]
 
 
 def test_a_view_of_a_storage_the_device_does_not_hold_allocates_nothing() -> None:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from memclaims import sim
-from memclaims.options import RunOptions
-from memclaims.recipe import Sizes, resolve
-from memclaims.runner import run
+from memclaims.measure.runner import run
+from memclaims.recipes.options import RunOptions
+from memclaims.recipes.recipe import Sizes, resolve
 from memclaims.sim.autocast import cuda_autocast
 
 pytestmark = pytest.mark.sim
@@ -54,3 +54,31 @@ def test_distilbert_at_the_bonus_settings() -> None:
     assert states < record.peak_reserved_total_bytes < 10 * states
     shorter = sim.simulate(resolve("distilbert", "article", ["16-mixed"], Sizes(seq_len=256)))
     assert shorter.peak_reserved_total_bytes < record.peak_reserved_total_bytes  # the --seq-len knob reaches the sim
+
+
+def test_checkpointing_and_adafactor_on_one_device_replay_the_cpu_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transformers model checkpointed through its own switch, stepped by transformers' Adafactor:
+    the sim's state bytes are the cpu tier's exactly (and Adafactor's factored layout), its live peak
+    within 0.1 % (the tolerance the fp32 Adam and SGD rows of test_sim's cross-check meet), the same
+    linears recomputed in backward; and a checkpointing that does nothing is named."""
+    from memclaims.core.optim_state import adafactor_bytes
+    from memclaims.measure import active, checkpointing
+
+    recipe = resolve("hf:bert", "smoke", ("adafactor", "activation-checkpointing"), Sizes(seq_len=32))
+    measured = run(recipe, RunOptions(device="cpu", memory_steps=2, evaluate=False))
+    predicted = sim.simulate(recipe, profile="cpu-kernels", memory_steps=2)
+    params = list(recipe.workload.architecture(recipe.scale, recipe.workload.num_classes).parameters())
+    assert predicted.optimizer_state_bytes == measured.optimizer_state_bytes == adafactor_bytes(params)
+    assert predicted.phases["train"]["live_bytes"] == pytest.approx(measured.peak_allocated_bytes, rel=1e-3)
+    assert predicted.recomputed_linear_calls == measured.recomputed_linear_calls > 0
+    assert any("activation_checkpointing_enable" in note for note in predicted.notes)
+
+    plain = sim.simulate(resolve("hf:bert", "smoke", ("adafactor",), Sizes(seq_len=32)), profile="cpu-kernels",
+                         memory_steps=2)
+    without = {"activation-checkpointing": plain}
+    assert active.problems(recipe, predicted, without) == []
+    monkeypatch.setattr(checkpointing, "enable", lambda model, workload: "checkpointing skipped")
+    skipped = sim.simulate(recipe, profile="cpu-kernels", memory_steps=2)
+    found = active.problems(recipe, skipped, without)
+    assert any("nothing was recomputed" in line for line in found), found
+    assert any("forward.above_start_bytes" in line for line in found), found

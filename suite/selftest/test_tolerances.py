@@ -1,61 +1,18 @@
-"""Where the accuracy tolerances come from (memclaims.spread) and the version matrix's report."""
+"""The loss trajectory's tolerance catches the training faults a smoke accuracy cannot."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from memclaims import matrix, spread
-from memclaims.baselines import BaselineStore
-from memclaims.record import Record
+from memclaims.core.record import Record
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_same_class_is_the_floor_and_across_classes_the_measured_spread() -> None:
-    fp32 = spread.Spread("r", "32-true", 0.60, {"default": 0.56, "avx512": 0.61}, {"123": 0.60, "1": 0.40})
-    assert fp32.tolerance == spread.FLOOR  # a class's runs are deterministic
-    assert fp32.cross_class_tolerance == pytest.approx(spread.CLASS_FACTOR * 0.04)  # seeds not absorbed
-    still = spread.Spread("r", "32-true", 0.60, {"default": 0.60}, {"123": 0.60, "1": 0.50})
-    assert still.cross_class_tolerance == pytest.approx(spread.FLOOR)
-    half = spread.Spread("r", "bf16-true", 0.60, {"default": 0.60}, {"123": 0.60, "1": 0.50, "2": 0.70})
-    assert half.cross_class_tolerance == pytest.approx(round(spread.SEED_FACTOR * 0.1, 4))  # as a reseed
-
-
-def test_committed_tolerances_cover_every_cpu_case_and_say_how_they_were_obtained() -> None:
-    store = BaselineStore(ROOT / "baselines")
-    accuracy = store.tolerances()["accuracy"]
-    assert "ATEN_CPU_CAPABILITY" in accuracy["how"]
-    for recipe_id in spread.cpu_recipes():
-        tolerance = store.accuracy_tolerance(recipe_id)
-        assert tolerance is not None, f"{recipe_id} has no measured accuracy tolerance in tolerances.json"
-        across = store.accuracy_tolerance(recipe_id, across_classes=True)
-        entry = accuracy["recipes"][recipe_id]
-        assert across is not None and across >= tolerance >= spread.FLOOR and entry["by_class"] and entry["by_seed"]
-
-
-def test_matrix_report_names_what_moved_under_which_library(tmp_path: Path) -> None:
-    moved = {"case": "cpu:vit-smoke/fabric", "metric": "peak_allocated_bytes", "baseline": 1048576,
-             "now": 2097152, "verdict": "regression",
-             "environment_change": "lightning 2.6.6 -> 2.5.6, torch unchanged"}
-    still = dict(moved, case="cpu:vit-smoke/sgd", verdict="ok", now=1048576)
-    (tmp_path / "torch2.14.1-lightning2.5.6.json").write_text(json.dumps({"rows": [moved, still]}))
-    (tmp_path / "torch2.14.1-lightning2.6.6.json").write_text(json.dumps({"rows": [still]}))
-    (tmp_path / "torch2.13.0-lightning2.6.6.json").write_text(json.dumps(
-        {"rows": [], "error": "ERROR: memclaims: the installed packages cannot run the suite: torchvision 0.28.0"}))
-    lines = matrix.report(tmp_path)
-    assert any("lightning2.5.6" in line and "cpu:vit-smoke/fabric" in line and "regression" in line
-               and "(lightning 2.6.6 -> 2.5.6)" in line for line in lines)
-    assert any("lightning2.6.6" in line and "none moved beyond tolerance" in line for line in lines)
-    assert any("torch2.13.0" in line and "ran no case: ERROR: memclaims: the installed packages" in line
-               for line in lines)
-    assert not any("cpu:vit-smoke/sgd" in line for line in lines)
-
-
 def test_loss_trajectory_moves_are_caught_both_ways_and_class_noise_is_not() -> None:
-    from memclaims.compare import LOSSES, OK, REGRESSION, compare_losses, default_tolerances
+    from memclaims.baselines.compare import LOSSES, OK, REGRESSION, compare_losses, default_tolerances
 
     base = [2.3026, 2.3046, 2.2992, 2.2990]
     other_class = [2.3026, 2.3047, 2.2992, 2.2989]  # measured: avx2 vs ATen's default kernels, bf16-mixed
@@ -74,15 +31,15 @@ def test_loss_trajectory_moves_are_caught_both_ways_and_class_noise_is_not() -> 
 def _smoke_record(technique: str, lr_factor: float = 1.0, break_accumulation: bool = False) -> Record:
     import dataclasses
 
-    from memclaims.options import RunOptions
-    from memclaims.recipe import resolve
-    from memclaims.runner import run
+    from memclaims.measure.runner import run
+    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.recipe import resolve
 
     recipe = resolve("vit", "smoke", (technique,))
     scale = dataclasses.replace(recipe.scale, learning_rate=recipe.scale.learning_rate * lr_factor)
     recipe = dataclasses.replace(recipe, scale=scale)
     if break_accumulation:  # a step on every micro-batch, with the loss still divided by the count
-        from memclaims import loop
+        from memclaims.measure import loop
 
         original = loop.TrainingLoop.train
 
@@ -104,7 +61,7 @@ def _smoke_record(technique: str, lr_factor: float = 1.0, break_accumulation: bo
 def test_training_faults_that_accuracy_misses_at_smoke_scale_fail_the_baseline(fault: str) -> None:
     """At smoke scale Adam's lr x 10 costs the fp32 reference 3.3 points and broken accumulation
     2.5 points (measured), inside cross-class accuracy tolerances: the loss trajectory catches both."""
-    from memclaims.compare import compare
+    from memclaims.baselines.compare import compare
 
     technique = "grad-accum" if fault == "broken accumulation" else "fabric"
     clean = _smoke_record(technique)

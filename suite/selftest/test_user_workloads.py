@@ -9,38 +9,46 @@ from pathlib import Path
 
 import pytest
 
-from memclaims import user_workloads
-from memclaims.errors import UsageError
-from memclaims.recipe import resolve
-from memclaims.testing import make_project
-from memclaims.workloads import workload
+from memclaims.core.errors import UsageError
+from memclaims.pytest.testing import make_project
+from memclaims.recipes.recipe import resolve
+from memclaims.workloads import user as user_workloads
+from memclaims.workloads.registry import workload
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
 
 
-def readme_example() -> str:
-    """The README's worked example (one fact in one place: the test runs what users copy)."""
-    blocks = re.findall(r"```python\n(# mywork/workload\.py\n.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert len(blocks) == 1, "README.md lost its worked user workload example"
+def readme_block(first_line: str) -> str:
+    """The README's python block that starts with ``first_line`` (one fact in one place: the test
+    runs what users copy)."""
+    blocks = re.findall(rf"```python\n({re.escape(first_line)}\n.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) == 1, f"README.md lost its python block starting {first_line!r}"
     return blocks[0]
+
+
+def readme_example() -> str:
+    """The README's worked user workload."""
+    return readme_block("# mywork/workload.py")
 
 
 @pytest.fixture
 def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """A user's project: their package, this suite's case test, and the ini option naming the factory.
+    """A user's project: their package, the README's test module importing the library's case test,
+    and the ini option naming the factory.
 
     Runs go through a subprocess: an in-process pytester session re-imports torch.distributed's
     operator library, which torch refuses to register twice."""
     make_project(pytester, ROOT, ini_extra="memclaims_workloads = mywork.workload:make\n")
     pytester.mkpydir("mywork")
     (pytester.path / "mywork" / "workload.py").write_text(readme_example())
-    (pytester.path / "test_techniques.py").write_text((ROOT / "suite" / "test_techniques.py").read_text())
-    # The subprocess finds the package (its cwd) and this project's memclaims and fixtures.
+    (pytester.path / "test_memclaims.py").write_text(readme_block("# tests/test_memclaims.py"))
+    # The subprocess finds the package (its cwd) and this checkout's memclaims.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return pytester
 
 
+@pytest.mark.slow  # CI's scripts/wheel-check runs a user project's matrix from the wheel (first run, accept, green)
 def test_registered_workload_runs_the_matrix_with_baselines(project: pytest.Pytester) -> None:
     common = ["-m", "cpu", "--memclaims-matrix", "singles", "--memclaims-workload", "clusters-mlp",
               "-k", "fabric or bf16-true or sgd", "-p", "no:cacheprovider",
@@ -95,3 +103,35 @@ def test_the_cli_finds_workloads_named_in_the_environment(tmp_path: Path, monkey
         assert "clusters-mlp" in user_workloads.names()
     finally:
         user_workloads.forget("clusters-mlp")
+
+
+@pytest.mark.sim
+def test_the_readme_example_predicts_on_the_sim_and_through_fit(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's workload, defined through define() alone, at article scale (24 blocks of width
+    4096: 403 M parameters): one device, FSDP rank 0 of 2, and fit's ranking of a small pool."""
+    from memclaims.recipes.options import RunOptions
+    from memclaims.report import fit
+    from memclaims.run import measure
+
+    (tmp_path / "simwork.py").write_text(readme_example())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    user_workloads.register_spec("simwork:make")
+    try:
+        options = RunOptions(device="sim", memory_steps=2)
+        one = measure(resolve("clusters-mlp", "article", ["bf16-true"]), options)[0]
+        sharded = measure(resolve("clusters-mlp", "article", ["fsdp"]), RunOptions(device="sim", memory_steps=2,
+                                                                                    devices=2))[0]
+        ranked = fit.fit("clusters-mlp", 5 * 10**9, only=("bf16-true", "sgd")).ranked()
+    finally:
+        user_workloads.forget("clusters-mlp")
+    assert one.param_count == 24 * (2 * 4096 + 4096 * 4096 + 4096) + 16 * 4096 + 4096 + 4096 * 4 + 4
+    assert one.param_bytes == 2 * one.param_count and one.data == "none (fake tensors)"  # bf16 weights, no data read
+    assert (sharded.devices, sharded.param_count) == (2, one.param_count)
+    assert sharded.param_bytes == pytest.approx(4 * one.param_count / 2, rel=0.01)  # an fp32 half per rank
+    assert one.peak_reserved_total_bytes and sharded.peak_reserved_total_bytes
+    statuses = {row.recipe: row.status for row in ranked}
+    assert statuses["clusters-mlp-article/fabric"] == "too big"  # fp32 + Adam: 16 B per parameter > 5 GB
+    assert ranked[0].status == "fits" and ranked[0].peak_reserved_bytes is not None
+    assert ranked[0].peak_reserved_bytes <= 5 * 10**9
+

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memclaims import cli, hf
-from memclaims.errors import UsageError
-from memclaims.options import RunOptions
-from memclaims.recipe import Sizes, parse_id, resolve
-from memclaims.runner import run
+from memclaims import cli
+from memclaims.core.errors import UsageError
+from memclaims.measure.runner import run
+from memclaims.recipes.options import RunOptions
+from memclaims.recipes.recipe import Sizes, parse_id, resolve
+from memclaims.workloads import hf
 
 TINY_LLAMA = "hidden_size=32,intermediate_size=64,num_attention_heads=2,num_key_value_heads=2,vocab_size=128"
 

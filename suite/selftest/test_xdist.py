@@ -7,18 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from memclaims.testing import make_project
+from memclaims.pytest.testing import CHECKOUT_CONFTEST, make_project
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
 
 # The generated suite pretends to have a GPU (in every worker: the conftest runs there too), so
 # the guard is exercised on this CPU-only machine; the gpu case itself does not touch CUDA.
-CONFTEST = """
-pytest_plugins = ["memclaims.pytest_plugin", "fixtures.records"]
-
+CONFTEST = CHECKOUT_CONFTEST + """
 def pytest_configure(config):
-    import memclaims.pytest_plugin as plugin
+    import memclaims.pytest.plugin as plugin
     plugin.gpu_available = lambda: True
 """
 TESTS = """
@@ -51,6 +49,7 @@ def _run(tiny: pytest.Pytester, *args: str) -> pytest.RunResult:
     return result
 
 
+@pytest.mark.slow  # two nested xdist sessions
 @pytest.mark.requires(packages="xdist")
 def test_gpu_case_fails_at_setup_with_two_workers(tiny: pytest.Pytester) -> None:
     result = _run(tiny, "-n", "2", "-rE")
@@ -62,8 +61,8 @@ def test_gpu_case_fails_at_setup_with_two_workers(tiny: pytest.Pytester) -> None
 # Each test adds what a baseline check and a case out of memory add, in whichever worker runs it.
 REPORTING = """
 import pytest
-from memclaims.errors import OutOfMemory
-from memclaims.pytest_plugin import note_out_of_memory, summary
+from memclaims.core.errors import OutOfMemory
+from memclaims.pytest.plugin import note_out_of_memory, summary
 
 @pytest.mark.parametrize("n", range(4))
 def test_case(request, n):
@@ -73,6 +72,7 @@ def test_case(request, n):
 """
 
 
+@pytest.mark.slow  # two nested xdist sessions
 @pytest.mark.requires(packages="xdist")
 def test_the_controller_prints_every_workers_comparisons(tiny: pytest.Pytester) -> None:
     tiny.makepyfile(test_reporting=REPORTING)
@@ -84,6 +84,7 @@ def test_the_controller_prints_every_workers_comparisons(tiny: pytest.Pytester) 
     data = json.loads((tiny.path / "summary.json").read_text())
     assert sorted(row["case"] for row in data["rows"]) == [f"case-{n}" for n in range(4)]
     assert [entry["case"] for entry in data["out_of_memory"]] == ["case-3"]
+    assert data["outcomes"] == {"passed": 4}  # the controller counts its workers' tests once each
 
 
 class _Item:
@@ -106,7 +107,7 @@ class _Item:
 ])
 def test_guard_decision(monkeypatch: pytest.MonkeyPatch, marker: str, worker: str | None, count: str | None,
                         gpu: bool, refused: bool) -> None:
-    from memclaims import pytest_plugin
+    from memclaims.pytest import plugin as pytest_plugin
 
     for name, value in (("PYTEST_XDIST_WORKER", worker), ("PYTEST_XDIST_WORKER_COUNT", count)):
         if value is None:

@@ -1,0 +1,6 @@
+"""The claims of both documents as relations over Records: the catalogue and its checks, what a check
+looks up (``lookup``: Records by key, measured by the caller through ``memclaims.run.measure``), the
+"keeps accuracy" pairs and their mutations, the published accuracies, and the verdicts of the last run.
+
+May import ``core``, ``workloads``, ``recipes`` and ``baselines``; never an engine (``memclaims.run``,
+``memclaims.sim``, ``memclaims.measure``): a check reads Records, it runs nothing."""

@@ -1,0 +1,4 @@
+"""The facts every other part builds on: errors, the technique registry, precisions, the Record and
+its memory categories, the machine and environment, the published numbers and the packaged data.
+
+Imports nothing from memclaims outside ``core`` (and torch only lazily, where a fact needs it)."""

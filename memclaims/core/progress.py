@@ -1,0 +1,27 @@
+"""Progress of long work (reproduce's chain, fit's replays): a tqdm bar on a terminal, nothing in a
+log. tqdm's ``disable=None`` turns the bar off where stderr is not a TTY, so a CI log or a redirected
+run gets no carriage-return noise; the command's own result lines are printed as before."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+from tqdm import tqdm
+
+T = TypeVar("T")
+
+
+def steps(items: Iterable[T], what: str, total: int | None = None) -> Iterator[T]:
+    """``items``, with a bar named ``what`` on a terminal; the bar is cleared when the work ends."""
+    bar = tqdm(items, desc=what, total=total, disable=None, file=sys.stderr, leave=False, dynamic_ncols=True)
+    try:
+        yield from bar
+    finally:
+        bar.close()
+
+
+def shown() -> bool:
+    """Whether a bar would be drawn here (stderr is a terminal)."""
+    return sys.stderr.isatty()

@@ -1,0 +1,121 @@
+"""The published numbers: ``published.json`` (packaged, ``memclaims/resources/``) is their one source.
+
+Everything that quotes the article or the course (claims, reproduce, named recipes) reads it here.
+A claim's numbers are written in the file either as literals (what only the text says: "20x",
+"1/4") or as references ``@section/row/field`` to the logged tables, so no number is stored twice.
+A row of a list is named by its ``script`` (``@vit_chain/02_mixed-precision/peak_reserved_gb``)
+or by its position (``@vit_h14_series/rows/0/peak_reserved_gb``).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from memclaims.core import names
+from memclaims.core.errors import DataError, UsageError
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+PUBLISHED_SCHEMA = 1
+TIERS: tuple[str, ...] = names.TIERS  # the tiers a claim names
+KINDS = ("memory", "ratio", "accuracy", "time", "count")
+# Where a number is printed (names.py's contract): the seed document's text, only the article's
+# logs.md, read off a figure, or derived (arithmetic, or a measurement of ours). In this order: a
+# claim whose numbers come from several places names them in it.
+SOURCE_KINDS = ("text", "logs", "figure", "derived")
+
+
+@cache
+def data(source: Traversable | None = None) -> dict[str, Any]:
+    """The file's content (``source``: another copy of it, for tests); it checks the schema and names
+    the file when it cannot be read."""
+    from memclaims.core import packaged
+
+    return load_published(source if source is not None else packaged.resource(packaged.PUBLISHED))
+
+
+def lookup(reference: str, source: dict[str, Any] | None = None) -> Any:
+    """The value at ``@section/row/field`` (``row`` a script name or an index)."""
+    if not reference.startswith("@"):
+        raise UsageError(f"not a published reference: {reference!r} (expected @section/row/field)")
+    node: Any = source if source is not None else data()
+    for part in reference[1:].split("/"):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list):
+            matches = [row for row in node if isinstance(row, dict) and row.get("script") == part]
+            if matches:
+                node = matches[0]
+            elif part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise UsageError(f"published reference {reference!r}: no row {part!r}")
+        else:
+            raise UsageError(f"published reference {reference!r}: no key {part!r}")
+    return node
+
+
+def resolve(value: Any, source: dict[str, Any] | None = None) -> Any:
+    return lookup(value, source) if isinstance(value, str) and value.startswith("@") else value
+
+
+def row(section: str, script: str) -> dict[str, Any]:
+    """One logged run (``row('vit_chain', '03_bfloat16')``)."""
+    logged: dict[str, Any] = lookup(f"@{section}/{script}")  # a row of a logged table is an object
+    return logged
+
+
+def chain_row(techniques: tuple[str, ...]) -> dict[str, Any]:
+    """The logged ViT chain row (``vit_chain``) whose recipe is ``techniques``: its script and numbers."""
+    rows: list[dict[str, Any]] = data()["vit_chain"]
+    for entry in rows:
+        if set(entry["techniques"]) == set(techniques) and entry.get("peak_reserved_gb") is not None:
+            return entry
+    raise UsageError(f"no logged vit_chain row runs {'+'.join(techniques)}; "
+                     f"logged: {', '.join(r['script'] for r in rows if r.get('peak_reserved_gb') is not None)}")
+
+
+def claims() -> list[dict[str, Any]]:
+    return list(data()["claims"])
+
+
+def claim(claim_id: str) -> dict[str, Any]:
+    entries: list[dict[str, Any]] = data()["claims"]
+    for entry in entries:
+        if entry["id"] == claim_id:
+            return entry
+    raise UsageError(f"unknown claim {claim_id!r}; valid: {', '.join(c['id'] for c in data()['claims'])}")
+
+
+def numbers(claim_id: str) -> dict[str, Any]:
+    """The claim's published numbers, references resolved."""
+    return {key: resolve(value) for key, value in claim(claim_id)["published"].items()}
+
+
+def printed(claim_id: str) -> dict[str, str]:
+    """Where each of the claim's numbers is printed (``SOURCE_KINDS``): a reference's from the file's
+    ``printed`` table, a literal's from the claim's own ``printed``; a claim without numbers names
+    where its phrase is printed (key ``phrase``). A number with no kind is missing from the result
+    (``memclaims.claims.catalogue.coverage_problems`` names it)."""
+    entry = claim(claim_id)
+    table: dict[str, str] = data().get("printed", {})
+    own: dict[str, str] = entry.get("printed", {})
+    kinds = {key: table[value] if isinstance(value, str) and value.startswith("@") and value in table else own.get(key)
+             for key, value in entry["published"].items()}
+    if "phrase" in own:
+        kinds["phrase"] = own["phrase"]
+    return {key: kind for key, kind in kinds.items() if kind is not None}
+
+
+def load_published(path: Traversable) -> dict[str, Any]:
+    """The article's published numbers (the packaged ``published.json``), schema checked."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise DataError(f"published numbers {path}: cannot be read ({error})") from None
+    if not isinstance(data, dict) or data.get("schema") != PUBLISHED_SCHEMA:
+        raise DataError(f"published numbers {path}: expected an object with schema {PUBLISHED_SCHEMA}")
+    return data

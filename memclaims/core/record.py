@@ -1,0 +1,162 @@
+"""The Record: everything one run measured, in bytes and seconds, plus the environment it ran in.
+
+The key names are the public contract (../shared/CONTRACT.md): baseline files store Records.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, dataclass, field, fields
+from importlib import metadata
+from typing import Any
+
+VERSIONED_PACKAGES = ("torch", "torchvision", "lightning", "transformers", "bitsandbytes", "torchmetrics")
+
+# The memory categories of ``Record.breakdown``, in the order reports list them. Every probe fills
+# these four; the CPU probe also counts registered buffers apart (none in these models' training
+# state), under BUFFERS.
+PARAMETERS = "parameters"
+GRADIENTS = "gradients"
+OPTIMIZER_STATE = "optimizer_state"
+ACTIVATIONS = "activations_and_temporaries"
+CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS)
+BUFFERS = "buffers"
+
+
+def library_versions() -> dict[str, str | None]:
+    """Installed versions, read from package metadata (nothing is imported, so this is cheap)."""
+    versions: dict[str, str | None] = {}
+    for package in VERSIONED_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    versions["python"] = platform.python_version()
+    import torch  # here, not at the top: reading and writing Records must not cost a torch import
+
+    versions["cuda"] = torch.version.cuda if torch.cuda.is_available() else None
+    return versions
+
+
+def environment_facts(device: str) -> dict[str, Any]:
+    """The facts behind a real device's baseline environment id (memclaims.core.environment)."""
+    from memclaims.core import environment
+
+    if device == "cuda":
+        import torch
+
+        # A run against faked CUDA statistics (the suite's own tests) has no device to describe.
+        return environment.cuda_description() if torch.cuda.is_available() else {}
+    return environment.cpu_class_description()
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu-{platform.machine()}"
+
+
+@dataclass
+class Record:
+    recipe: str
+    workload: str
+    scale: str
+    techniques: list[str]
+    device: str
+    device_name: str
+    probe: str
+    precision: str  # what Fabric really ran (on the CPU, 16-mixed runs as bf16-mixed)
+    batch_size: int
+    accumulation_steps: int
+    memory_steps: int
+    param_count: int
+    param_tensor_count: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+    load_peak_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int | None
+    accuracy: float | None
+    final_loss: float | None
+    nan_loss: bool
+    nan_step: int | None
+    step_time_s: float | None
+    weights: str
+    data: str
+    versions: dict[str, str | None]
+    # The article's figure: reserved memory never reset, loading included (CUDA only).
+    peak_reserved_total_bytes: int | None = None
+    # For init-module recipes: the load peak of building in fp32 then converting (07_01).
+    reference_load_peak_bytes: int | None = None
+    # Peak resident set size of the process during the run (host memory; what the process held
+    # before counts too). Per rank in a distributed run; CPU offload raises it.
+    host_peak_bytes: int | None = None
+    # Host memory per step phase, by counter (``rss_bytes``: resident set; ``python_blocks``: Python's
+    # allocated blocks) and phase: per occurrence in the measured steps (forward and backward once per
+    # micro-batch) what it ``gained`` (signed) and the ``level`` at its end, relative to the start of
+    # the first measured step (memclaims.measure.host). Not comparable run to run, so not in
+    # baselines' comparison; memclaims.measure.host_steady judges growth within the run. Empty for
+    # the sim and in Records made before the field existed.
+    host_steps: dict[str, dict[str, dict[str, list[int]]]] = field(default_factory=dict)
+    # Processes (CPU) or GPUs of the run, and this Record's rank among them.
+    devices: int = 1
+    rank: int = 0
+    # What decides the numbers besides the versions: CPU capability class and bf16/AMX features,
+    # torch's build; or GPU model, CUDA and cuDNN (memclaims.core.environment). Names the baseline file.
+    environment: dict[str, Any] = field(default_factory=dict)
+    # Per phase (load, train, forward, backward, optimizer_step, zero_grad, evaluation, ...):
+    # allocated_bytes (absolute peak), above_start_bytes (peak minus what was live when the phase
+    # began), reserved_bytes (CUDA and sim, else null). Step phases: the largest over the steps.
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Each step phase's absolute peak, one entry per occurrence in the measured steps (forward and
+    # backward once per micro-batch), so that growth from step to step (a leak) is visible.
+    step_peaks: dict[str, list[int]] = field(default_factory=dict)
+    # What the techniques really did, observed rather than configured (memclaims.measure.active checks it):
+    # examples and micro-batches of the last measured optimizer step, the dtypes the linear layers
+    # computed in, optimizer state bytes by dtype (uint8: 8-bit state), parameter bytes by device
+    # type after setup (CPU offload: none on cuda), and bitsandbytes' 8-bit threshold used;
+    # nn.Linear calls made inside the first backward pass (activation checkpointing recomputes its
+    # blocks there; 0 without it; None in Records made before the field existed).
+    step_examples: int | None = None
+    step_micro_batches: int | None = None
+    compute_dtypes: list[str] = field(default_factory=list)
+    recomputed_linear_calls: int | None = None
+    optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
+    param_bytes_by_device: dict[str, int] = field(default_factory=dict)
+    min_8bit_size: int | None = None
+    # DDP ranks: SHA-256 of every gradient's bytes after the first step's backward (after DDP's
+    # all-reduce), equal on every rank when gradients are all-reduced; null elsewhere.
+    grad_digest: str | None = None
+    breakdown: dict[str, int] = field(default_factory=dict)  # by category, at the training peak
+    memory_losses: list[float | None] = field(default_factory=list)  # null once diverged
+    notes: list[str] = field(default_factory=list)
+    # What the accuracy phase ran (memclaims.recipes.options.accuracy_schedule): kind "epochs" or "steps",
+    # epochs / optimizer_steps, and the test examples it scored; empty when not evaluated.
+    accuracy_schedule: dict[str, Any] = field(default_factory=dict)
+    # Where each tested package's release lies against the range memclaims was tested with
+    # (memclaims.core.tested_versions): "inside", "newer", "older" or "unknown". Empty in Records made
+    # before the field existed (baseline files load as they are).
+    versions_tested: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def baseline_key(self) -> str:
+        """Where a baseline file stores this Record: the recipe id, plus the world size and rank
+        for a rank of a multi-device run (``vit-smoke/fsdp@2/rank1``), whose numbers depend on both."""
+        if self.devices == 1:
+            return self.recipe
+        return f"{self.recipe}@{self.devices}/rank{self.rank}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Record:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})

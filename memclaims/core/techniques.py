@@ -1,0 +1,236 @@
+"""The technique registry: every memory-saving technique of the article, as data.
+
+A technique only says what it changes in a recipe; the runner reads those fields. Cases,
+combinations and the CLI are all generated from ``TECHNIQUES``, so adding a technique is adding
+one entry here (and, if it changes something new, one field the runner reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from memclaims.core.errors import UsageError
+
+# Precision names are Lightning Fabric's own ``precision=`` strings.
+FP32 = "32-true"
+TRUE_HALF_PRECISIONS = ("16-true", "bf16-true")
+
+
+@dataclass(frozen=True)
+class Technique:
+    name: str
+    summary: str
+    source: str  # the article script (row) it comes from
+    group: str | None = None  # at most one technique per group in a recipe
+    precision: str | None = None
+    batch_divisor: int = 1
+    accumulates: bool = False  # micro-batches of the scale's accumulation count
+    optimizer: str | None = None
+    init_on_device: bool = False
+    plain_pytorch: bool = False
+    alone: bool = False  # a whole recipe by itself; combines with nothing
+    requires: frozenset[str] = field(default_factory=frozenset)  # capabilities, e.g. "bitsandbytes"
+    needs: frozenset[str] = field(default_factory=frozenset)  # other techniques it builds on
+    # Multi-device techniques (article 08-11, the LLM bonus): Lightning's ``strategy=`` name; a recipe
+    # with a strategy runs on ranks through memclaims.measure.distributed. ``sharded``: FSDP's sharding.
+    strategy: str | None = None
+    sharded: bool = False
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    delayed_init: bool = False
+
+
+TECHNIQUES: tuple[Technique, ...] = (
+    Technique("pytorch", "plain PyTorch loop, fp32, Adam (no Fabric)", "01_pytorch-vit",
+              group="loop", plain_pytorch=True, alone=True),
+    Technique("fabric", "the same loop through Lightning Fabric, fp32: the reference recipe",
+              "01-2_pytorch-fabric", group="loop", alone=True),
+    Technique("16-mixed", "float16 automatic mixed precision", "02_mixed-precision",
+              group="precision", precision="16-mixed"),
+    Technique("bf16-mixed", "bfloat16 automatic mixed precision", "02_mixed-precision (bf16 variant)",
+              group="precision", precision="bf16-mixed"),
+    Technique("16-true", "parameters and activations in float16 (diverges to NaN in the article)",
+              "02_mixed-precision (text: 16-true)", group="precision", precision="16-true"),
+    Technique("bf16-true", "parameters and activations in bfloat16", "03_bfloat16",
+              group="precision", precision="bf16-true"),
+    Technique("small-batch", "batch size divided by 4 (64 -> 16 at article scale)",
+              "04_lower-batchsize", batch_divisor=4),
+    Technique("grad-accum", "gradient accumulation over the scale's micro-batches (4: a quarter of the "
+              "batch each), same effective batch", "05_gradient-accum", accumulates=True),
+    Technique("sgd", "SGD lr 0.01 without momentum + cosine schedule instead of Adam",
+              "06_sgd-with-scheduler", group="optimizer", optimizer="sgd"),
+    # The course's lesson "Mixed precision training with 8-bit Adam" (distilbert-base-cased).
+    Technique("adamw", "AdamW, weight decay on all but LayerNorm weights and biases (the course's "
+              "recipe)", "course: 8-bit Adam (AdamW)", group="optimizer", optimizer="adamw"),
+    Technique("adam8bit", "bitsandbytes Adam8bit: both Adam states in 8 bits, block-wise quantized",
+              "course: 8-bit Adam lesson", group="optimizer", optimizer="adam8bit",
+              requires=frozenset({"bitsandbytes"})),
+    Technique("adamw8bit", "bitsandbytes AdamW8bit: AdamW with 8-bit block-wise quantized states",
+              "course: 8-bit Adam lesson", group="optimizer", optimizer="adamw8bit",
+              requires=frozenset({"bitsandbytes"})),
+    Technique("adafactor", "transformers Adafactor: factored second moment, no first moment",
+              "course: 8-bit Adam (Adafactor)", group="optimizer", optimizer="adafactor"),
+    Technique("init-module", "model built on the target device in the target precision "
+              "inside Fabric's init_module", "07-03_init-module", init_on_device=True),
+    # Multi-device, on top of the fp32 01-2 script; run by memclaims.measure.distributed (FSDP2 over gloo
+    # on the CPU, Lightning's FSDPStrategy on CUDA).
+    Technique("fsdp", "fully sharded data parallel, auto-wrapped on the transformer block",
+              "08_fsdp-with-01-2", group="strategy", strategy="fsdp", sharded=True),
+    # The LLM bonus "before" scripts: the whole model on every rank, gradients all-reduced in buckets
+    # (Lightning's DDPStrategy passes no DDP options: torch's 25 MiB buckets, no bucket views).
+    Technique("ddp", "distributed data parallel: the whole model, gradients and optimizer state on every "
+              "rank, gradients all-reduced", "bonus_bigbird-before", group="strategy", strategy="ddp"),
+    Technique("deepspeed-zero2", "DeepSpeed ZeRO stage 2 through Lightning's DeepSpeedStrategy: optimizer "
+              "state, fp32 master weights and gradients partitioned over the ranks", "bonus_distilbert-before",
+              group="strategy", strategy="deepspeed_stage_2", requires=frozenset({"deepspeed"})),
+    # Needs no sharding: on one device each block is wrapped in torch.utils.checkpoint (hf: and
+    # text models through their own gradient_checkpointing_enable()); with fsdp, Lightning's policy.
+    Technique("activation-checkpointing", "recompute each transformer block's activations in backward",
+              "08_fsdp-with-01-2", activation_checkpointing=True),
+    # Offloading parameters to host memory only means something from a GPU.
+    Technique("cpu-offload", "FSDP parameters offloaded to CPU memory, setup(move_to_device=False)",
+              "09_fsdp-cpu-offload-with-01-2", cpu_offload=True, needs=frozenset({"fsdp"}),
+              requires=frozenset({"cuda"})),
+    Technique("delayed-init", "model built inside fabric.init_module(empty_init=False) under FSDP",
+              "11_delay-allocation (logs only)", delayed_init=True, needs=frozenset({"fsdp"})),
+)
+
+BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}
+REFERENCE = "fabric"
+
+# The article's cumulative single-GPU chain, 02 -> 06: each entry changes the previous by one thing
+# (01-2, the REFERENCE, comes before it). The one table of the chain's recipes; each step's logged
+# script and numbers are its row in memclaims/resources/published.json (``published.chain_row``).
+ARTICLE_CHAIN: tuple[tuple[str, ...], ...] = (
+    ("16-mixed",),
+    ("bf16-true",),
+    ("bf16-true", "small-batch"),
+    ("bf16-true", "small-batch", "grad-accum"),
+    ("bf16-true", "small-batch", "grad-accum", "sgd"),
+)
+# The article's table from its reference: 01-2 -> 06, the one definition every reader of the chain
+# imports (the claims, the time model, gpu-check, reproduce, candidate, releases).
+CHAIN: tuple[tuple[str, ...], ...] = ((REFERENCE,), *ARTICLE_CHAIN)
+
+
+def technique(name: str) -> Technique:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown technique {name!r}; valid techniques: {', '.join(BY_NAME)}"
+        ) from None
+
+
+def canonical(names: Iterable[str]) -> tuple[str, ...]:
+    """Validate a set of technique names and return them in registry order.
+
+    The empty set and ``("fabric",)`` both mean the reference recipe and canonicalise to
+    ``("fabric",)`` so that a recipe has exactly one id.
+    """
+    chosen = [technique(n) for n in dict.fromkeys(names)]
+    problem = violation(chosen)
+    if problem:
+        raise UsageError(f"invalid combination {'+'.join(t.name for t in chosen)}: {problem}")
+    if not chosen:
+        return (REFERENCE,)
+    return tuple(t.name for t in TECHNIQUES if t in chosen)
+
+
+def violation(chosen: list[Technique]) -> str | None:
+    """The validity rule a combination breaks, or None when it is valid."""
+    names = {t.name for t in chosen}
+    for t in chosen:
+        if t.alone and len(chosen) > 1:
+            return f"{t.name!r} is a whole recipe by itself and combines with no other technique"
+        missing = t.needs - names
+        if missing:
+            return f"{t.name!r} needs {', '.join(sorted(missing))}"
+    groups: dict[str, list[str]] = {}
+    for t in chosen:
+        if t.group:
+            groups.setdefault(t.group, []).append(t.name)
+    for group, members in groups.items():
+        if len(members) > 1:
+            return f"at most one {group} technique per recipe (got {', '.join(members)})"
+    return None
+
+
+def single_process() -> tuple[Technique, ...]:
+    """Techniques that run in one process; the multi-device ones have their own (dist) cases."""
+    ranked = {t.name for t in TECHNIQUES if t.strategy}
+    return tuple(t for t in TECHNIQUES if t.name not in ranked and not t.needs & ranked)
+
+
+def valid_combinations(pool: tuple[Technique, ...] = TECHNIQUES) -> Iterator[tuple[str, ...]]:
+    """Every valid non-empty combination of ``pool``, in a stable order (by size, then registry order)."""
+    for size in range(1, len(pool) + 1):
+        for combo in combinations(pool, size):
+            if violation(list(combo)) is None:
+                yield tuple(t.name for t in combo)
+
+
+def compatible_pairs(pool: tuple[Technique, ...]) -> set[frozenset[str]]:
+    return {
+        frozenset(pair)
+        for pair in combinations((t.name for t in pool), 2)
+        if violation([BY_NAME[n] for n in pair]) is None
+    }
+
+
+def pairwise_cover(pool: tuple[Technique, ...]) -> list[tuple[str, ...]]:
+    """A small set of valid combinations of ``pool`` in which every compatible pair appears at least once.
+
+    Greedy set cover (largest number of still-uncovered pairs first, ties by the stable order of
+    ``valid_combinations``); deterministic, so case ids never move between runs.
+    """
+    uncovered = compatible_pairs(pool)
+    candidates = [c for c in valid_combinations(pool) if len(c) >= 2]
+    cover: list[tuple[str, ...]] = []
+    while uncovered:
+        best = max(candidates, key=lambda c: len(uncovered & {frozenset(p) for p in combinations(c, 2)}))
+        cover.append(best)
+        uncovered -= {frozenset(p) for p in combinations(best, 2)}
+    return cover
+
+
+def singles(pool: tuple[Technique, ...] = TECHNIQUES) -> list[tuple[str, ...]]:
+    """Each technique on its own, together with the techniques it needs (offload needs fsdp)."""
+    return list(dict.fromkeys(canonical((t.name, *sorted(t.needs))) for t in pool))
+
+
+def default_selection(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ...]]:
+    """What the tiers run by default: every single technique, the article's chain, a pairwise cover."""
+    pool = single_process() if pool is None else pool
+    selected: dict[tuple[str, ...], None] = dict.fromkeys(singles(pool))
+    for step in ARTICLE_CHAIN:
+        selected[canonical(step)] = None
+    for combo in pairwise_cover(pool):
+        selected[combo] = None
+    return list(selected)
+
+
+def full_matrix(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ...]]:
+    pool = single_process() if pool is None else pool
+    return [canonical(c) for c in valid_combinations(pool)]
+
+
+# The named selections of technique combinations (pytest's --memclaims-matrix, ``memclaims
+# benchmark --matrix``, ``memclaims list``'s case counts); memclaims.core.settings.Matrix names them
+# for the options' table.
+SELECTIONS: dict[str, Callable[[], list[tuple[str, ...]]]] = {
+    "singles": lambda: singles(single_process()),
+    "default": lambda: default_selection(),
+    "full": lambda: full_matrix(),
+}
+
+
+def selection(name: str) -> list[tuple[str, ...]]:
+    """The combinations the selection ``name`` runs (``SELECTIONS``)."""
+    try:
+        select = SELECTIONS[name]
+    except KeyError:
+        raise UsageError(f"unknown selection {name!r}; valid selections: {', '.join(SELECTIONS)}") from None
+    return select()

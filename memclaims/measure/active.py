@@ -1,0 +1,144 @@
+"""Is every technique of a recipe visibly at work in its Record?
+
+A technique that silently does nothing (an 8-bit optimizer that keeps 32-bit state, a batch size
+the loader ignores, an init_module that builds in fp32 anyway) leaves the memory numbers of a
+smaller recipe looking plausible; only what the run observed tells. ``problems`` reads the
+observed fields of a Record (memclaims.measure.loop and memclaims.measure.runner fill them) and names each
+technique whose effect is missing. Every case that runs a recipe asserts it is empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from memclaims.core.precision import PRECISIONS
+from memclaims.core.record import Record
+
+if TYPE_CHECKING:
+    from memclaims.recipes.recipe import Recipe
+
+# What the linear layers compute in under each half precision, as the Record names dtypes.
+HALF_DTYPE = {name: str(p.compute_dtype).removeprefix("torch.") for name, p in PRECISIONS.items()
+              if p.compute_dtype != PRECISIONS["32-true"].compute_dtype}
+TRUE_HALF = tuple(name for name, p in PRECISIONS.items() if p.true_half)
+
+
+def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | None = None) -> list[str]:
+    """One line per technique of ``recipe`` whose effect ``record`` does not show.
+
+    ``without[name]``: the Record of the same recipe without technique ``name``, for the effects
+    only a comparison shows (activation checkpointing lowers what the forward pass saves).
+    """
+    found: list[str] = []
+
+    def say(technique: str, text: str) -> None:
+        found.append(f"{record.recipe}: {technique} is not active: {text}")
+
+    single = record.devices == 1
+    _precision(recipe, record, single, say)
+    _batch(recipe, record, say)
+    names = set(recipe.techniques)
+    if "sgd" in names and record.optimizer_state_bytes != 0:
+        say("sgd", f"optimizer_state_bytes is {record.optimizer_state_bytes:,} B; plain SGD keeps no state")
+    for name in names & {"adam8bit", "adamw8bit"}:
+        if record.device == "sim" and not record.optimizer_state_by_dtype:
+            continue  # the sim computes 8-bit state sizes; it observes no dtypes
+        quantized = record.optimizer_state_by_dtype.get("uint8", 0)
+        if quantized == 0:
+            say(name, f"no uint8 optimizer state (state bytes by dtype {record.optimizer_state_by_dtype}, "
+                      f"min_8bit_size {record.min_8bit_size}): every state stayed 32-bit")
+        elif single and record.optimizer_state_bytes > 4 * record.param_count:
+            say(name, f"optimizer_state_bytes {record.optimizer_state_bytes:,} B is above 4 B per parameter "
+                      f"({record.param_count:,} parameters); 8-bit Adam keeps about 2")
+    if "init-module" in names:
+        _init_module(recipe, record, say)
+    if "activation-checkpointing" in names:
+        _checkpointing(record, (without or {}).get("activation-checkpointing"), say)
+    if "cpu-offload" in names:
+        on_device = {d: b for d, b in record.param_bytes_by_device.items() if d != "cpu" and b}
+        if on_device or not record.param_bytes_by_device.get("cpu"):
+            say("cpu-offload", f"parameter bytes by device after setup are {record.param_bytes_by_device}; "
+                               "offloaded parameters live on the CPU only")
+    if "fsdp" in names and record.devices > 1:
+        full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
+        if record.param_bytes >= full:
+            say("fsdp", f"rank {record.rank} holds {record.param_bytes:,} B of parameters, the whole "
+                        f"model's {full:,} B: nothing is sharded")
+    if "ddp" in names and record.devices > 1:
+        full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
+        if record.param_bytes != full:
+            say("ddp", f"rank {record.rank} holds {record.param_bytes:,} B of parameters, not the whole "
+                       f"model's {full:,} B: DDP replicates the model on every rank")
+        if record.grad_digest is None:
+            say("ddp", f"rank {record.rank} recorded no gradient digest: nothing shows an all-reduce")
+    return found
+
+
+def rank_problems(records: Sequence[Record]) -> list[str]:
+    """What only the ranks of one run together show: DDP's gradients, all-reduced, are bit for bit
+    the same on every rank after the backward (each rank's own batch gave different local ones)."""
+    ddp = [r for r in records if "ddp" in r.techniques and r.devices > 1]
+    digests = {r.rank: r.grad_digest for r in ddp}
+    if len(set(digests.values())) > 1:
+        return [f"{ddp[0].recipe}: ddp is not active: the ranks' gradients differ after the backward "
+                f"(SHA-256 by rank: {digests}); DDP all-reduces them"]
+    return []
+
+
+def _precision(recipe: Recipe, record: Record, single: bool,
+               say: Callable[[str, str], None]) -> None:
+    ran = record.precision  # on the CPU Lightning runs 16-mixed as bf16-mixed; the Record says so
+    if ran in TRUE_HALF:
+        if single and record.param_bytes != 2 * record.param_count:
+            say(recipe.precision, f"param_bytes {record.param_bytes:,} B is not 2 B x {record.param_count:,} "
+                                  "parameters: the parameters are not half precision")
+    elif single and record.param_bytes != 4 * record.param_count:
+        say(recipe.precision, f"param_bytes {record.param_bytes:,} B is not 4 B x {record.param_count:,} "
+                              "parameters: the parameters are not float32")
+    if record.device == "sim" and not record.compute_dtypes:
+        return  # the sim does not observe dtypes; its parameter bytes are checked above
+    expected = HALF_DTYPE.get(ran, "float32")
+    if record.compute_dtypes != [expected]:
+        technique = ran if ran in HALF_DTYPE else "fp32 (no precision technique)"
+        say(technique, f"the linear layers computed in {record.compute_dtypes or 'nothing observed'}, "
+                       f"expected [{expected!r}]")
+
+
+def _batch(recipe: Recipe, record: Record, say: Callable[[str, str], None]) -> None:
+    if record.device == "sim" and record.step_examples is None:
+        return  # the sim builds its inputs from the recipe; nothing to observe
+    technique = "small-batch" if "small-batch" in recipe.techniques else "batch size"
+    if record.step_examples != recipe.batch_size:
+        say(technique, f"the last measured optimizer step consumed {record.step_examples} examples, "
+                       f"expected the recipe's batch of {recipe.batch_size}")
+    if record.step_micro_batches != recipe.accumulation_steps:
+        technique = "grad-accum" if recipe.accumulation_steps > 1 else "optimizer step per batch"
+        say(technique, f"the optimizer stepped after {record.step_micro_batches} micro-batches, "
+                       f"expected {recipe.accumulation_steps}")
+
+
+def _init_module(recipe: Recipe, record: Record, say: Callable[[str, str], None]) -> None:
+    reference = record.reference_load_peak_bytes
+    if reference is None:
+        say("init-module", "no reference load (build in fp32, then convert) was measured to compare with")
+        return
+    # On the CPU in fp32 there is nothing to save: the reference's .to("cpu").to(float32) copies
+    # nothing. Everywhere else building in place must lower the load peak.
+    must_lower = record.device != "cpu" or record.precision in TRUE_HALF
+    if record.load_peak_bytes > reference or (must_lower and record.load_peak_bytes >= reference):
+        say("init-module", f"load_peak_bytes {record.load_peak_bytes:,} B is not below the reference load "
+                           f"(build in fp32, then convert) of {reference:,} B")
+
+
+def _checkpointing(record: Record, plain: Record | None, say: Callable[[str, str], None]) -> None:
+    if record.recomputed_linear_calls == 0:  # None: an engine that does not observe it (FSDP on the sim)
+        say("activation-checkpointing", "no nn.Linear ran inside the first backward pass: nothing was recomputed")
+    if plain is None:
+        say("activation-checkpointing", "no Record of the same recipe without it was given to compare with")
+        return
+    saved = record.phases.get("forward", {}).get("above_start_bytes")
+    plain_saved = plain.phases.get("forward", {}).get("above_start_bytes")
+    if saved is None or plain_saved is None or saved >= plain_saved:
+        say("activation-checkpointing", f"phases.forward.above_start_bytes (what the forward pass keeps "
+                                        f"for backward) is {saved} B with it, {plain_saved} B without")

@@ -1,0 +1,324 @@
+"""Multi-device runs of a sharded recipe (article scripts 08-11): one Record per rank.
+
+- CUDA: every rank runs ``memclaims.measure.runner.run`` with Lightning Fabric's ``FSDPStrategy``
+  (``memclaims.measure.lightning_fsdp``: auto-wrap and activation checkpointing on the workload's block
+  class, ``cpu_offload``), as the article's scripts do.
+- DDP and DeepSpeed (``ddp``, ``deepspeed-zero2``), on CUDA or CPU ranks: the same Fabric engine with
+  Lightning's ``DDPStrategy`` / ``DeepSpeedStrategy`` over NCCL or gloo.
+- FSDP on the CPU: Lightning refuses FSDP on the CPU, so the same smoke model is sharded with PyTorch's FSDP2
+  (``fully_shard`` on each block, then the root) over gloo and measured by the exact CPU probe on
+  every rank (``CpuShardedEngine`` through ``memclaims.measure.pipeline``). Each rank trains on its slice
+  of the same global batch as the single-process run, so the mean loss is the single-process loss.
+
+``memclaims.run.measure`` comes here for a sharded recipe; ``run_distributed_many`` runs
+several recipes in one process group.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memclaims.core.errors import UsageError
+from memclaims.core.precision import PRECISIONS, precision
+from memclaims.core.record import Record, device_name
+from memclaims.measure import launcher, pipeline
+from memclaims.measure.probes import CpuProbe
+from memclaims.recipes.options import DEFAULT_TIMEOUT_S, RunOptions, check_device, default_devices, resolve_memory_steps
+from memclaims.recipes.recipe import parse_id
+from memclaims.recipes.requirements import DEEPSPEED_ON_CPU
+
+if TYPE_CHECKING:
+    from memclaims.recipes.recipe import Recipe
+
+# --- the result -------------------------------------------------------------------------------
+
+
+@dataclass
+class DistributedResult:
+    """The Records of every rank of one run; rank 0 is the article's figure."""
+
+    recipe: str
+    device: str
+    devices: int
+    launcher: str  # "spawn" (this package started the ranks) or "torchrun"
+    records: list[Record]
+
+    @classmethod
+    def from_records(cls, records: Sequence[Record]) -> DistributedResult:
+        """The result of ``measure``'s Records of one sharded run."""
+        return cls(recipe=records[0].recipe, device=records[0].device, devices=records[0].devices,
+                   launcher="torchrun" if launcher.torchrun_env() else "spawn", records=list(records))
+
+    @property
+    def rank0(self) -> dict[str, Any]:
+        return self.records[0].to_dict()
+
+    @property
+    def max_over_ranks(self) -> dict[str, Any]:
+        """Per measured key (bytes, seconds, breakdown categories), the largest value of any rank."""
+        result: dict[str, Any] = {}
+        dicts = [r.to_dict() for r in self.records]
+        for key, value in dicts[0].items():
+            if (key.endswith("_bytes") or key.endswith("_s")) and not isinstance(value, bool):
+                values = [d[key] for d in dicts if isinstance(d[key], (int, float))]
+                result[key] = max(values) if values else None
+        categories = sorted({c for d in dicts for c in d["breakdown"]})
+        result["breakdown"] = {c: max(d["breakdown"].get(c, 0) for d in dicts) for c in categories}
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "device": self.device,
+            "devices": self.devices,
+            "launcher": self.launcher,
+            "ranks": [r.to_dict() for r in self.records],
+            "rank0": self.rank0,
+            "max_over_ranks": self.max_over_ranks,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+# --- entry points -----------------------------------------------------------------------------
+
+
+def run_distributed(recipe: Recipe, options: RunOptions, devices: int | None = None, *,
+                    timeout_s: float | None = DEFAULT_TIMEOUT_S) -> DistributedResult:
+    """Run a sharded ``recipe`` on ``devices`` ranks (None: ``options.devices``, else 2 CPU
+    processes or every visible GPU) and gather one Record per rank."""
+    return run_distributed_many([recipe], options, devices, timeout_s=timeout_s)[0]
+
+
+def run_distributed_many(recipes: Sequence[Recipe], options: RunOptions, devices: int | None = None, *,
+                         timeout_s: float | None = DEFAULT_TIMEOUT_S) -> list[DistributedResult]:
+    """Several recipes, one after the other, in one process group: starting ranks costs seconds
+    (every child imports torch), so a test module pays it once for all its configurations."""
+    check_device(options.device)
+    env = launcher.torchrun_env()
+    world = devices or options.devices or (env.world_size if env else default_devices(options.device))
+    for recipe in recipes:
+        # Under torchrun the ranks may span nodes: this node's GPU count says nothing then.
+        check_distributed(recipe, options.device, world, local=env is None)
+    options = replace(options, devices=world)
+    if options.device == "cuda" and torch.cuda.is_initialized():
+        # This process's cached blocks on GPU 0 (an earlier single-GPU case) would crowd rank 0.
+        torch.cuda.empty_cache()
+    per_rank = launcher.launch(_rank_main, world, ([r.id for r in recipes], options),
+                               backend="nccl" if options.device == "cuda" else "gloo", timeout_s=timeout_s)
+    return [
+        DistributedResult(recipe=recipe.id, device=options.device, devices=world,
+                          launcher="torchrun" if env else "spawn",
+                          records=[Record.from_dict(per_rank[rank][index]) for rank in range(world)])
+        for index, recipe in enumerate(recipes)
+    ]
+
+
+def check_distributed(recipe: Recipe, device: str, devices: int, local: bool = True) -> None:
+    """What a distributed run refuses up front, as one-line usage errors (``local``: every rank
+    runs on this machine)."""
+    if recipe.strategy is None:
+        raise UsageError(f"{recipe.id} runs on one device: a distributed run needs a multi-device technique "
+                         "('fsdp', 'ddp' or 'deepspeed-zero2')")
+    if devices < 1:
+        raise UsageError(f"--devices must be at least 1 (got {devices})")
+    if device == "cuda" and local and devices > torch.cuda.device_count():
+        raise UsageError(f"--devices {devices} needs {devices} CUDA devices; torch sees {torch.cuda.device_count()}")
+    if device == "cpu":
+        if recipe.cpu_offload:
+            raise UsageError(f"{recipe.id}: cpu-offload moves parameters off a GPU and needs --device cuda")
+        if recipe.plain_pytorch:
+            raise UsageError(f"{recipe.id}: the plain PyTorch loop does not shard")
+        if recipe.strategy == "deepspeed_stage_2":
+            raise UsageError(f"{recipe.id}: {DEEPSPEED_ON_CPU}; use --device cuda or --device sim")
+        if recipe.sharded and recipe.micro_batch_size % devices:
+            raise UsageError(
+                f"{recipe.id}: micro-batch {recipe.micro_batch_size} does not split evenly over "
+                f"{devices} ranks; choose --devices that divides it"
+            )
+
+
+def _rank_main(rank: int, world: int, recipe_ids: list[str], options: RunOptions) -> list[dict[str, Any]]:
+    """One rank: every recipe in turn; Records as dicts (plain data crosses process boundaries)."""
+    results = []
+    for recipe_id in recipe_ids:
+        recipe = parse_id(recipe_id)
+        if options.device == "cuda" or not recipe.sharded:
+            # Lightning's own strategy (FSDP on CUDA; DDP and DeepSpeed on either device): each rank
+            # trains on its own batch of the recipe's size from Fabric's DistributedSampler.
+            from memclaims.measure import runner
+
+            record = runner.run(recipe, options)
+            record.notes.append(f"rank {rank} of {world}: Lightning strategy={recipe.strategy!r}")
+        else:
+            record = pipeline.run(CpuShardedEngine(recipe, options, rank, world), CpuProbe(),
+                                  resolve_memory_steps(recipe, options))
+        record.devices, record.rank = world, rank
+        results.append(record.to_dict())
+    return results
+
+
+# --- CPU: FSDP2 over gloo ---------------------------------------------------------------------
+
+
+def shard_rows(dim0: int, world: int, rank: int) -> tuple[int, int]:
+    """FSDP2's dim-0 split of a parameter: (rows this rank holds, rows its padded storage has).
+
+    FSDP2 pads dim 0 up to a multiple of ``world`` and gives each rank ``ceil(dim0 / world)``
+    rows of storage; the last ranks hold fewer real rows (possibly none) in that storage.
+    """
+    padded = math.ceil(dim0 / world)
+    held = max(0, min(padded, dim0 - rank * padded))
+    return held, padded
+
+
+def expected_shard_bytes(shapes: Sequence[Sequence[int]], itemsize: int, world: int, rank: int) -> dict[str, int]:
+    """Exact per-rank bytes of FSDP2-sharded parameters of these shapes, with Adam's state.
+
+    parameters and gradients live in padded storages: sum(ceil(d0 / N) x rest x itemsize);
+    Adam's ``exp_avg``/``exp_avg_sq`` are ``zeros_like`` of the unpadded local shard:
+    sum(2 x held_rows x rest x itemsize), plus one fp32 ``step`` scalar per parameter on every rank.
+    """
+    padded_bytes = held_bytes = 0
+    for shape in shapes:
+        dims = list(shape) or [1]
+        rest = math.prod(dims[1:])
+        held, padded = shard_rows(dims[0], world, rank)
+        padded_bytes += padded * rest * itemsize
+        held_bytes += held * rest * itemsize
+    return {
+        "param_bytes": padded_bytes,
+        "grad_bytes": padded_bytes,
+        "optimizer_state_bytes": 2 * held_bytes + 4 * len(shapes),
+    }
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The rank's own shard of a DTensor (parameters, gradients, optimizer state), else the tensor."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _cast_floating(batch: Any, dtype: torch.dtype) -> Any:
+    if isinstance(batch, dict):
+        return {k: _cast_floating(v, dtype) for k, v in batch.items()}
+    return batch.to(dtype) if batch.is_floating_point() else batch
+
+
+def _rank_slice(batch: Any, rank: int, world: int) -> Any:
+    """This rank's contiguous share of a global (micro-)batch."""
+    if isinstance(batch, dict):
+        return {k: _rank_slice(v, rank, world) for k, v in batch.items()}
+    share = batch.shape[0] // world
+    return batch[rank * share:(rank + 1) * share]
+
+
+class CpuShardedEngine(pipeline.Engine):
+    """One rank of a CPU FSDP2 run."""
+
+    declares_schedule = False
+
+    def __init__(self, recipe: Recipe, options: RunOptions, rank: int, world: int) -> None:
+        super().__init__(recipe, options)
+        self.rank, self.world = rank, world
+        self.notes.append(f"rank {rank} of {world}: FSDP2 fully_shard over gloo on the CPU "
+                          "(Lightning refuses FSDP on the CPU)")
+        self.spec = precision(recipe.precision)
+        if self.precision_ran != recipe.precision:
+            self.notes.append(f"ran {recipe.precision} as {self.precision_ran} on cpu")
+        if recipe.delayed_init:
+            self.notes.append("delayed-init changes nothing on the CPU: the model is built on the CPU either way")
+        if recipe.init_on_device:
+            self.notes.append("init-module changes nothing on the CPU tier")
+
+    @property
+    def precision_ran(self) -> str:
+        return self.spec.cpu_name  # as Lightning would run it on the CPU
+
+    def device_name(self) -> str:
+        return device_name("cpu")
+
+    def build(self) -> tuple[nn.Module, str]:
+        model, weights = self.recipe.workload.build_model(self.recipe.scale)
+        if self.spec.true_half:
+            model = model.to(self.spec.param_dtype)
+        return self.shard(model), weights
+
+    def shard(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        block = self.recipe.workload.block_class()
+        if self.recipe.activation_checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                apply_activation_checkpointing,
+                checkpoint_wrapper,
+            )
+
+            # Non-reentrant torch.utils.checkpoint around each block, as Lightning's policy does.
+            apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
+                                           check_fn=lambda m: isinstance(m, block))
+        if self.recipe.workload.fsdp_auto_wrap:
+            if not any(isinstance(m, block) for m in model.modules()):
+                raise UsageError(f"{self.recipe.workload.name} has no {block.__name__} to shard")
+            for module in model.modules():
+                # The outermost module of each block: the checkpoint wrapper when there is one.
+                inner = getattr(module, "_checkpoint_wrapped_module", module)
+                if isinstance(inner, block) and (module is inner) != self.recipe.activation_checkpointing:
+                    fully_shard(module)
+        fully_shard(model)  # the root: embeddings, final norm and head (all of it without auto-wrap)
+        return model
+
+    def local(self, tensor: torch.Tensor) -> torch.Tensor:
+        return _local(tensor)
+
+    def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
+        """As Fabric's module wrapper: floating inputs in a true-half recipe's dtype, autocast for
+        mixed precision, logits back in float32."""
+        dtype = self.spec.input_dtype(fsdp=True)
+        if dtype is not None:
+            inputs = _cast_floating(inputs, dtype)
+        autocast = PRECISIONS[self.precision_ran].autocast_dtype
+        context = torch.autocast("cpu", dtype=autocast) if autocast is not None else nullcontext()
+        with context:
+            return self.recipe.workload.logits(model, inputs).float()  # casts_output, a no-op for 32-true
+
+    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of this rank's share of the global micro-batch."""
+        share = _rank_slice(inputs, self.rank, self.world), _rank_slice(targets, self.rank, self.world)
+        return F.cross_entropy(self.logits(model, share[0]), share[1])
+
+    def loss_value(self, loss: torch.Tensor) -> float:
+        """The global batch's loss: FSDP averages gradients over ranks, and the shares are equal,
+        so the mean of the ranks' losses is the single-process loss."""
+        import torch.distributed as dist
+
+        total = loss.detach().float().reshape(1).clone()
+        dist.all_reduce(total)
+        return float(total.item()) / self.world
+
+    def gradients(self, model: nn.Module) -> Iterator[torch.Tensor]:
+        return (_local(p.grad) for p in model.parameters() if p.grad is not None)
+
+    @torch.no_grad()
+    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+        """Every rank evaluates the whole test set (each forward needs all ranks' shards)."""
+        import torchmetrics
+
+        metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
+        model.eval()
+        for inputs, targets in loader:
+            if on_batch is not None:
+                on_batch()
+            metric.update(torch.argmax(self.logits(model, inputs), 1), targets)
+        # Every rank saw every example: nothing to gather (torchmetrics would all-gather otherwise).
+        return float(metric.compute())

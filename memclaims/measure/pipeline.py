@@ -1,0 +1,236 @@
+"""The one pipeline of a real run: seed, data, load, optimizer, the training loop, accuracy, Record.
+
+An engine says what differs between the ways a recipe runs (Lightning Fabric on one device or as
+a CUDA FSDP rank in ``memclaims.measure.runner``, FSDP2 on CPU ranks in ``memclaims.measure.distributed``): how
+the model is built and set up, how a loss is computed and back-propagated, how accuracy is read.
+Everything around it happens here, once, in the same order for every engine, because the order
+decides what the probes see. ``memclaims.run.measure`` chooses the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from memclaims.core.record import Record, environment_facts
+from memclaims.measure import optimizers, tensors
+from memclaims.measure import probes as probe_module
+from memclaims.measure.host import HostSteps
+from memclaims.measure.loop import TrainingLoop
+from memclaims.measure.record_builder import TOP_PHASES, build_record
+from memclaims.recipes.options import RunOptions, accuracy_schedule
+
+if TYPE_CHECKING:
+    from memclaims.recipes.recipe import Recipe
+
+class Engine(TrainingLoop):
+    """One way to run a recipe: the loop's hooks plus the few steps of a run that differ."""
+
+    # The Record declares the accuracy schedule (the sharded CPU ranks never did; kept as stored).
+    declares_schedule = True
+
+    def __init__(self, recipe: Recipe, options: RunOptions) -> None:
+        super().__init__(recipe.accumulation_steps)
+        self.recipe, self.options = recipe, options
+        self.notes: list[str] = []
+
+    @property
+    def precision_ran(self) -> str:
+        raise NotImplementedError
+
+    def device_name(self) -> str:
+        raise NotImplementedError
+
+    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+        return train, test
+
+    def reference_load(self, probe: probe_module.Probe) -> int | None:
+        """07_01's load peak for an init-module recipe, where the engine can measure it."""
+        return None
+
+    def build(self) -> tuple[nn.Module, str]:
+        """The model as the load phase builds it, and whether its weights are pretrained."""
+        raise NotImplementedError
+
+    def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
+        return model, optimizer
+
+    def batches(self, loader: Any) -> Iterator[Any]:
+        return iter(loader)
+
+    def local(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's own part of a (sharded) tensor."""
+        return tensor
+
+    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+        raise NotImplementedError
+
+
+def seed_everything(seed: int) -> None:
+    """What Lightning's ``seed_everything`` does to the generators, without importing Lightning
+    (which costs each spawned rank many seconds)."""
+    import numpy
+
+    os.environ["PL_GLOBAL_SEED"] = str(seed)
+    os.environ["PL_SEED_WORKERS"] = "0"
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)  # every device's generator, CUDA's included
+
+
+def cycle(batches: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    """The loader's batches over and over (a budget may be longer than an epoch of a small set)."""
+    while True:
+        yielded = False
+        for batch in batches():
+            yielded = True
+            yield batch
+        if not yielded:
+            return
+
+
+def never_reset_reserved(phases: dict[str, probe_module.PhasePeak]) -> int | None:
+    """The article's figure: ``max_memory_reserved`` never reset, loading included.
+
+    Reserved memory only grows between ``empty_cache`` calls, so the largest peak of the
+    recipe's own phases is the run's peak (the reference load ran before a cache flush).
+    """
+    peaks = [p.reserved_bytes for name, p in phases.items() if name in TOP_PHASES and p.reserved_bytes is not None]
+    return max(peaks) if peaks else None
+
+
+def observed_fields(engine: Engine, model: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """The Record's observed-technique fields, read right after the measured steps."""
+    recipe, local = engine.recipe, engine.local
+    return dict(
+        **engine.measured_fields(),
+        optimizer_state_by_dtype=tensors.bytes_by(
+            (local(t) for t in tensors.optimizer_state_tensors(optimizer)), tensors.dtype_name),
+        param_bytes_by_device=tensors.bytes_by((local(p) for p in model.parameters()),
+                                                    tensors.device_type),
+        min_8bit_size=(recipe.scale.min_8bit_size or _bnb_default_min_8bit_size())
+        if recipe.optimizer in optimizers.EIGHT_BIT else None,
+    )
+
+
+def _bnb_default_min_8bit_size() -> int:
+    import inspect
+
+    from bitsandbytes.optim.adam import Adam8bit
+
+    return int(inspect.signature(Adam8bit.__init__).parameters["min_8bit_size"].default)
+
+
+def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[Any, Any]:
+    """The optimizer and scheduler, the schedule long enough for every step the run will take."""
+    recipe, options = engine.recipe, engine.options
+    schedule = accuracy_schedule(recipe, options)
+    epochs = (options.accuracy_epochs or recipe.scale.accuracy_epochs) if options.evaluate else 1
+    total = epochs * steps_per_epoch
+    if options.evaluate and schedule["kind"] == "steps":
+        total = schedule["optimizer_steps"] + memory_steps
+    return optimizers.build(recipe.optimizer, model, recipe.learning_rate, total,
+                            min_8bit_size=recipe.scale.min_8bit_size, anneal=recipe.scale.anneal)
+
+
+def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
+    """Run the engine's recipe once and return what was measured."""
+    recipe, options = engine.recipe, engine.options
+    host = probe_module.HostMemory()
+    host.start()
+    seed_everything(options.seed)
+    bundle = recipe.workload.load_data(recipe.scale, options.data_dir)
+    collate = getattr(bundle, "collate_fn", None)  # text bundles pad each batch to its longest row
+    train_loader = DataLoader(bundle.train, batch_size=recipe.micro_batch_size, shuffle=True, drop_last=True,
+                              generator=torch.Generator().manual_seed(options.seed), collate_fn=collate)
+    schedule = accuracy_schedule(recipe, options)
+    test_set: Dataset[Any] = bundle.test
+    if schedule["test_examples"] is not None and len(test_set) > schedule["test_examples"]:  # type: ignore[arg-type]
+        test_set = Subset(test_set, range(schedule["test_examples"]))
+    train_loader, test_loader = engine.setup_loaders(
+        train_loader, DataLoader(test_set, batch_size=recipe.micro_batch_size, collate_fn=collate))
+    steps_per_epoch = len(train_loader) // recipe.accumulation_steps
+
+    probe.prepare()
+    optimizers.prepare(recipe.optimizer, options.device)
+    reference_load = engine.reference_load(probe)
+    if reference_load is not None:
+        probe.prepare()  # the reference's cached blocks must not pad the recipe's own numbers
+        seed_everything(options.seed)  # the recipe's model starts as without it
+    with probe.phase("load"):
+        model, weights = engine.build()
+        # Counted before setup: FSDP's parameters are this rank's flat shards afterwards.
+        param_count = sum(p.numel() for p in model.parameters())
+        param_tensor_count = len(list(model.parameters()))
+        optimizer, scheduler = _make_optimizer(engine, model, steps_per_epoch, memory_steps)
+        model, optimizer = engine.setup(model, optimizer)
+
+    probe.track(model, optimizer)
+    host_steps = HostSteps()
+    with host_steps.frozen(), probe.phase("train"):
+        engine.train(model, optimizer, scheduler, engine.batches(train_loader), memory_steps,
+                     on_step=probe.step_begin, phase=host_steps.wrap(probe.step_phase))
+    if isinstance(probe, probe_module.CudaProbe):  # the snapshot of this recipe, at its peak
+        probe.capture_snapshot(recipe.id)
+    local = engine.local
+    states: dict[str, Any] = {
+        "param_bytes": tensors.storage_bytes(local(p) for p in model.parameters()),
+        "grad_bytes": engine.grad_bytes or 0,
+        "optimizer_state_bytes": tensors.storage_bytes(
+            local(t) for t in tensors.optimizer_state_tensors(optimizer)),
+    }
+    observed = observed_fields(engine, model, optimizer)
+    memory_losses = list(engine.losses)
+    memory_step_times = list(engine.step_times)
+
+    accuracy: float | None = None
+    if options.evaluate:
+        engine.step_times.clear()
+        with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
+            if schedule["kind"] == "steps":
+                engine.train(model, optimizer, scheduler, cycle(lambda: engine.batches(train_loader)),
+                             schedule["optimizer_steps"])
+            else:
+                for _ in range(schedule["epochs"]):
+                    engine.train(model, optimizer, scheduler, engine.batches(train_loader), -1)
+            probe.track(model, optimizer)  # the model states count as live from the start
+            with probe.phase("evaluation"):
+                accuracy = engine.accuracy(model, test_loader, on_batch=probe.step_begin)
+        timed = engine.step_times
+    else:
+        timed = memory_step_times[1:] or memory_step_times  # the first step warms up
+
+    return build_record(
+        recipe,
+        device=options.device,
+        device_name=engine.device_name(),
+        probe=probe.name,
+        precision=engine.precision_ran,
+        memory_steps=memory_steps,
+        param_count=param_count,
+        param_tensor_count=param_tensor_count,
+        phases=probe.phases,
+        step_peaks=probe.step_peaks,
+        peak_reserved_total_bytes=never_reset_reserved(probe.phases),
+        reference_load_peak_bytes=reference_load,
+        accuracy=accuracy,
+        losses=engine.loss_fields(memory_losses),
+        step_time_s=statistics.median(timed) if timed else None,
+        weights=weights,
+        data=bundle.name,
+        host_peak_bytes=host.peak_bytes(),
+        host_steps=host_steps.steps,
+        environment=environment_facts(options.device),
+        notes=engine.notes,
+        accuracy_schedule=({**schedule, "test_examples": len(test_set)}  # type: ignore[arg-type]
+                           if options.evaluate and engine.declares_schedule else {}),
+        observed={**states, **observed},
+    )

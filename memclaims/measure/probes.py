@@ -1,0 +1,379 @@
+"""How memory is read: the CUDA caching allocator's statistics, or exact tensor accounting on the CPU.
+
+Both probes measure named phases (``load``, ``train``, ...); each phase reports its own peak, so
+loading and training never blur into one number. Inside ``train`` the training loop
+(``memclaims.measure.loop``) opens the phases of a step (``forward``, ``backward``, ``optimizer_step``,
+``zero_grad``) through ``step_phase``; those report the largest peak over the measured steps and
+keep each step's peak, so that a leak (a peak growing step after step) is visible. A probe never
+decides what a phase is: the runner and the loop open the phases.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from memclaims.core.record import ACTIVATIONS, BUFFERS, GRADIENTS, OPTIMIZER_STATE, PARAMETERS
+from memclaims.measure.tensors import optimizer_state_tensors, storage_bytes
+
+
+@dataclass
+class PhasePeak:
+    allocated_bytes: int
+    reserved_bytes: int | None = None  # CUDA (and sim) only
+    breakdown: dict[str, int] = field(default_factory=dict)  # category -> bytes at the peak
+    # The peak minus what was live when the phase began: what the phase itself added.
+    above_start_bytes: int = 0
+    # Other peaks a reader folds (the sim's live tensor bytes), by name.
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def entry(self) -> dict[str, int | None]:
+        """The Record's ``phases[name]`` entry (the contract's keys)."""
+        return {"allocated_bytes": self.allocated_bytes, "above_start_bytes": self.above_start_bytes,
+                "reserved_bytes": self.reserved_bytes}
+
+
+class Probe(Protocol):
+    name: str
+    phases: dict[str, PhasePeak]
+    step_peaks: dict[str, list[int]]
+
+    def prepare(self) -> None: ...
+    def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None: ...
+    def phase(self, name: str) -> Any: ...
+    def step_phase(self, name: str) -> Any: ...
+    def step_begin(self) -> None: ...
+
+
+# --- phases over one peak counter ---------------------------------------------------------------
+
+
+@dataclass
+class Reading:
+    """One look at a memory counter: live bytes now, and the peaks since its last reset."""
+
+    now: int
+    peak: int
+    reserved_peak: int | None = None
+    breakdown: dict[str, int] = field(default_factory=dict)  # at ``peak``, where the counter knows it
+    extra: dict[str, int] = field(default_factory=dict)  # further peaks, folded by max
+
+
+@dataclass
+class _Window:
+    name: str
+    start: int
+    peak: int
+    reserved: int | None = None
+    breakdown: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def absorb(self, reading: Reading) -> None:
+        if reading.peak >= self.peak:
+            self.peak = reading.peak
+            self.breakdown = dict(reading.breakdown) or self.breakdown
+        if reading.reserved_peak is not None:
+            self.reserved = max(self.reserved or 0, reading.reserved_peak)
+        for key, value in reading.extra.items():
+            self.extra[key] = max(self.extra.get(key, 0), value)
+
+
+class PhaseRecorder:
+    """Nested phases over one resettable peak counter (the CUDA allocator's, MemTracker's, the sim's).
+
+    Every phase boundary first folds the counter's peak into every open phase, then resets it:
+    an inner phase (``forward``) gets its own peak and the enclosing one (``train``) still sees the
+    largest of all, with no second counter. Per-step phases keep each occurrence's peak in
+    ``step_peaks`` and report the largest occurrence in ``phases``.
+    """
+
+    def __init__(self, read: Callable[[], Reading], reset: Callable[[], None]) -> None:
+        self.read, self.reset = read, reset
+        self.phases: dict[str, PhasePeak] = {}
+        self.step_peaks: dict[str, list[int]] = {}
+        self._open: list[_Window] = []
+
+    def _fold(self) -> Reading:
+        reading = self.read()
+        for window in self._open:
+            window.absorb(reading)
+        return reading
+
+    @contextmanager
+    def measure(self, name: str, per_step: bool = False) -> Iterator[None]:
+        reading = self._fold()
+        self.reset()
+        window = _Window(name, start=reading.now, peak=reading.now)
+        self._open.append(window)
+        try:
+            yield
+            self._fold()
+        finally:
+            self._open.remove(window)
+        peak = PhasePeak(allocated_bytes=window.peak, reserved_bytes=window.reserved,
+                         breakdown=window.breakdown, above_start_bytes=window.peak - window.start,
+                         extra=window.extra)
+        if not per_step:
+            self.phases[name] = peak
+            return
+        self.step_peaks.setdefault(name, []).append(peak.allocated_bytes)
+        previous = self.phases.get(name)
+        if previous is None:
+            self.phases[name] = peak
+            return
+        # The largest occurrence, key by key (a phase's biggest growth need not be at its biggest peak).
+        if peak.allocated_bytes >= previous.allocated_bytes:
+            previous.allocated_bytes, previous.breakdown = peak.allocated_bytes, peak.breakdown
+        previous.above_start_bytes = max(previous.above_start_bytes, peak.above_start_bytes)
+        if peak.reserved_bytes is not None:
+            previous.reserved_bytes = max(previous.reserved_bytes or 0, peak.reserved_bytes)
+        for key, value in peak.extra.items():
+            previous.extra[key] = max(previous.extra.get(key, 0), value)
+
+    @property
+    def active(self) -> bool:
+        return bool(self._open)
+
+
+def phase_entries(phases: dict[str, PhasePeak]) -> dict[str, dict[str, int | None]]:
+    """The Record's ``phases``: each phase's absolute peak, peak above its start, reserved peak."""
+    return {name: peak.entry() for name, peak in phases.items()}
+
+
+class HostMemory:
+    """Peak resident set size (host memory) of this process from ``start()`` on.
+
+    Linux keeps a high-water mark of the resident set (``VmHWM``) and resets it when 5 is written
+    to ``/proc/self/clear_refs``, so two runs in one process each get their own peak; that matters
+    for CPU offload, which moves memory to the host. Elsewhere only the lifetime peak
+    (``ru_maxrss``) exists, and ``resettable`` says so. Neither psutil nor torch offers a resettable
+    peak, hence this small reader.
+    """
+
+    STATUS = "/proc/self/status"
+    CLEAR_REFS = "/proc/self/clear_refs"
+
+    def __init__(self, status: str = STATUS, clear_refs: str = CLEAR_REFS) -> None:
+        self.status, self.clear_refs = status, clear_refs
+        self.resettable = False
+
+    def start(self) -> None:
+        try:
+            with open(self.clear_refs, "w") as handle:
+                handle.write("5")
+            self.resettable = self._high_water_mark() is not None
+        except OSError:
+            self.resettable = False
+
+    def peak_bytes(self) -> int | None:
+        if self.resettable:
+            return self._high_water_mark()
+        try:
+            import resource
+        except ImportError:  # Windows
+            return None
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux reports KiB
+
+    def _high_water_mark(self) -> int | None:
+        try:
+            with open(self.status) as handle:
+                for line in handle:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
+        except OSError:
+            pass
+        return None
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
+    """Parameter, gradient and optimizer-state bytes, exact, on any device."""
+    params = list(model.parameters())
+    return {
+        "param_bytes": storage_bytes(iter(params)),
+        "grad_bytes": storage_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer_state_bytes": storage_bytes(optimizer_state_tensors(optimizer)) if optimizer else 0,
+    }
+
+
+# --- CPU: exact live bytes of tensor storages --------------------------------------------------
+
+# torch's MemTracker already tracks every storage through a dispatch mode with weakref finalizers
+# and sorts it by category; we only map its categories onto the Record's.
+_CATEGORY = {
+    "Parameter": PARAMETERS,
+    "Buffer": BUFFERS,
+    "Gradient": GRADIENTS,
+    "Optstate": OPTIMIZER_STATE,
+    "Activation": ACTIVATIONS,
+    "Temp": ACTIVATIONS,
+    "Input": ACTIVATIONS,
+    "Other": ACTIVATIONS,
+}
+
+
+def _breakdown(snapshot: dict[Any, int]) -> dict[str, int]:
+    result: dict[str, int] = {}
+    for key, value in snapshot.items():
+        label = getattr(key, "value", key)
+        if label == "Total":
+            continue
+        category = _CATEGORY.get(str(label), ACTIVATIONS)
+        result[category] = result.get(category, 0) + int(value)
+    return result
+
+
+class CpuProbe:
+    """Counts every tensor storage alive on the CPU, exactly; deterministic run to run."""
+
+    name = "cpu-exact"
+
+    def __init__(self) -> None:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        self._tracker_class = MemTracker
+        self._tracker: Any = None
+        self._recorder = PhaseRecorder(self._read, self._reset_peak)
+        self.phases: dict[str, PhasePeak] = self._recorder.phases
+        self.step_peaks: dict[str, list[int]] = self._recorder.step_peaks
+
+    def prepare(self) -> None:
+        gc.collect()
+
+    def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        self._tracker = self._tracker_class()
+        self._tracker.track_external(*(x for x in (model, optimizer) if x is not None))
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        # A phase after ``track`` counts the tracked model states from the start; a phase before
+        # it (loading) counts what is created inside it.
+        tracker = self._tracker = self._tracker or self._tracker_class()
+        try:
+            with tracker, self._recorder.measure(name):
+                yield
+        finally:
+            self._tracker = None
+
+    def step_phase(self, name: str) -> Any:
+        """A phase of a training step, inside ``phase("train")`` (outside a phase nothing is tracked)."""
+        return self._recorder.measure(name, per_step=True) if self._recorder.active else nullcontext()
+
+    def step_begin(self) -> None:
+        # MemTracker keeps per-module statistics for one forward pass; the global peak survives.
+        if self._tracker is not None:
+            self._tracker.reset_mod_stats()
+
+    # MemTracker offers snapshots but no peak reset; its peak is the pair ``_peak_mem`` /
+    # ``_peak_mem_snap`` that ``__enter__`` sets to the current snapshot, and this does the same.
+    _CPU = torch.device("cpu")
+
+    def _read(self) -> Reading:
+        tracker = self._tracker
+        now = tracker.get_tracker_snapshot("current").get(self._CPU, {})
+        peak = tracker.get_tracker_snapshot("peak").get(self._CPU, {})
+        total_now, total_peak = int(now.get("Total", 0)), int(peak.get("Total", 0))
+        if total_now > total_peak:  # a peak MemTracker has not folded yet (it updates after each op)
+            peak, total_peak = now, total_now
+        return Reading(now=total_now, peak=total_peak, breakdown=_breakdown(peak))
+
+    def _reset_peak(self) -> None:
+        from copy import deepcopy
+
+        tracker = self._tracker
+        current = tracker.get_tracker_snapshot("current")
+        tracker._peak_mem_snap = deepcopy(current)
+        tracker._peak_mem = {device: snap.get("Total", 0) for device, snap in current.items()}
+
+
+# --- CUDA: the caching allocator's statistics ---------------------------------------------------
+
+
+class CudaProbe:
+    """Peak allocated and reserved per phase, read from ``torch.cuda``.
+
+    ``cuda`` is injectable so that the arithmetic is tested against faked statistics on machines
+    without a GPU; everything CUDA-specific this suite calls goes through it.
+    """
+
+    name = "cuda-allocator"
+
+    def __init__(self, cuda: Any = None, history_entries: int | None = None) -> None:
+        from memclaims.measure import diagnosis
+
+        self.cuda = cuda if cuda is not None else torch.cuda
+        # Allocator events to keep for a memory_viz snapshot on failure (0: off); None: the
+        # session's setting (--memclaims-memory-history), since the runner builds the probe.
+        # A fake ``cuda`` gets no history unless asked: fakes need not model torch.cuda.memory.
+        session_default = diagnosis.history_entries() if cuda is None else 0
+        self.history_entries = session_default if history_entries is None else history_entries
+        self._recorder = PhaseRecorder(self._read, self._reset_peak)
+        self.phases: dict[str, PhasePeak] = self._recorder.phases
+        self.step_peaks: dict[str, list[int]] = self._recorder.step_peaks
+        self._model_states: tuple[nn.Module, torch.optim.Optimizer | None] | None = None
+
+    def prepare(self) -> None:
+        """Start clean: no cached blocks or cuBLAS workspaces from earlier cases, fresh peaks."""
+        gc.collect()
+        self.cuda.synchronize()
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None and self.cuda is torch.cuda:
+            clear_workspaces()
+        self.cuda.empty_cache()
+        self.cuda.reset_peak_memory_stats()
+        if self.history_entries > 0:
+            from memclaims.measure.diagnosis import start_history
+
+            start_history(self.cuda, self.history_entries)
+
+    def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        self._model_states = (model, optimizer)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        with self._recorder.measure(name):
+            yield
+        peak = self.phases[name]
+        if self._model_states is not None:
+            states = model_state_bytes(*self._model_states)
+            peak.breakdown = {
+                PARAMETERS: states["param_bytes"],
+                GRADIENTS: states["grad_bytes"],
+                OPTIMIZER_STATE: states["optimizer_state_bytes"],
+            }
+            # The allocator does not label blocks: the rest of the peak is activations and
+            # temporaries, derived by subtraction.
+            peak.breakdown[ACTIVATIONS] = max(0, peak.allocated_bytes - sum(peak.breakdown.values()))
+
+    def step_phase(self, name: str) -> Any:
+        return self._recorder.measure(name, per_step=True)
+
+    def step_begin(self) -> None:
+        pass
+
+    def _read(self) -> Reading:
+        self.cuda.synchronize()  # the statistics count what queued kernels will allocate
+        return Reading(now=int(self.cuda.memory_allocated()), peak=int(self.cuda.max_memory_allocated()),
+                       reserved_peak=int(self.cuda.max_memory_reserved()))
+
+    def _reset_peak(self) -> None:
+        self.cuda.reset_peak_memory_stats()
+
+    def capture_snapshot(self, recipe_id: str) -> None:
+        """The allocator history of this recipe's measured steps, saved now (memclaims.measure.diagnosis)."""
+        if self.history_entries > 0:
+            from memclaims.measure.diagnosis import capture_snapshot
+
+            self.cuda.synchronize()
+            capture_snapshot(self.cuda, recipe_id)
+
+
+def make_probe(device: str) -> Probe:
+    return CudaProbe() if device == "cuda" else CpuProbe()

@@ -1,0 +1,208 @@
+"""One device's engine: Lightning Fabric (plain PyTorch for script 01), or one CUDA rank of a
+Lightning FSDP run; and ``run``, one recipe in this process through ``memclaims.measure.pipeline``.
+
+The article's scripts run their recipes through Fabric, so the Fabric engine is the reference:
+what Fabric does (precision plugins, ``init_module``, ``setup``) is what the Record measures.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from memclaims.core.errors import OutOfMemory, UsageError
+from memclaims.core.names import CONVERGED
+from memclaims.core.precision import precision
+from memclaims.core.record import Record, device_name
+from memclaims.core.techniques import FP32
+from memclaims.measure import checkpointing, pipeline
+from memclaims.measure import probes as probe_module
+from memclaims.measure.record_builder import failed_phase
+from memclaims.recipes.options import RunOptions, check_device, resolve_memory_steps
+
+if TYPE_CHECKING:
+    from memclaims.recipes.recipe import Recipe
+
+SINGLE_THREADED_SCALES = ("smoke", CONVERGED)
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, dict):
+        return {k: v.to(device) for k, v in batch.items()}
+    return batch.to(device)
+
+
+class FabricEngine(pipeline.Engine):
+    """Fabric on ``options.device`` (none for plain PyTorch); a multi-device recipe's Fabric is one rank
+    of the FSDP, DDP or DeepSpeed run whose processes ``memclaims.measure.distributed`` started."""
+
+    def __init__(self, recipe: Recipe, options: RunOptions) -> None:
+        super().__init__(recipe, options)
+        self.fabric: Any = None
+        self.device = torch.device(options.device)
+        if not recipe.plain_pytorch:
+            from lightning.fabric import Fabric
+
+            if recipe.strategy:
+                from memclaims.measure.lightning_fsdp import sharded_fabric
+
+                self.fabric = sharded_fabric(recipe, options)
+            else:
+                self.fabric = Fabric(accelerator=options.device, devices=1, precision=cast(Any, recipe.precision))
+            self.device = self.fabric.device
+        self.digests_gradients = recipe.strategy == "ddp"
+        if recipe.precision != FP32:
+            torch.set_float32_matmul_precision("high")  # as the scripts from 02 on
+        if self.precision_ran != recipe.precision:
+            self.notes.append(f"Lightning ran {recipe.precision} as {self.precision_ran} on {options.device}")
+
+    @property
+    def precision_ran(self) -> str:
+        if self.fabric is None:
+            return FP32
+        return str(self.fabric.strategy.precision.precision)
+
+    def device_name(self) -> str:
+        return device_name(self.options.device)
+
+    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+        if self.fabric is None:
+            return train, test
+        return tuple(self.fabric.setup_dataloaders(train, test))
+
+    # --- load ------------------------------------------------------------------------------
+
+    def build(self) -> tuple[nn.Module, str]:
+        model, weights = self._build()
+        recipe = self.recipe
+        if recipe.activation_checkpointing and not recipe.sharded:  # sharded: the FSDP strategy's policy
+            self.notes.append(checkpointing.enable(model, recipe.workload))
+        return model, weights
+
+    def _build(self) -> tuple[nn.Module, str]:
+        recipe = self.recipe
+        if recipe.delayed_init:  # 11: built inside init_module under FSDP, empty_init=False as logged
+            with self.fabric.init_module(empty_init=False):
+                return recipe.workload.build_model(recipe.scale)
+        if recipe.init_on_device:
+            with self.fabric.init_module():
+                return recipe.workload.build_model(recipe.scale)
+        model, weights = recipe.workload.build_model(recipe.scale)
+        if self.fabric is None:
+            return model.to(self.device), weights
+        return model, weights
+
+    def reference_load(self, probe: probe_module.Probe) -> int | None:
+        """07_01: build on the CPU in fp32, then ``.to(device).to(dtype)``; returns its peak."""
+        if not self.recipe.init_on_device:
+            return None
+        with probe.phase("load-reference"):
+            model, _ = self.recipe.workload.build_model(self.recipe.scale)
+            model.to(self.device).to(precision(self.recipe.precision).param_dtype)
+            del model
+        return probe.phases["load-reference"].allocated_bytes
+
+    def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
+        if self.fabric is None:
+            return model, optimizer
+        # 09: with CPU offload the model stays on the host; FSDP moves what it needs.
+        model, optimizer = self.fabric.setup(model, optimizer, move_to_device=not self.recipe.cpu_offload)
+        return model, optimizer
+
+    # --- train -----------------------------------------------------------------------------
+
+    def batches(self, loader: Any) -> Iterator[tuple[Any, torch.Tensor]]:
+        for inputs, targets in loader:
+            if self.fabric is None:
+                inputs, targets = _to_device(inputs, self.device), targets.to(self.device)
+            yield inputs, targets
+
+    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.recipe.workload.logits(model, inputs), targets)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.fabric is None:
+            loss.backward()
+        else:
+            self.fabric.backward(loss)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # --- evaluate --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+        import torchmetrics
+
+        metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
+        metric = metric.to(self.device)
+        model.eval()
+        for inputs, targets in self.batches(loader):
+            if on_batch is not None:
+                on_batch()
+            predicted = torch.argmax(self.recipe.workload.logits(model, inputs), 1)
+            metric.update(predicted, targets)
+        return float(metric.compute())
+
+
+# "Tried to allocate 2.00 GiB" (CUDA caching allocator), "you tried to allocate 123 bytes" (CPU).
+_REQUEST = re.compile(r"[Tt]ried to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)")
+_UNIT = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def out_of_memory_request(error: BaseException) -> int | None:
+    """Bytes an allocator failed to provide, read from its message; None if it is no OOM message."""
+    match = _REQUEST.search(str(error))
+    if match:
+        return int(float(match.group(1)) * _UNIT[match.group(2)])
+    if "can't allocate memory" in str(error) or "out of memory" in str(error).lower():
+        return 0
+    return None
+
+
+def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = None) -> Record:
+    """Run ``recipe`` once in this process (one device, or this rank of a CUDA FSDP run)."""
+    check_device(options.device)
+    if recipe.sharded and options.device == "cpu":
+        # Lightning refuses FSDP on the CPU; memclaims.measure.distributed shards with FSDP2 over gloo.
+        raise UsageError(f"{recipe.id} is sharded: run it with memclaims.run.measure")
+    memory_steps = resolve_memory_steps(recipe, options)
+    probe = probe or probe_module.make_probe(options.device)
+    matmul_precision, threads = torch.get_float32_matmul_precision(), torch.get_num_threads()
+    if recipe.scale.name in SINGLE_THREADED_SCALES:
+        # Smoke-scale matmuls are too small to gain from intra-op threads, and idle threads
+        # spin-waiting on a shared 2-core machine made them 10x slower.
+        torch.set_num_threads(1)
+    try:
+        from memclaims.measure.determinism import deterministic
+
+        with deterministic(options.device) as determinism_notes:  # CUDA only: accuracy run to run
+            record = pipeline.run(FabricEngine(recipe, options), probe, memory_steps)
+        record.notes.extend(determinism_notes)
+        return record
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
+        requested = out_of_memory_request(error)
+        if requested is None and not isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+            raise
+        phase = failed_phase(probe.phases)
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise OutOfMemory(recipe.id, options.device, phase, requested if requested else None, first_line) from error
+    finally:
+        torch.set_float32_matmul_precision(matmul_precision)
+        # Restore the thread count only if it changed. torch.set_num_threads creates caffe2's
+        # pthreadpool, with that many threads, on its first call in a process (pytorch#134714), and
+        # the pthreadpool bundled up to torch 2.9 (Maratyszcza/pthreadpool, src/pthreads.c) ignores
+        # pthread_create's result, then futex-waits for every worker to check in. After a CPU
+        # out-of-memory under an address-space cap (ulimit -v) no thread stack can be mapped, so an
+        # unconditional restore hung forever instead of reporting the OutOfMemory. (Later torch
+        # bundles google/pthreadpool, whose pthreadpool_create does not wait for its workers.)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)

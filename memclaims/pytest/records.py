@@ -1,0 +1,128 @@
+"""The ``record_cache`` fixture: every recipe runs once per tier; cases and claims share its Record.
+
+Part of memclaims' pytest plugin (registered by ``memclaims.pytest.plugin`` once the environment
+preflight has passed: importing it imports the training stack).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from memclaims.claims.catalogue import Claim, skip_reason
+from memclaims.claims.lookup import Key, Lookup, load_only, recipe_of
+from memclaims.core.errors import MemclaimsError, OutOfMemory
+from memclaims.core.names import tier_device
+from memclaims.core.record import Record
+from memclaims.pytest.plugin import note_out_of_memory, settings, tier_scale
+from memclaims.recipes import requirements
+from memclaims.recipes.options import RunOptions
+from memclaims.recipes.recipe import Recipe, resolve
+from memclaims.run import measure, model_parameters, needs
+
+
+@dataclass
+class RecordCache:
+    config: pytest.Config
+    records: dict[tuple[str, str], Record] = field(default_factory=dict)
+    failures: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def options(self, tier: str) -> RunOptions:
+        chosen = settings(self.config)
+        return RunOptions(device=tier_device(tier),
+                          memory_steps=chosen.steps,
+                          accuracy_epochs=chosen.accuracy_epochs, data_dir=chosen.data_dir,
+                          accuracy_full_epochs=chosen.accuracy_full_epochs)
+
+    def recipe(self, tier: str, workload: str, techniques: tuple[str, ...], scale: str | None = None) -> Recipe:
+        """The recipe at ``scale``, or at the tier's scale (``tier_scale``)."""
+        return resolve(workload, scale or tier_scale(self.config, tier, workload), techniques)
+
+    def get(self, tier: str, recipe: Recipe, load_only: bool = False) -> Record:
+        """The recipe's Record, run on first use. What the machine lacks was decided at collection
+        (the case's ``requires`` marker, memclaims.recipes.requirements): here a missing need is an error.
+        ``load_only``: the sim's load-only replay of the recipe (RunOptions.load_only), another Record."""
+        key = (tier, f"{recipe.id} (load only)" if load_only else recipe.id)
+        if key in self.failures:
+            pytest.fail(f"{recipe.id} failed earlier in this session: {self.failures[key]}", pytrace=False)
+        if key not in self.records:
+            try:
+                self.records[key] = self._measure(tier, recipe, load_only=load_only)
+            except MemclaimsError as error:
+                self.failures[key] = str(error)
+                if isinstance(error, OutOfMemory):  # a result for the end-of-run summary, not a crash
+                    note_out_of_memory(self.config, f"{tier}:{recipe.id}", error)
+                    raise pytest.fail.Exception(str(error), pytrace=False) from None
+                raise
+        return self.records[key]
+
+
+    def memory(self, tier: str, recipe: Recipe) -> Record:
+        """The recipe's measured steps only (no accuracy phase): the session's full Record where one
+        ran, else a run without evaluation, kept for the session. For comparisons of memory phases
+        (activation checkpointing against the same recipe without it) at a fraction of a case's time."""
+        full = self.records.get((tier, recipe.id))
+        if full is not None or tier == "sim":
+            return full or self.get(tier, recipe)
+        key = (tier, f"{recipe.id} (memory only)")
+        if key not in self.records:
+            self.records[key] = measure(recipe, replace(self.options(tier), evaluate=False))[0]
+        return self.records[key]
+
+    def lookup(self, tier: str, claim: Claim) -> Lookup:
+        """What ``claim``'s check reads on ``tier`` (memclaims.claims.lookup): each key's Record, measured
+        once this session at the claim's workload and scale (the tier's unless the check names one)."""
+        scale = (claim.check.scale_on(tier) if claim.check else None) or tier_scale(self.config, tier, claim.workload)
+
+        def record(key: Key) -> Record:
+            return self.get(tier, recipe_of(key, claim.workload, scale), load_only=load_only(key))
+
+        return Lookup(record, model_parameters)
+
+    def _measure(self, tier: str, recipe: Recipe, seed: int | None = None, load_only: bool = False) -> Record:
+        if tier == "sim":
+            return measure(recipe, RunOptions(device="sim", profile=settings(self.config).sim_profile,
+                                              memory_steps=settings(self.config).steps,
+                                              load_only=load_only))[0]
+        options = self.options(tier)
+        if recipe.scale.plateau:  # a fixed task and schedule: its baselines mean the same everywhere
+            options = RunOptions(device=options.device)
+        return measure(recipe, options if seed is None else replace(options, seed=seed))[0]
+
+    def accuracy_at(self, tier: str, recipe: Recipe, seed: int) -> float:
+        """The recipe's accuracy at another seed (memclaims.baselines.noise reruns a case with its stored seeds)."""
+        accuracy = self._measure(tier, recipe, seed).accuracy
+        if accuracy is None:
+            raise MemclaimsError(f"{recipe.id} measured no accuracy at seed {seed}")
+        return accuracy
+
+
+@pytest.fixture(scope="session")
+def record_cache(request: pytest.FixtureRequest) -> RecordCache:
+    """Yields the session's RecordCache: ``recipe(tier, workload, techniques)`` resolves a recipe at
+    the tier's scale, ``get(tier, recipe)`` runs it on first use and returns its Record.
+
+    Session scope: a recipe trains once per tier, however many cases and claims read it (a claim
+    compares Records of the same session); a recipe that failed fails its later readers with the
+    first error instead of running again, and one the machine cannot run skips with the reason.
+    """
+    return RecordCache(request.config)
+
+
+def claim_needs(claim: Claim, tier: str) -> requirements.Needs:
+    """What checking ``claim`` on ``tier`` needs (memclaims.recipes.requirements): the catalogue's reason
+    where the tier does not check it (data: no machine changes it), else the tier's device and what
+    every Record the check looks up needs (memclaims.run.needs: bitsandbytes for an 8-bit recipe, the
+    sim's replay)."""
+    why_not = skip_reason(claim, tier)
+    if why_not:
+        return requirements.Needs(unsupported=(why_not,))
+    result = requirements.Needs(cuda_devices=1 if tier_device(tier) == "cuda" else 0)
+    if claim.check is None:
+        return result
+    # Any valid scale: needs do not depend on size.
+    scale = claim.check.scale_on(tier) or ("smoke" if tier == "cpu" else "article")
+    for key in claim.check.recipes_on(tier):
+        result |= needs(recipe_of(key, claim.workload, scale), tier)
+    return result

@@ -1,0 +1,160 @@
+"""A recipe: workload + scale + techniques, resolved into the settings the runner uses."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from memclaims.core import techniques as registry
+from memclaims.core.errors import UsageError
+from memclaims.workloads.registry import workload as find_workload
+from memclaims.workloads.types import Scale, Workload
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Size knobs (``--batch-size``, ``--seq-len`` / ``--image-size``, ``--accumulation-steps``);
+    None keeps the scale's own value. Set knobs appear in the recipe id, so baselines never collide."""
+
+    batch_size: int | None = None  # examples per optimizer step, before small-batch divides it
+    seq_len: int | None = None
+    image_size: int | None = None
+    accumulation_steps: int | None = None  # micro-batches per step under grad-accum
+
+    # Field -> its short name in recipe ids (``vit-smoke[batch=8,image=32]/fabric``), and back.
+    ID_NAMES = {"batch_size": "batch", "seq_len": "seq", "image_size": "image", "accumulation_steps": "accum"}
+
+    def suffix(self) -> str:
+        parts = [f"{self.ID_NAMES[f.name]}={getattr(self, f.name)}" for f in fields(self)
+                 if getattr(self, f.name) is not None]
+        return f"[{','.join(parts)}]" if parts else ""
+
+    @classmethod
+    def parse(cls, text: str) -> Sizes:
+        """The inverse of ``suffix`` without its brackets: ``batch=8,image=32``."""
+        by_short = {short: name for name, short in cls.ID_NAMES.items()}
+        values: dict[str, int] = {}
+        for part in filter(None, text.split(",")):
+            key, _, value = part.partition("=")
+            if key not in by_short or not value.isdigit() or int(value) < 1:
+                raise UsageError(f"malformed size {part!r} in a recipe id; expected NAME=POSITIVE_INTEGER with "
+                                 f"NAME one of {', '.join(by_short)}")
+            values[by_short[key]] = int(value)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    workload: Workload
+    scale: Scale
+    techniques: tuple[str, ...]  # canonical: registry order, ("fabric",) for the reference
+    precision: str
+    batch_size: int  # examples per optimizer step
+    accumulation_steps: int
+    optimizer: str
+    init_on_device: bool
+    plain_pytorch: bool
+    # Multi-device (memclaims.measure.distributed); defaults keep single-device recipes unchanged.
+    strategy: str | None = None  # Lightning's strategy= name (fsdp, ddp, deepspeed_stage_2); None: one device
+    sharded: bool = False
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    delayed_init: bool = False
+    sizes: Sizes = Sizes()
+
+    @property
+    def id(self) -> str:
+        return f"{self.workload.name}-{self.scale.name}{self.sizes.suffix()}/{'+'.join(self.techniques)}"
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // self.accumulation_steps
+
+    def record_fields(self) -> dict[str, Any]:
+        """The Record fields the recipe decides by itself, whichever engine runs it."""
+        return dict(recipe=self.id, workload=self.workload.name, scale=self.scale.name,
+                    techniques=list(self.techniques), batch_size=self.batch_size,
+                    accumulation_steps=self.accumulation_steps)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.scale.sgd_learning_rate if self.optimizer == "sgd" else self.scale.learning_rate
+
+
+def sized_scale(work: Workload, scale: Scale, sizes: Sizes, accumulates: bool) -> Scale:
+    """The scale with the size knobs applied, or UsageError naming a knob the workload cannot take."""
+    if sizes.image_size is not None and work.size_knob != "image":
+        takes = f"it takes --{'seq-len' if work.size_knob == 'seq' else 'batch-size'}" if work.size_knob else \
+            "it has no image or sequence size knob"
+        raise UsageError(f"workload {work.name!r} takes no --image-size (it is not an image model); {takes}")
+    if sizes.seq_len is not None and work.size_knob != "seq":
+        raise UsageError(f"workload {work.name!r} takes no --seq-len (it is not a text model)"
+                         + ("; it takes --image-size" if work.size_knob == "image" else ""))
+    if sizes.accumulation_steps is not None and not accumulates:
+        raise UsageError(f"--accumulation-steps {sizes.accumulation_steps} needs the grad-accum technique "
+                         "(-t grad-accum), which splits each batch into that many micro-batches")
+    # Each knob by name, so that replace() can check it against its Scale field's type.
+    sized = scale if sizes == Sizes() else replace(
+        scale,
+        batch_size=scale.batch_size if sizes.batch_size is None else sizes.batch_size,
+        image_size=scale.image_size if sizes.image_size is None else sizes.image_size,
+        seq_len=scale.seq_len if sizes.seq_len is None else sizes.seq_len,
+        accumulation_steps=scale.accumulation_steps if sizes.accumulation_steps is None else sizes.accumulation_steps)
+    if work.check_scale is not None:
+        work.check_scale(sized)
+    return sized
+
+
+def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str], sizes: Sizes = Sizes()) -> Recipe:
+    work = find_workload(workload_name)
+    names = registry.canonical(technique_names)
+    chosen = [registry.BY_NAME[n] for n in names]
+    scale = sized_scale(work, work.scale(scale_name), sizes, any(t.accumulates for t in chosen))
+
+    batch_size = scale.batch_size
+    accumulation_steps = 1
+    for t in chosen:
+        batch_size //= t.batch_divisor
+        if t.accumulates:
+            accumulation_steps *= scale.accumulation_steps
+    if batch_size % accumulation_steps or batch_size < accumulation_steps:
+        raise UsageError(
+            f"invalid combination {'+'.join(names)} at scale {scale.name!r}: batch {batch_size} "
+            f"cannot be split into {accumulation_steps} micro-batches"
+        )
+    return Recipe(
+        workload=work,
+        scale=scale,
+        techniques=names,
+        precision=next((t.precision for t in chosen if t.precision), registry.FP32),
+        batch_size=batch_size,
+        accumulation_steps=accumulation_steps,
+        optimizer=next((t.optimizer for t in chosen if t.optimizer), "adam"),
+        init_on_device=any(t.init_on_device for t in chosen),
+        plain_pytorch=any(t.plain_pytorch for t in chosen),
+        strategy=next((t.strategy for t in chosen if t.strategy), None),
+        sharded=any(t.sharded for t in chosen),
+        activation_checkpointing=any(t.activation_checkpointing for t in chosen),
+        cpu_offload=any(t.cpu_offload for t in chosen),
+        delayed_init=any(t.delayed_init for t in chosen),
+        sizes=sizes,
+    )
+
+
+_SIZED_HEAD = re.compile(r"^(?P<head>.*?)\[(?P<sizes>[^\[\]]*)\]$")
+
+
+def parse_id(recipe_id: str) -> Recipe:
+    """The inverse of ``Recipe.id``: ``vit-smoke/bf16-true+sgd``, ``vit-smoke[batch=8]/fabric``,
+    ``hf:gpt2(n_layer=2)-smoke/bf16-true``."""
+    head, sep, tail = recipe_id.rpartition("/")
+    sizes = Sizes()
+    sized = _SIZED_HEAD.match(head)
+    if sized:
+        head, sizes = sized.group("head"), Sizes.parse(sized.group("sizes"))
+    workload_name, dash, scale_name = head.rpartition("-")
+    if not sep or not dash or not tail:
+        raise UsageError(f"malformed recipe id {recipe_id!r}; expected WORKLOAD-SCALE[SIZES]/TECHNIQUE[+TECHNIQUE...]")
+    return resolve(workload_name, scale_name, tail.split("+"), sizes)

@@ -1,0 +1,29 @@
+"""Progress of long commands: a bar on a terminal, nothing in a log, the items unchanged either way."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from memclaims.core import progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_log_gets_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = io.StringIO()  # a CI log or a redirected run: not a TTY
+    monkeypatch.setattr("sys.stderr", log)
+    assert list(progress.steps(range(3), "fit vit")) == [0, 1, 2]
+    assert log.getvalue() == "" and not progress.shown()
+
+
+def test_a_terminal_gets_a_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert list(progress.steps(["a", "b"], "reproduce on cpu")) == ["a", "b"]
+    assert "reproduce on cpu:   0%" in terminal.getvalue() and "0/2" in terminal.getvalue()  # drawn, then cleared
+    assert progress.shown()
