@@ -176,8 +176,8 @@ def _scaled(record: Record, factors: dict[str, float]) -> float:
     return total
 
 
-HALF_EVERYTHING = {c: 0.5 for c in FP32_STATE}
-QUARTER_ACTIVATIONS = {ACTIVATIONS: 0.25}
+HALF_EVERYTHING: dict[str, float] = {c: 0.5 for c in FP32_STATE}
+QUARTER_ACTIVATIONS: dict[str, float] = {ACTIVATIONS: 0.25}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import platform
 from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from importlib import metadata
 from typing import Any
 
@@ -16,22 +17,39 @@ VERSIONED_PACKAGES = ("torch", "torchvision", "lightning", "transformers", "bits
 # The memory categories of ``Record.breakdown``, in the order reports list them. Every probe fills
 # these four; the CPU probe also counts registered buffers apart (none in these models' training
 # state), under BUFFERS.
-PARAMETERS = "parameters"
-GRADIENTS = "gradients"
-OPTIMIZER_STATE = "optimizer_state"
-ACTIVATIONS = "activations_and_temporaries"
+# A StrEnum: its members are the strings themselves, so a breakdown keyed by them is written to
+# JSON and read back unchanged, and a misspelt category is an AttributeError, not a new key.
+class Category(StrEnum):
+    PARAMETERS = "parameters"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations_and_temporaries"
+    BUFFERS = "buffers"
+
+
+PARAMETERS = Category.PARAMETERS
+GRADIENTS = Category.GRADIENTS
+OPTIMIZER_STATE = Category.OPTIMIZER_STATE
+ACTIVATIONS = Category.ACTIVATIONS
 CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS)
-BUFFERS = "buffers"
+BUFFERS = Category.BUFFERS
 
 
-def library_versions() -> dict[str, str | None]:
-    """Installed versions, read from package metadata (nothing is imported, so this is cheap)."""
+def installed_versions(packages: tuple[str, ...] = VERSIONED_PACKAGES) -> dict[str, str | None]:
+    """Each package's installed version (None where missing), read from package metadata: nothing is
+    imported, so this is cheap."""
     versions: dict[str, str | None] = {}
-    for package in VERSIONED_PACKAGES:
+    for package in packages:
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
+    return versions
+
+
+def library_versions() -> dict[str, str | None]:
+    """A Record's ``versions``: the installed libraries, Python, and the CUDA torch runs on."""
+    versions = installed_versions()
     versions["python"] = platform.python_version()
     import torch  # here, not at the top: reading and writing Records must not cost a torch import
 

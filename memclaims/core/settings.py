@@ -388,6 +388,9 @@ class Settings:
     taken from their base. One field per option of ``OPTIONS``; an option the front end (or the
     command) does not take holds its default."""
 
+    # Typed field declarations, one per option: the ``duplicates`` tool pairs a run of them with
+    # ``workloads.types.Scale``'s by shape (``name: int | None = None``); the two hold different facts.
+
     matrix: Matrix = "default"
     gpu_scale: GpuScale = "article"
     steps: int | None = None

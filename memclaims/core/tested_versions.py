@@ -12,10 +12,10 @@ import json
 import re
 from collections.abc import Mapping
 from functools import cache
-from importlib import metadata
 from typing import Any
 
 from memclaims.core import packaged
+from memclaims.core.record import installed_versions, library_versions
 
 INSIDE, NEWER, OLDER, UNKNOWN = "inside", "newer", "older", "unknown"
 # The libraries the suite exists to test (pyproject.toml bounds them from below only).
@@ -61,13 +61,7 @@ def classify(versions: Mapping[str, str | None]) -> dict[str, str]:
 
 def installed() -> dict[str, str | None]:
     """The installed versions of the tested packages, from their metadata (nothing is imported)."""
-    found: dict[str, str | None] = {}
-    for package in PACKAGES:
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = None
-    return found
+    return installed_versions(PACKAGES)
 
 
 def header_lines(versions: Mapping[str, str | None]) -> list[str]:
@@ -89,7 +83,5 @@ def header_lines(versions: Mapping[str, str | None]) -> list[str]:
 
 def version_fields() -> dict[str, Any]:
     """A new Record's ``versions`` and ``versions_tested``."""
-    from memclaims.core.record import library_versions
-
     versions = library_versions()
     return {"versions": versions, "versions_tested": classify(versions)}

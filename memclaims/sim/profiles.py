@@ -7,7 +7,7 @@ of the GPU kernels by itself, so the choice is stated here, per era, instead of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from memclaims.core.errors import UsageError
 from memclaims.sim.allocator import AllocatorConfig, MiB
@@ -83,22 +83,27 @@ def _gpu_tier_profile(name: str, gpu: str, workspace: int, total_memory: int) ->
 # the driver keeps some), rounded down to 0.01 GiB.
 GPU_TIER_PROFILES = ("a100", "h100", "h200")
 
+# The article's card and stack; two later profiles below differ from it in one respect each.
+_ARTICLE = Profile(
+    name="article",
+    summary="A100 with torch 2.1 (the article's era): memory-efficient attention for fp32, "
+            "flash attention v1 for fp16/bf16 (v2 shipped in torch 2.2), cuBLAS workspaces "
+            "2 x 8.125 MiB, the 2023-06 foreach Adam step (two parameter-sized temporaries), FSDP1 "
+            "without the all-gather rate limiter, Lightning of 2023 (16-mixed FSDP all-gathers fp32)",
+    gpu="NVIDIA A100 (sm80)",
+    torch_era="2.1.0 nightly 2023-06-23, cu118",
+    attention={"float32": "efficient", "float16": "flash-v1", "bfloat16": "flash-v1"},
+    cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
+    optimizer_era="2023-06",
+    lightning_era="2023",
+)
+
+# Named data, one profile a card and stack: "current" and "cpu-kernels" give the same fields other
+# values, which the ``duplicates`` tool pairs by shape; each is a fact of its own.
 PROFILES: dict[str, Profile] = {
     profile.name: profile
     for profile in (
-        Profile(
-            name="article",
-            summary="A100 with torch 2.1 (the article's era): memory-efficient attention for fp32, "
-                    "flash attention v1 for fp16/bf16 (v2 shipped in torch 2.2), cuBLAS workspaces "
-                    "2 x 8.125 MiB, the 2023-06 foreach Adam step (two parameter-sized temporaries), FSDP1 "
-                    "without the all-gather rate limiter, Lightning of 2023 (16-mixed FSDP all-gathers fp32)",
-            gpu="NVIDIA A100 (sm80)",
-            torch_era="2.1.0 nightly 2023-06-23, cu118",
-            attention={"float32": "efficient", "float16": "flash-v1", "bfloat16": "flash-v1"},
-            cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
-            optimizer_era="2023-06",
-            lightning_era="2023",
-        ),
+        _ARTICLE,
         Profile(
             name="current",
             summary="A100 with today's torch defaults: SDPA picks flash v2 for fp16/bf16 and "
@@ -109,29 +114,22 @@ PROFILES: dict[str, Profile] = {
             attention={"float32": "efficient", "float16": "flash", "bfloat16": "flash"},
             cublas_workspace_bytes=(32 * MiB, 32 * MiB),
         ),
-        Profile(
+        replace(
+            _ARTICLE,
             name="torch-2.1",
             summary="A100 with the torch 2.1.0 release (2023-10): the article profile's kernels and "
                     "workspaces, with the foreach Adam after the July 2023 'minimize intermediates' "
                     "stack (one parameter-sized temporary) and FSDP1's all-gather rate limiter (PR "
                     "#104900): what changed after the article",
-            gpu="NVIDIA A100 (sm80)",
             torch_era="2.1.0 release, cu118/cu121",
-            attention={"float32": "efficient", "float16": "flash-v1", "bfloat16": "flash-v1"},
-            cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
             optimizer_era="installed",
-            lightning_era="2023",
         ),
-        Profile(
+        replace(
+            _ARTICLE,
             name="article-math",
             summary="the article profile with the math attention kernel everywhere (what a CPU-only "
                     "torch picks): the ablation of SIMULATION.md point 2",
-            gpu="NVIDIA A100 (sm80)",
-            torch_era="2.1.0 nightly 2023-06-23, cu118",
             attention={"float32": "math", "float16": "math", "bfloat16": "math"},
-            cublas_workspace_bytes=(_TORCH21_CUBLAS_WORKSPACE, _TORCH21_CUBLAS_WORKSPACE),
-            optimizer_era="2023-06",
-            lightning_era="2023",
         ),
         Profile(
             name="cpu-kernels",

@@ -42,7 +42,7 @@ A100_40GB = GpuPeaks("A100-SXM4-40GB", 19.5, 156.0, 312.0, 1555.0, "NVIDIA A100 
 GPUS = {"a100": A100_40GB}
 
 
-@dataclass
+@dataclass(slots=True)  # an accumulator of four sums, updated on every op
 class Tally:
     seconds: float = 0.0
     flops: float = 0.0

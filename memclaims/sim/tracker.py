@@ -57,7 +57,7 @@ class DeviceMemory(TorchDispatchMode):
         self._bytes: dict[int, int] = {}
         self._category: dict[int, str] = {}
         self._workspaces: list[int] = []
-        self.live = dict.fromkeys(CATEGORIES, 0)  # tensor bytes by category
+        self.live: dict[str, int] = dict.fromkeys(CATEGORIES, 0)  # tensor bytes by category
         self.tensor_bytes = 0
         self.peak_tensor_bytes = 0
         self.breakdown_at_peak: dict[str, int] = dict(self.live)

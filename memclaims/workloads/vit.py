@@ -145,59 +145,67 @@ VIT_H14 = VitFamily("vit_h_14", "ViT_H_14_Weights.IMAGENET1K_SWAG_E2E_V1", 518, 
                                   num_heads=16, hidden_dim=1280, mlp_dim=5120))
 VIT_FAMILIES = {"vit": VIT_L16, "vit-h14": VIT_H14}
 
-VIT = Workload(
-    name="vit",
+def _vit_workload(family: VitFamily, name: str, *, summary: str, source: str, scales: dict[str, Scale]) -> Workload:
+    """A ViT workload with the article's 10-class head (CIFAR-10): the family builds its model, loads
+    its data and checks its sizes."""
+    return Workload(name=name, summary=summary, source=source, num_classes=10, scales=scales,
+                    build_model=family.build, load_data=family.data, block_class=_vit_block, size_knob="image",
+                    check_scale=family.check_scale)
+
+
+def _article_scale(summary: str, batch_size: int, accuracy_steps: int | None = None,
+                   accuracy_test_examples: int | None = None, divergence_steps: int | None = None) -> Scale:
+    """Both families at the article's size, with the article's learning rates (Adam 5e-5, script 06's
+    SGD 0.01)."""
+    return Scale("article", summary, batch_size=batch_size, learning_rate=5e-5, sgd_learning_rate=0.01,
+                 memory_steps=3, accuracy_epochs=1, accuracy_steps=accuracy_steps,
+                 accuracy_test_examples=accuracy_test_examples, divergence_steps=divergence_steps)
+
+
+def _smoke_scale(summary: str, batch_size: int) -> Scale:
+    """Both families' CPU smoke scale: its learning rates, and a lowered 8-bit threshold so that
+    bitsandbytes really keeps 8-bit state for the small weights."""
+    return Scale("smoke", summary, batch_size=batch_size, learning_rate=1e-3, sgd_learning_rate=0.05,
+                 memory_steps=SMOKE_MEMORY_STEPS, accuracy_epochs=1, min_8bit_size=SMOKE_MIN_8BIT_SIZE)
+
+
+def _gpu_smoke_scale(summary: str, batch_size: int, accuracy_test_examples: int | None = None) -> Scale:
+    """Both families' gpu-tier smoke scale: full-width blocks, few layers, the budgeted schedule."""
+    return Scale(GPU_SMOKE, summary, batch_size=batch_size, learning_rate=1e-4, sgd_learning_rate=0.01,
+                 memory_steps=3, accuracy_epochs=1, accuracy_steps=GPUSMOKE_ACCURACY_STEPS,
+                 accuracy_test_examples=accuracy_test_examples)
+
+
+VIT = _vit_workload(VIT_L16, "vit",
     summary="torchvision ViT-L/16, 10-class head, CIFAR-10 (offline: scikit-learn digits)",
     source="01_pytorch-vit .. 11_delay-allocation",
-    num_classes=10,
     scales={
-        "smoke": Scale("smoke", "ViT 2 layers x 32 wide, 16 px patches of 4, batch 32", batch_size=32,
-                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=SMOKE_MEMORY_STEPS,
-                       accuracy_epochs=1, min_8bit_size=SMOKE_MIN_8BIT_SIZE),
+        "smoke": _smoke_scale("ViT 2 layers x 32 wide, 16 px patches of 4, batch 32", batch_size=32),
         # The nightly budget (memclaims.report.budget): 50 optimizer steps and 2,000 test images per case
         # instead of the article's epoch (703 steps, 10,000 images); --memclaims-accuracy-full-epochs
         # runs the article's epoch (weekly).
-        "article": Scale("article", "ViT-L/16, 224 px, batch 64, Adam lr 5e-5", batch_size=64,
-                         learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
-                         accuracy_steps=ARTICLE_ACCURACY_STEPS, accuracy_test_examples=ARTICLE_TEST_EXAMPLES,
-                         divergence_steps=400),
-        GPU_SMOKE: Scale(GPU_SMOKE, f"the gpu tier's smoke: ViT-B/16 width (768, 12 heads, MLP 3072), "
-                         f"{GPUSMOKE_LAYERS} layers, {GPUSMOKE_IMAGE} px, batch 64", batch_size=64,
-                         learning_rate=1e-4, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
-                         accuracy_steps=GPUSMOKE_ACCURACY_STEPS, accuracy_test_examples=ARTICLE_TEST_EXAMPLES),
+        "article": _article_scale("ViT-L/16, 224 px, batch 64, Adam lr 5e-5", batch_size=64,
+                                  accuracy_steps=ARTICLE_ACCURACY_STEPS,
+                                  accuracy_test_examples=ARTICLE_TEST_EXAMPLES, divergence_steps=400),
+        GPU_SMOKE: _gpu_smoke_scale(f"the gpu tier's smoke: ViT-B/16 width (768, 12 heads, MLP 3072), "
+                                    f"{GPUSMOKE_LAYERS} layers, {GPUSMOKE_IMAGE} px, batch 64", batch_size=64,
+                                    accuracy_test_examples=ARTICLE_TEST_EXAMPLES),
         CONVERGED: Scale(CONVERGED, f"ViT 2 layers x 48 wide on the digits' 8 px (patches of 4), batch 32, trained "
                          f"{CONVERGED_EPOCHS} epochs to its plateau, learning rate annealed", batch_size=32,
                          learning_rate=3e-3, sgd_learning_rate=0.1, memory_steps=2, accuracy_epochs=CONVERGED_EPOCHS,
                          min_8bit_size=SMOKE_MIN_8BIT_SIZE, plateau=True, anneal=True),
     },
-    build_model=VIT_L16.build,
-    load_data=VIT_L16.data,
-    block_class=_vit_block,
-    size_knob="image",
-    check_scale=VIT_L16.check_scale,
 )
 
-VIT_H14_WORKLOAD = Workload(
-    name="vit-h14",
+VIT_H14_WORKLOAD = _vit_workload(VIT_H14, "vit-h14",
     summary="torchvision ViT-H/14 at 518 px, 10-class head, batch 4 per GPU (the repo's later series)",
     source="the ViT-H/14 series (figure only): one GPU -> FSDP -> + activation checkpointing -> + CPU offload",
-    num_classes=10,
     scales={
         # Batch 16, not 4: with 2 images per CPU rank the activations would not set the peak,
         # and checkpointing (the series' third bar) would have nothing to show.
-        "smoke": Scale("smoke", "ViT 2 layers x 32 wide, 56 px patches of 14, batch 16", batch_size=16,
-                       learning_rate=1e-3, sgd_learning_rate=0.05, memory_steps=SMOKE_MEMORY_STEPS,
-                       accuracy_epochs=1, min_8bit_size=SMOKE_MIN_8BIT_SIZE),
-        "article": Scale("article", "ViT-H/14, 518 px, batch 4 per GPU, Adam lr 5e-5", batch_size=4,
-                         learning_rate=5e-5, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1),
-        GPU_SMOKE: Scale(GPU_SMOKE, f"the gpu tier's smoke: ViT-H/14 width (1280, 16 heads, MLP 5120), "
-                         f"{GPUSMOKE_LAYERS} layers, {GPUSMOKE_IMAGE_H14} px, batch 16", batch_size=16,
-                         learning_rate=1e-4, sgd_learning_rate=0.01, memory_steps=3, accuracy_epochs=1,
-                         accuracy_steps=GPUSMOKE_ACCURACY_STEPS),
+        "smoke": _smoke_scale("ViT 2 layers x 32 wide, 56 px patches of 14, batch 16", batch_size=16),
+        "article": _article_scale("ViT-H/14, 518 px, batch 4 per GPU, Adam lr 5e-5", batch_size=4),
+        GPU_SMOKE: _gpu_smoke_scale(f"the gpu tier's smoke: ViT-H/14 width (1280, 16 heads, MLP 5120), "
+                                    f"{GPUSMOKE_LAYERS} layers, {GPUSMOKE_IMAGE_H14} px, batch 16", batch_size=16),
     },
-    build_model=VIT_H14.build,
-    load_data=VIT_H14.data,
-    block_class=_vit_block,
-    size_knob="image",
-    check_scale=VIT_H14.check_scale,
 )
