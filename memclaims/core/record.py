@@ -143,6 +143,13 @@ class Record:
     step_micro_batches: int | None = None
     compute_dtypes: list[str] = field(default_factory=list)
     recomputed_linear_calls: int | None = None
+    # activation-offload: bytes of the tensors saved for backward that save_on_cpu's pack hook held in
+    # host memory during the first measured forward pass (on the cpu tier they were there already).
+    offloaded_activation_bytes: int | None = None
+    # optimizer-in-backward: per-parameter optimizer steps taken inside backward over the measured
+    # steps, and the most gradient bytes alive at once when one of them began.
+    backward_optimizer_steps: int | None = None
+    backward_grad_peak_bytes: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
     min_8bit_size: int | None = None

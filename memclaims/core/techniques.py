@@ -40,6 +40,38 @@ class Technique:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     delayed_init: bool = False
+    # Beyond the article (issue #27): saved activations to host memory, the optimizer step inside backward.
+    offloads_activations: bool = False
+    optimizer_in_backward: bool = False
+    # Techniques it does not combine with, each with the reason: (technique name, why not).
+    conflicts: tuple[tuple[str, str], ...] = ()
+    # Whether it joins the default selection's pairwise cover. The techniques added after the article's
+    # do not: each would re-plan the greedy cover, renaming its combinations and orphaning their
+    # baselines; ``default_pairs`` names the few pairs the default selection runs with them instead.
+    in_cover: bool = True
+    default_pairs: tuple[str, ...] = ()
+
+
+# Why the optimizer step cannot move into backward alongside these (PyTorch's tutorial "How to save
+# memory by fusing the optimizer step into the backward pass" names grad-accum and the strategies).
+_IN_BACKWARD_CONFLICTS: tuple[tuple[str, str], ...] = (
+    ("grad-accum", "the step runs on each backward's gradient as it is accumulated; accumulation needs the "
+                   "gradients of all micro-batches summed before one step"),
+    ("16-mixed", "GradScaler unscales the gradients and skips a step on inf/NaN after backward (scaler.step); "
+                 "a step inside backward would apply the scaled gradients unchecked"),
+    ("adam8bit", "memclaims builds one optimizer per parameter from the recipe's param groups, and "
+                 "bitsandbytes keeps its 8-bit settings (min_8bit_size, optim_bits) outside them"),
+    ("adamw8bit", "memclaims builds one optimizer per parameter from the recipe's param groups, and "
+                  "bitsandbytes keeps its 8-bit settings (min_8bit_size, optim_bits) outside them"),
+    ("fsdp", "FSDP flattens the parameters into shards: hooks on the original parameters never fire, and a "
+             "shard's gradient exists only after the reduce-scatter"),
+    ("ddp", "DDP all-reduces gradients in buckets from its own hooks; a step in the post-accumulate hook "
+            "would apply the rank's local gradient before the all-reduce"),
+    ("deepspeed-zero2", "DeepSpeed owns the optimizer step (partitioned fp32 master weights and states)"),
+)
+# A memclaims limitation, not torch's: the ranks' engines (memclaims.measure.distributed,
+# memclaims.sim.sharded, memclaims.sim.zero) run their own forward passes without save_on_cpu.
+_RANKS_DO_NOT_OFFLOAD = "the multi-rank engines of memclaims do not wrap their forward pass in save_on_cpu"
 
 
 TECHNIQUES: tuple[Technique, ...] = (
@@ -95,6 +127,16 @@ TECHNIQUES: tuple[Technique, ...] = (
               requires=frozenset({"cuda"})),
     Technique("delayed-init", "model built inside fabric.init_module(empty_init=False) under FSDP",
               "11_delay-allocation (logs only)", delayed_init=True, needs=frozenset({"fsdp"})),
+    # torch.autograd.graph.save_on_cpu around the forward pass (pinned host memory where CUDA is).
+    Technique("activation-offload", "tensors saved for backward moved to host memory during the forward pass "
+              "(torch.autograd.graph.save_on_cpu), copied back in backward", "torch docs: save_on_cpu",
+              offloads_activations=True, in_cover=False, default_pairs=("optimizer-in-backward",),
+              conflicts=tuple((s, _RANKS_DO_NOT_OFFLOAD) for s in ("fsdp", "ddp", "deepspeed-zero2"))),
+    # One optimizer per parameter, stepped and zeroed in Tensor.register_post_accumulate_grad_hook.
+    Technique("optimizer-in-backward", "each parameter's optimizer step and zero_grad inside backward, as its "
+              "gradient is ready: gradients freed as soon as they are applied",
+              "torch tutorial: optimizer step in backward", optimizer_in_backward=True, in_cover=False,
+              conflicts=_IN_BACKWARD_CONFLICTS),
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}
@@ -148,6 +190,9 @@ def violation(chosen: list[Technique]) -> str | None:
         missing = t.needs - names
         if missing:
             return f"{t.name!r} needs {', '.join(sorted(missing))}"
+        for other, reason in t.conflicts:
+            if other in names:
+                return f"{t.name!r} does not combine with {other!r}: {reason}"
     groups: dict[str, list[str]] = {}
     for t in chosen:
         if t.group:
@@ -202,13 +247,17 @@ def singles(pool: tuple[Technique, ...] = TECHNIQUES) -> list[tuple[str, ...]]:
 
 
 def default_selection(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ...]]:
-    """What the tiers run by default: every single technique, the article's chain, a pairwise cover."""
+    """What the tiers run by default: every single technique, the article's chain, a pairwise cover of
+    the techniques ``in_cover``, and the ``default_pairs`` of those outside it."""
     pool = single_process() if pool is None else pool
     selected: dict[tuple[str, ...], None] = dict.fromkeys(singles(pool))
     for step in ARTICLE_CHAIN:
         selected[canonical(step)] = None
-    for combo in pairwise_cover(pool):
+    for combo in pairwise_cover(tuple(t for t in pool if t.in_cover)):
         selected[combo] = None
+    for t in pool:
+        for other in t.default_pairs:
+            selected[canonical((t.name, other))] = None
     return list(selected)
 
 

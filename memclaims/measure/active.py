@@ -60,6 +60,10 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
         if on_device or not record.param_bytes_by_device.get("cpu"):
             say("cpu-offload", f"parameter bytes by device after setup are {record.param_bytes_by_device}; "
                                "offloaded parameters live on the CPU only")
+    if "activation-offload" in names:
+        _offload(record, say)
+    if "optimizer-in-backward" in names:
+        _in_backward(record, say)
     if "fsdp" in names and record.devices > 1:
         full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
         if record.param_bytes >= full:
@@ -142,3 +146,27 @@ def _checkpointing(record: Record, plain: Record | None, say: Callable[[str, str
     if saved is None or plain_saved is None or saved >= plain_saved:
         say("activation-checkpointing", f"phases.forward.above_start_bytes (what the forward pass keeps "
                                         f"for backward) is {saved} B with it, {plain_saved} B without")
+
+
+def _offload(record: Record, say: Callable[[str, str], None]) -> None:
+    # On the cpu tier the saved tensors are on the host already (save_on_cpu copies nothing): what
+    # went through its pack hook is all there is to see. Elsewhere the bytes left the device.
+    moved = record.offloaded_activation_bytes
+    if not moved:
+        say("activation-offload", f"offloaded_activation_bytes is {moved} B: no tensor saved for backward in "
+                                  "phase forward went through save_on_cpu's pack hook to host memory")
+
+
+def _in_backward(record: Record, say: Callable[[str, str], None]) -> None:
+    steps, peak = record.backward_optimizer_steps, record.backward_grad_peak_bytes
+    expected = record.param_tensor_count * record.memory_steps  # one step per parameter per backward
+    if steps != expected:
+        say("optimizer-in-backward", f"backward_optimizer_steps is {steps}, expected {expected} "
+                                     f"({record.param_tensor_count} parameters x {record.memory_steps} steps) in "
+                                     "phase backward")
+    if record.grad_bytes:
+        say("optimizer-in-backward", f"grad_bytes is {record.grad_bytes:,} B after phase backward: gradients "
+                                     "outlived the backward instead of being freed as they were applied")
+    if peak is None or peak >= record.param_bytes:
+        say("optimizer-in-backward", f"backward_grad_peak_bytes is {peak} B in phase backward, not below the "
+                                     f"{record.param_bytes:,} B of all gradients: they all lived at once")

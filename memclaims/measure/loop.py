@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from memclaims.measure.in_backward import OptimizerInBackward
+from memclaims.measure.offload import ActivationOffload
 from memclaims.measure.tensors import storage_bytes
 
 # The phases of a training step, in the order of scripts 01-04 and 06 (05 zeroes after the step).
@@ -58,6 +60,10 @@ class TrainingLoop:
         self.compute_dtypes: list[str] = []
         # nn.Linear calls inside the first backward pass: activation checkpointing recomputes there.
         self.recomputed_linear_calls: int | None = None
+        # activation-offload: the forward passes' saved-tensor hooks (the engine's or the sim's).
+        self.offload: ActivationOffload | None = None
+        # optimizer-in-backward: the per-parameter optimizers stepping inside backward (``fuse``).
+        self.fused: OptimizerInBackward | None = None
 
     # --- what a subclass provides -------------------------------------------------------------
 
@@ -88,6 +94,16 @@ class TrainingLoop:
     def synchronize(self) -> None:
         """Wait for queued device work, so that step times are real."""
 
+    def fuse(self, optimizer: Any) -> None:
+        """Move ``optimizer``'s step into backward, one parameter at a time, stepping as ``step`` does."""
+        self.fused = OptimizerInBackward(optimizer, self.step)
+
+    def _saving(self) -> AbstractContextManager[Any]:
+        """The forward pass's saved-tensor hooks; the first pass under them counts what they offload."""
+        if self.offload is None:
+            return nullcontext()
+        return self.offload.forward(count=self.offload.host_bytes is None)
+
     # --- the loop -----------------------------------------------------------------------------
 
     def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
@@ -104,7 +120,7 @@ class TrainingLoop:
                 on_step()
             model.train()
             watch = watch_linear_outputs(model) if not self.compute_dtypes else None
-            with phase("forward"):
+            with phase("forward"), self._saving():
                 loss = self.forward_loss(model, inputs, targets)
                 if accumulation > 1:
                     loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
@@ -148,9 +164,12 @@ class TrainingLoop:
 
     def measured_fields(self) -> dict[str, Any]:
         """The Record's fields of what the loop observed (batch, accumulation, compute dtype)."""
+        fused = self.fused.measured_fields() if self.fused is not None else {}
         return dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
                     compute_dtypes=list(self.compute_dtypes), grad_digest=self.grad_digest,
-                    recomputed_linear_calls=self.recomputed_linear_calls)
+                    recomputed_linear_calls=self.recomputed_linear_calls,
+                    offloaded_activation_bytes=self.offload.host_bytes if self.offload is not None else None,
+                    **fused)
 
     def loss_fields(self, memory_losses: list[float]) -> dict[str, Any]:
         """The Record's loss fields: the last loss, where it diverged, and the measured steps' losses."""

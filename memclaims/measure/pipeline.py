@@ -25,6 +25,7 @@ from memclaims.measure import optimizers, tensors
 from memclaims.measure import probes as probe_module
 from memclaims.measure.host import HostSteps
 from memclaims.measure.loop import TrainingLoop
+from memclaims.measure.offload import ActivationOffload
 from memclaims.measure.record_builder import TOP_PHASES, build_record
 from memclaims.recipes.options import RunOptions, accuracy_schedule
 
@@ -41,6 +42,8 @@ class Engine(TrainingLoop):
         super().__init__(recipe.accumulation_steps)
         self.recipe, self.options = recipe, options
         self.notes: list[str] = []
+        if recipe.offload_activations:
+            self.offload = ActivationOffload(options.device)
 
     @property
     def precision_ran(self) -> str:
@@ -171,6 +174,10 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         param_count = sum(p.numel() for p in model.parameters())
         param_tensor_count = len(list(model.parameters()))
         optimizer, scheduler = _make_optimizer(engine, model, steps_per_epoch, memory_steps)
+        if recipe.optimizer_in_backward:
+            # Before setup, on the optimizer itself (Fabric's wrapper is no optimizer to copy); setup on
+            # one device moves and converts the parameters in place, so the hooks stay on them.
+            engine.fuse(optimizer)
         model, optimizer = engine.setup(model, optimizer)
 
     probe.track(model, optimizer)

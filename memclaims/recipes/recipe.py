@@ -62,6 +62,8 @@ class Recipe:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     delayed_init: bool = False
+    offload_activations: bool = False  # save_on_cpu around the forward pass (memclaims.measure.offload)
+    optimizer_in_backward: bool = False  # per-parameter steps in backward (memclaims.measure.in_backward)
     sizes: Sizes = Sizes()
 
     @property
@@ -139,6 +141,8 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         activation_checkpointing=any(t.activation_checkpointing for t in chosen),
         cpu_offload=any(t.cpu_offload for t in chosen),
         delayed_init=any(t.delayed_init for t in chosen),
+        offload_activations=any(t.offloads_activations for t in chosen),
+        optimizer_in_backward=any(t.optimizer_in_backward for t in chosen),
         sizes=sizes,
     )
 

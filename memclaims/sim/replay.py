@@ -51,6 +51,7 @@ from memclaims.recipes.options import memory_steps as resolve_steps
 from memclaims.sim.allocator import CachingAllocator, DeviceFull, TraceEvent
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.fake_build import naming_the_module, same_mode_copies
+from memclaims.sim.offload import SimulatedOffload
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.tracker import DeviceMemory
@@ -469,6 +470,8 @@ class _SimLoop(TrainingLoop):
         self.precision = _Precision(recipe)
         self.attention = _attention_context(session.profile, self.precision.compute)
         self.logits: torch.Tensor | None = None
+        if recipe.offload_activations:
+            self.offload = SimulatedOffload(session.memory)
 
     def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         with self.attention:
@@ -529,6 +532,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
         memory.tag(p, PARAMETERS)
         p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, GRADIENTS))
     loop = _SimLoop(session, recipe)
+    if recipe.optimizer_in_backward:  # after the tagging hooks: a gradient is tagged before its step frees it
+        loop.fuse(optimizer)
     # Each batch is made while the previous one is still bound, as a loader's next batch is moved
     # to the device; one more than the steps need, as the loop stops at the last step.
     batches = (inputs_fn(recipe.scale, recipe.micro_batch_size)

@@ -1,0 +1,42 @@
+"""Activation offloading on the simulated GPU: ``save_on_cpu``'s pack and unpack, in device accounting.
+
+The replay runs on fake *CPU* tensors, where torch's own ``save_on_cpu`` keeps every saved tensor
+as it is (``tensor.cpu()`` of a CPU tensor is itself). These hooks do what it does on a GPU instead:
+pack makes the host copy outside the device's accounting (``DeviceMemory.counting`` off), so the
+device storage is freed once nothing else holds it; unpack makes the device copy back, counted, in
+backward, where autograd frees it after use. A saved parameter is copied too (torch does the same)
+and stays on the device, being a parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+from memclaims.measure.offload import ActivationOffload
+from memclaims.sim.tracker import DeviceMemory
+
+
+class SimulatedOffload(ActivationOffload):
+    def __init__(self, memory: DeviceMemory) -> None:
+        super().__init__("cuda")
+        self.memory = memory
+
+    def hooks(self) -> saved_tensors_hooks:
+        memory = self.memory
+
+        def pack(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+            counting, memory.counting = memory.counting, False
+            try:
+                host = torch.empty_like(tensor)
+            finally:
+                memory.counting = counting
+            return tensor.device, host
+
+        def unpack(packed: tuple[torch.device, torch.Tensor]) -> Any:
+            device, host = packed
+            return torch.empty_like(host, device=device)  # counted: the device copy backward reads
+
+        return saved_tensors_hooks(pack, unpack)
