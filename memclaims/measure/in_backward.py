@@ -14,6 +14,7 @@ way, which the active check (``memclaims.measure.active``) tells from the fields
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -31,9 +32,12 @@ class OptimizerInBackward:
         self._live: dict[torch.Tensor, int] = {}  # parameter -> its gradient's bytes, while alive
         self._optimizers: dict[torch.Tensor, tuple[torch.optim.Optimizer, dict[str, Any]]] = {}
         cls = type(optimizer)
+        # The recipe's defaults its class's constructor takes (torch's AdamW keeps one it does not take).
+        accepted = inspect.signature(cls.__init__).parameters
+        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
         for group in optimizer.param_groups:
             for param in group["params"]:
-                single = cls([{**group, "params": [param]}], **optimizer.defaults)
+                single = cls([{**group, "params": [param]}], **defaults)
                 # One state dict per parameter, shared: the recipe's optimizer holds what the copy builds.
                 optimizer.state[param] = single.state[param]
                 self._optimizers[param] = (single, group)
