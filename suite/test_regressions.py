@@ -14,6 +14,8 @@ changes nothing and a changed version string, must stay green.
 | ``Fabric.init_module`` stops building in the target dtype | Lightning #17462 / #17608 (what init_module promises) | load_peak_bytes, phases.load.*, active |
 | every step's loss kept alive | Lightning #4556 (loss kept for epoch aggregation), #9336 | steady.leak on phases.forward / backward |
 | Adam's update 100x too small | pytorch#105837 (model stopped learning after 1.13 -> 2.0) | accuracy (converged) |
+| ``save_on_cpu``'s hooks never pushed: saved tensors stay where autograd made them | a saved-tensor hook outranked or disabled (torch.utils.checkpoint's own hooks take precedence inside a checkpointed region) | active (offloaded_activation_bytes, phase forward) |
+| the post-accumulate-grad hooks lost: the loop's own step trains the ordinary way | a wrapper that replaces the parameters after the hooks were registered (FSDP1's flat parameters) | backward_optimizer_steps, grad_bytes, phases.optimizer_step.*, active |
 | 3,000 small objects kept per optimizer step | FSDP2/DTensor and foreach paths leaking Python objects per step (pytorch#178276, #181761, #188174) | host_steady.leak on python_blocks, phase optimizer_step |
 """
 
@@ -44,6 +46,8 @@ RECIPES: dict[str, tuple[tuple[str, ...], str]] = {
     "reference": (("fabric",), "smoke"),
     "adam8bit": (("adam8bit",), "smoke"),
     "init-module": (("bf16-true", "init-module"), "smoke"),
+    "activation-offload": (("activation-offload",), "smoke"),
+    "optimizer-in-backward": (("optimizer-in-backward",), "smoke"),
     "converged": (("fabric",), CONVERGED),
 }
 WITH_ACCURACY = {"converged"}
@@ -199,6 +203,23 @@ def inject_objects_kept(monkeypatch: pytest.MonkeyPatch, count: int = 3000) -> l
     return kept
 
 
+def inject_offload_not_pushed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``save_on_cpu`` whose hooks are never pushed: the forward pass saves as without it."""
+    save_on_cpu = torch.autograd.graph.save_on_cpu
+    monkeypatch.setattr(save_on_cpu, "__enter__", lambda self: None)
+    monkeypatch.setattr(save_on_cpu, "__exit__", lambda self, *exc: None)
+
+
+def inject_post_accumulate_hooks_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Post-accumulate-grad hooks that never fire: the gradients stay, and the loop's step applies them."""
+    from collections import OrderedDict
+
+    from torch.utils.hooks import RemovableHandle
+
+    monkeypatch.setattr(torch.Tensor, "register_post_accumulate_grad_hook",
+                        lambda self, hook: RemovableHandle(OrderedDict()))
+
+
 def inject_version_string(monkeypatch: pytest.MonkeyPatch) -> None:
     """Control: only the recorded torch version changes (a rebuild, a local tag)."""
     from memclaims.core import record
@@ -250,6 +271,26 @@ def test_init_module_that_builds_in_fp32_is_caught(clean, monkeypatch) -> None:
     assert {"load_peak_bytes", "phases.load.allocated_bytes"} <= verdict.failing_metrics
     assert any("init-module is not active" in line for line in verdict.inactive), verdict.inactive
     _assert_named(verdict, "vit-smoke/bf16-true+init-module", "phases.load.allocated_bytes", "load")
+
+
+def test_offload_whose_hooks_are_never_pushed_is_caught(clean, monkeypatch) -> None:
+    inject_offload_not_pushed(monkeypatch)
+    verdict = _judge("activation-offload", clean)
+    # On the host nothing moved either way: only what went through the pack hook tells.
+    assert not verdict.comparison.failures, verdict.comparison.message()
+    assert any("activation-offload is not active" in line for line in verdict.inactive), verdict.inactive
+    _assert_named(verdict, "vit-smoke/activation-offload", "offloaded_activation_bytes", "forward")
+
+
+def test_step_in_backward_whose_hooks_are_lost_is_caught(clean, monkeypatch) -> None:
+    inject_post_accumulate_hooks_lost(monkeypatch)
+    verdict = _judge("optimizer-in-backward", clean)
+    # The ordinary step after backward: the gradients live through it and its temporaries return.
+    assert {"peak_allocated_bytes", "phases.optimizer_step.allocated_bytes"} <= verdict.failing_metrics
+    assert any("optimizer-in-backward is not active" in line for line in verdict.inactive), verdict.inactive
+    _assert_named(verdict, "vit-smoke/optimizer-in-backward", "backward_optimizer_steps", "backward")
+    _assert_named(verdict, "vit-smoke/optimizer-in-backward", "phases.optimizer_step.allocated_bytes",
+                  "optimizer_step")
 
 
 def test_loss_kept_every_step_is_caught_as_a_leak(clean, monkeypatch) -> None:
