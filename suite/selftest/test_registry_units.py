@@ -1,6 +1,6 @@
 """The technique registry's rules and generated selections, against an independent oracle: every
 subset of the single-process techniques, judged by the rules as the registry states them (one per
-group, an `alone` technique by itself, `needs` present)."""
+group, an `alone` technique by itself, `needs` present, no declared conflict)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def _valid_by_the_rules(names: tuple[str, ...]) -> bool:
     chosen = [T[n] for n in names]
     groups = [t.group for t in chosen if t.group]
     return (len(groups) == len(set(groups)) and not any(t.alone and len(chosen) > 1 for t in chosen)
-            and all(t.needs <= set(names) for t in chosen))
+            and all(t.needs <= set(names) for t in chosen)
+            and not any(other in names for t in chosen for other, _ in t.conflicts))
 
 
 def test_single_process_is_every_technique_but_the_sharded_ones_in_registry_order() -> None:
@@ -73,6 +74,21 @@ def test_pairwise_cover_of_the_single_process_pool_is_small_and_complete() -> No
     assert len(cover[0]) == max(len(c) for c in registry.full_matrix())
 
 
+@pytest.mark.parametrize(("names", "rule"), [
+    (("optimizer-in-backward", "grad-accum"), "accumulation needs the gradients of all micro-batches"),
+    (("16-mixed", "optimizer-in-backward"), "GradScaler"),
+    (("adamw8bit", "optimizer-in-backward"), "bitsandbytes keeps its 8-bit settings"),
+    (("fsdp", "optimizer-in-backward"), "hooks on the original parameters never fire"),
+    (("ddp", "optimizer-in-backward"), "before the all-reduce"),
+    (("fsdp", "activation-offload"), "do not wrap their forward pass in save_on_cpu"),
+])
+def test_declared_conflicts_are_invalid_with_their_reason(names: tuple[str, ...], rule: str) -> None:
+    with pytest.raises(UsageError, match=rule):
+        registry.canonical(names)
+    pool = registry.single_process()
+    assert not any(set(names) <= set(c) for c in registry.full_matrix(pool))
+
+
 def test_singles_bring_what_they_need() -> None:
     singles = registry.singles()
     assert singles[:3] == [("pytorch",), ("fabric",), ("16-mixed",)]
@@ -90,7 +106,10 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     rest = selection[len(singles):]
     chain_steps = [registry.canonical(s) for s in registry.ARTICLE_CHAIN if registry.canonical(s) not in singles]
     assert rest[:len(chain_steps)] == chain_steps
-    cover = [c for c in registry.pairwise_cover(pool) if c not in singles and c not in chain_steps]
+    # The cover is of the techniques in it: the ones added after the article keep out (their singles only).
+    covered = tuple(t for t in pool if t.in_cover)
+    assert {t.name for t in pool} - {t.name for t in covered} == {"activation-offload", "optimizer-in-backward"}
+    cover = [c for c in registry.pairwise_cover(covered) if c not in singles and c not in chain_steps]
     assert rest[len(chain_steps):] == cover
     assert registry.default_selection(pool) == selection
     small = tuple(T[n] for n in ("bf16-true", "small-batch"))
