@@ -101,12 +101,36 @@ def fake_load(init_module_factor: float = 1.0) -> Callable[[Any, str], Record]:
 BATCH_ONE_FRACTION = 0.2  # 05 at micro-batch 1: a fifth of its peak at micro-batch 4, an 80 % cut
 
 
+FORWARD_KEEPS = 1_500_000  # what the reference's forward pass keeps for backward (phases.forward.above_start_bytes)
+
+
 def _record(key: Key, tier: str) -> Record:
     if isinstance(key, Variant):
         if key.load_only:
             return load_record(key.techniques)
         return _memory(_article(key.techniques, tier), BATCH_ONE_FRACTION)  # a smaller micro-batch
-    return _cpu(key) if tier == "cpu" else _article(key, tier)
+    if key in (claims.OFFLOAD, claims.IN_BACKWARD):
+        return _beyond(key, tier)
+    record = _cpu(key) if tier == "cpu" else _article(key, tier)
+    if key == ("fabric",):
+        forward = {"above_start_bytes": FORWARD_KEEPS, "allocated_bytes": record.peak_allocated_bytes}
+        record = dataclasses.replace(record, phases={"forward": forward})
+    return record
+
+
+def _beyond(key: Key, tier: str) -> Record:
+    """The issue-27 techniques, from the reference: the step in backward frees 95 % of the gradients at
+    the peak; save_on_cpu packs the forward's saved tensors and the parameters, and on a device (not
+    on the CPU, where nothing is copied) 97 % of the saved activations leave it."""
+    plain = _record(("fabric",), tier)
+    names = dict(recipe=plain.recipe.replace("fabric", "+".join(key)), techniques=list(key))
+    if key == claims.IN_BACKWARD:
+        return dataclasses.replace(plain, **names, grad_bytes=0,
+                                   peak_allocated_bytes=plain.peak_allocated_bytes - int(0.95 * plain.grad_bytes),
+                                   backward_optimizer_steps=TENSORS * plain.memory_steps)
+    kept = FORWARD_KEEPS if tier == "cpu" else int(0.03 * FORWARD_KEEPS)
+    return dataclasses.replace(plain, **names, phases={"forward": {**plain.phases["forward"], "above_start_bytes": kept}},
+                               offloaded_activation_bytes=FORWARD_KEEPS + plain.param_bytes)
 
 
 def world(tier: str) -> dict[Key, Record]:
@@ -155,6 +179,17 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
     elif name == "chain-combines":
         key = ("bf16-true", "small-batch")
         records[key] = _memory(records[("bf16-true",)], 1.01)
+    elif name == "optimizer-in-backward-gradients":  # hooks lost: the gradients live as without it
+        plain = records[("fabric",)]
+        records[claims.IN_BACKWARD] = dataclasses.replace(records[claims.IN_BACKWARD], grad_bytes=plain.grad_bytes,
+                                                          peak_allocated_bytes=plain.peak_allocated_bytes)
+    elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
+        records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
+    elif name == "activation-offload-no-copy-on-cpu":  # a host copy of every saved tensor (pinned on the CPU)
+        offload = records[claims.OFFLOAD]
+        forward = offload.phases["forward"]
+        copied = {**forward, "allocated_bytes": forward["allocated_bytes"] + FORWARD_KEEPS}
+        records[claims.OFFLOAD] = dataclasses.replace(offload, phases={"forward": copied})
     elif name == "batch-1-further-75":
         records[claims.MICRO_BATCH_ONE] = _memory(records[CHAIN_05], 0.6)
     elif name == "bf16-supported":
