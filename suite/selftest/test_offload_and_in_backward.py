@@ -13,8 +13,10 @@ from torch import nn
 from memclaims.measure import optimizers
 from memclaims.measure.in_backward import OptimizerInBackward
 from memclaims.recipes.recipe import resolve
-from suite.selftest.test_sharded_cuda_wiring import fake_cuda  # noqa: F401  (the fixture)
-from suite.selftest.test_sharded_cuda_wiring import _run
+from suite.selftest.test_sharded_cuda_wiring import (
+    _run,
+    fake_cuda,  # noqa: F401  (the fixture)
+)
 
 pytestmark = pytest.mark.cpu
 
