@@ -37,6 +37,10 @@ class ActivationOffload:
         """torch's own offloader; a subclass (the sim's) makes another."""
         return torch.autograd.graph.save_on_cpu(pin_memory=self.pin_memory)
 
+    def held_on_host(self, packed: Any) -> int:
+        """Bytes of host memory in what the pack function returned."""
+        return host_bytes(packed)
+
     def forward(self, count: bool) -> saved_tensors_hooks:
         """The context for one forward pass; ``count``: add what it packs to ``host_bytes``."""
         hooks = self.hooks()
@@ -47,7 +51,7 @@ class ActivationOffload:
 
         def counted(tensor: torch.Tensor) -> Any:
             packed = pack(tensor)
-            self.host_bytes = (self.host_bytes or 0) + host_bytes(packed)
+            self.host_bytes = (self.host_bytes or 0) + self.held_on_host(packed)
             return packed
 
         hooks.pack_hook = counted  # read when the hooks are entered, so this one is pushed

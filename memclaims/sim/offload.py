@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
+from torch.utils._pytree import tree_leaves
 
 from memclaims.measure.offload import ActivationOffload
 from memclaims.sim.tracker import DeviceMemory
@@ -40,3 +41,8 @@ class SimulatedOffload(ActivationOffload):
             return torch.empty_like(host, device=device)  # counted: the device copy backward reads
 
         return saved_tensors_hooks(pack, unpack)
+
+    def held_on_host(self, packed: Any) -> int:
+        # Every fake tensor is a "cpu" tensor: the host's are those the device's accounting does not hold.
+        return sum(leaf.nbytes for leaf in tree_leaves(packed)
+                   if isinstance(leaf, torch.Tensor) and not self.memory.device_bytes([leaf]))
