@@ -11,7 +11,7 @@ import pytest
 
 from memclaims.core.record import Record
 from memclaims.measure import host_steady
-from memclaims.measure.host import GAINED, LEVEL, PYTHON_BLOCKS, RSS, HostSteps, read_counters
+from memclaims.measure.host import GAINED, LEVEL, MALLOC, PYTHON_BLOCKS, RSS, HostSteps, malloc_in_use, read_counters
 
 MIB = 2**20
 
@@ -81,6 +81,17 @@ def test_the_counters_read_this_process() -> None:
     kept = [(i, -i) for i in range(5000)]
     assert read_counters()[PYTHON_BLOCKS] - counters[PYTHON_BLOCKS] >= 5000
     del kept
+
+
+@pytest.mark.skipif(malloc_in_use() is None, reason="needs glibc's mallinfo2 (glibc 2.33 or later)")
+def test_malloc_bytes_move_by_a_kept_buffer_and_back_when_it_is_freed() -> None:
+    before = read_counters()[MALLOC]
+    buffer = bytes(8 * MIB)
+    held = read_counters()[MALLOC]
+    del buffer
+    after = read_counters()[MALLOC]
+    assert 8 * MIB <= held - before < 9 * MIB
+    assert abs(after - before) < MIB
 
 
 def test_a_clean_run_is_steady_however_much_a_phase_gains_and_frees() -> None:
