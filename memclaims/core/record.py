@@ -145,6 +145,11 @@ class Record:
     recomputed_linear_calls: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
+    # Model state kept on the host while the model trains on a device (CPU offload), by category of
+    # CATEGORIES: what moved from device to host, compared with the baseline like the device's bytes
+    # (metric ``host_state.<category>_bytes``). Empty where nothing is offloaded, and on the cpu device,
+    # where the host is the device.
+    host_state_bytes: dict[str, int] = field(default_factory=dict)
     min_8bit_size: int | None = None
     # DDP ranks: SHA-256 of every gradient's bytes after the first step's backward (after DDP's
     # all-reduce), equal on every rank when gradients are all-reduced; null elsewhere.

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from memclaims.core.record import Record, environment_facts
+from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record, environment_facts
 from memclaims.measure import optimizers, tensors
 from memclaims.measure import probes as probe_module
 from memclaims.measure.host import HostSteps
@@ -116,9 +116,26 @@ def observed_fields(engine: Engine, model: nn.Module, optimizer: Any) -> dict[st
             (local(t) for t in tensors.optimizer_state_tensors(optimizer)), tensors.dtype_name),
         param_bytes_by_device=tensors.bytes_by((local(p) for p in model.parameters()),
                                                     tensors.device_type),
+        host_state_bytes=host_state_bytes(engine, model, optimizer),
         min_8bit_size=(recipe.scale.min_8bit_size or _bnb_default_min_8bit_size())
         if recipe.optimizer in optimizers.EIGHT_BIT else None,
     )
+
+
+def host_state_bytes(engine: Engine, model: nn.Module, optimizer: Any) -> dict[str, int]:
+    """Model state on the host while training on a device (CPU offload), by category; empty on the
+    cpu device (the host is the device there) and where nothing sits on the host."""
+    if engine.options.device == "cpu":
+        return {}
+    local = engine.local
+    params = [local(p) for p in model.parameters()]
+    on_host = {
+        PARAMETERS: tensors.bytes_by(iter(params), tensors.device_type).get("cpu", 0),
+        GRADIENTS: tensors.bytes_by((p.grad for p in params if p.grad is not None), tensors.device_type).get("cpu", 0),
+        OPTIMIZER_STATE: tensors.bytes_by((local(t) for t in tensors.optimizer_state_tensors(optimizer)),
+                                          tensors.device_type).get("cpu", 0),
+    }
+    return {category: size for category, size in on_host.items() if size}
 
 
 def _bnb_default_min_8bit_size() -> int:
