@@ -288,8 +288,7 @@ def test_small_objects_kept_every_step_are_caught_as_a_host_leak(clean, monkeypa
     assert growth is not None and growth >= 3000, growth
 
 
-@pytest.mark.skipif(host.malloc_in_use() is None, reason="needs glibc's mallinfo2 (glibc 2.33 or later): "
-                    "the malloc_bytes counter that sees a kept C buffer whatever the heap reuses")
+@pytest.mark.requires(unsupported=host.NO_MALLOC_COUNTER)
 def test_a_buffer_kept_every_step_is_caught_as_a_host_leak(clean, monkeypatch) -> None:
     kept = inject_buffers_kept(monkeypatch)
     verdict = _judge("reference", clean)

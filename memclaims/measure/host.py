@@ -82,6 +82,11 @@ def malloc_in_use() -> int | None:
     return int(info.uordblks + info.hblkhd)
 
 
+# Why malloc_bytes is missing here, for a ``requires(unsupported=...)`` marker; empty where it is read.
+NO_MALLOC_COUNTER = () if _MALLINFO2 is not None else (
+    "needs glibc's mallinfo2 (glibc 2.33 or later) for the malloc_bytes counter",)
+
+
 def read_counters() -> dict[str, int]:
     # Reference cycles (autograd nodes and the closures of hooks on them) are garbage the moment
     # the graph is freed, but the cyclic collector takes them whenever its thresholds say: counted
