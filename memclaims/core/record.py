@@ -160,6 +160,9 @@ class Record:
     # What the accuracy phase ran (memclaims.recipes.options.accuracy_schedule): kind "epochs" or "steps",
     # epochs / optimizer_steps, and the test examples it scored; empty when not evaluated.
     accuracy_schedule: dict[str, Any] = field(default_factory=dict)
+    # After each epoch of the accuracy phase, where the run was asked for it (RunOptions.evaluate_each_epoch):
+    # {"epoch": 1, "eval_loss": ..., "eval_accuracy": ..., "eval_f1": ...} as the course's Trainer logs.
+    epoch_evaluations: list[dict[str, float]] = field(default_factory=list)
     # Where each tested package's release lies against the range memclaims was tested with
     # (memclaims.core.tested_versions): "inside", "newer", "older" or "unknown". Empty in Records made
     # before the field existed (baseline files load as they are).

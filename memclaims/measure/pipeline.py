@@ -73,6 +73,10 @@ class Engine(TrainingLoop):
     def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
         raise NotImplementedError
 
+    def evaluation(self, model: nn.Module, loader: Any) -> dict[str, float]:
+        """Eval loss, accuracy and F1 (memclaims.measure.evaluation), for RunOptions.evaluate_each_epoch."""
+        raise NotImplementedError(f"{type(self).__name__} does not evaluate after each epoch")
+
 
 def seed_everything(seed: int) -> None:
     """What Lightning's ``seed_everything`` does to the generators, without importing Lightning
@@ -209,6 +213,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
     memory_step_times = list(engine.step_times)
 
     accuracy: float | None = None
+    epoch_evaluations: list[dict[str, float]] = []
     if options.evaluate:
         engine.step_times.clear()
         with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
@@ -216,8 +221,13 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
                 engine.train(model, optimizer, scheduler, cycle(lambda: engine.batches(train_loader)),
                              schedule["optimizer_steps"])
             else:
-                for _ in range(schedule["epochs"]):
+                for epoch in range(schedule["epochs"]):
                     engine.train(model, optimizer, scheduler, engine.batches(train_loader), -1)
+                    if options.evaluate_each_epoch:
+                        # Iterating a DataLoader draws its base seed from the global generator: fork it,
+                        # or the later epochs' dropout and the accuracy differ from a run without it.
+                        with torch.random.fork_rng(devices=[]):
+                            epoch_evaluations.append({"epoch": epoch + 1, **engine.evaluation(model, test_loader)})
             probe.track(model, optimizer)  # the model states count as live from the start
             with probe.phase("evaluation"):
                 accuracy = engine.accuracy(model, test_loader, on_batch=probe.step_begin)
@@ -239,6 +249,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         peak_reserved_total_bytes=never_reset_reserved(probe.phases),
         reference_load_peak_bytes=reference_load,
         accuracy=accuracy,
+        epoch_evaluations=epoch_evaluations,
         losses=engine.loss_fields(memory_losses),
         step_time_s=statistics.median(timed) if timed else None,
         weights=weights,
