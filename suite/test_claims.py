@@ -19,7 +19,7 @@ from memclaims.claims.catalogue import CLAIMS, Claim, coverage_problems, skip_re
 from memclaims.claims.lookup import Lookup
 from memclaims.core import published
 from memclaims.core.names import CONVERGED
-from memclaims.pytest.records import RecordCache, claim_needs
+from memclaims.pytest.records import CPU_CONVERGED_GROUP, RecordCache, claim_needs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +35,8 @@ def _params() -> list[Any]:
             expected_failure = published.claim(claim.name).get("does_not_hold", {}).get(tier)
             if expected_failure and skip_reason(claim, tier) is None:  # a skipped case never reaches it
                 marks.append(pytest.mark.xfail(reason=expected_failure, strict=True))
+            if tier == "cpu" and claim.kind == "accuracy":  # the converged Records of test_accuracy.py
+                marks.append(pytest.mark.xdist_group(CPU_CONVERGED_GROUP))
             params.append(pytest.param(tier, claim, id=f"{tier}:{claim.name}", marks=marks))
     return params
 

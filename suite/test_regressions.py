@@ -17,6 +17,7 @@ changes nothing and a changed version string, must stay green.
 | ``save_on_cpu``'s hooks never pushed: saved tensors stay where autograd made them | a saved-tensor hook outranked or disabled (torch.utils.checkpoint's own hooks take precedence inside a checkpointed region) | active (offloaded_activation_bytes, phase forward) |
 | the post-accumulate-grad hooks lost: the loop's own step trains the ordinary way | a wrapper that replaces the parameters after the hooks were registered (FSDP1's flat parameters) | backward_optimizer_steps, grad_bytes, phases.optimizer_step.*, active |
 | 3,000 small objects kept per optimizer step | FSDP2/DTensor and foreach paths leaking Python objects per step (pytorch#178276, #181761, #188174) | host_steady.leak on python_blocks, phase optimizer_step |
+| a 4 MiB C buffer kept per optimizer step | host RAM growing by tens of GB over long runs (the same issues) | host_steady.leak on malloc_bytes, phase optimizer_step |
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from memclaims.baselines.compare import Comparison, compare
 from memclaims.core.names import CONVERGED
 from memclaims.core.record import Record
-from memclaims.measure import active, host_steady, steady
+from memclaims.measure import active, host, host_steady, steady
 from memclaims.measure.runner import run
 from memclaims.recipes import requirements
 from memclaims.recipes.options import RunOptions
@@ -220,9 +221,23 @@ def inject_post_accumulate_hooks_lost(monkeypatch: pytest.MonkeyPatch) -> None:
                         lambda self, hook: RemovableHandle(OrderedDict()))
 
 
+def inject_buffers_kept(monkeypatch: pytest.MonkeyPatch, size: int = 4 * 2**20) -> list[bytes]:
+    """A C buffer of ``size`` bytes (4 MiB) kept on every optimizer step: a leak in native code
+    (a cache that never evicts, a pinned staging buffer per step). Freshly written, so its pages
+    are resident."""
+    kept: list[bytes] = []
+
+    def around(optimizer: torch.optim.Optimizer, step: Callable[[], Any]) -> Any:
+        kept.append(bytes([len(kept) % 256]) * size)
+        return step()
+
+    _wrap_adam_step(monkeypatch, around)
+    return kept
+
+
 def inject_version_string(monkeypatch: pytest.MonkeyPatch) -> None:
     """Control: only the recorded torch version changes (a rebuild, a local tag)."""
-    from memclaims.core import record
+    from memclaims.core import tested_versions
     from memclaims.core.record import library_versions
 
     def versions() -> dict[str, str | None]:
@@ -231,7 +246,7 @@ def inject_version_string(monkeypatch: pytest.MonkeyPatch) -> None:
         return found
 
     # Where every engine's Record reads the versions (memclaims.core.tested_versions.version_fields).
-    monkeypatch.setattr(record, "library_versions", versions)
+    monkeypatch.setattr(tested_versions, "library_versions", versions)
 
 
 # --- the catch table ----------------------------------------------------------------------------
@@ -312,6 +327,18 @@ def test_small_objects_kept_every_step_are_caught_as_a_host_leak(clean, monkeypa
     growth = host_steady.growth_per_step(verdict.record, "python_blocks")
     # 3,000 tuples and their list per step, and the ints above 256 in them (not cached): over 3,000 blocks.
     assert growth is not None and growth >= 3000, growth
+
+
+@pytest.mark.requires(unsupported=host.NO_MALLOC_COUNTER)
+def test_a_buffer_kept_every_step_is_caught_as_a_host_leak(clean, monkeypatch) -> None:
+    kept = inject_buffers_kept(monkeypatch)
+    verdict = _judge("reference", clean)
+    assert kept, "the injection never ran"
+    assert verdict.leak is None  # nothing on the device (the CPU probe's tensor accounting)
+    assert verdict.host_leak is not None, "4 MiB kept per step passed unnoticed"
+    _assert_named(verdict, "vit-smoke/fabric", "malloc_bytes", "optimizer_step")
+    growth = host_steady.growth_per_step(verdict.record, "malloc_bytes")
+    assert growth is not None and 4 * 2**20 <= growth < 4.5 * 2**20, growth
 
 
 def test_updates_too_small_cost_accuracy(clean, monkeypatch) -> None:

@@ -379,6 +379,11 @@ def test_gpu_cpu_offload_lowers_gpu_peak_raises_host_memory_and_time(gpu_sharded
         assert peak(after) < peak(before), not_related(
             after, "<", before, peak_metric(after))
         assert after.host_peak_bytes > before.host_peak_bytes, not_related(after, ">", before, "host_peak_bytes")
+        # What moved: the rank's parameters and optimizer state are on the host, by category.
+        assert before.host_state_bytes == {}, before.host_state_bytes
+        assert after.host_state_bytes.get("parameters", 0) > 0 and after.host_state_bytes.get("optimizer_state", 0) > 0, (
+            f"{after.recipe}: host_state_bytes {after.host_state_bytes}: CPU offload kept no parameters or "
+            "optimizer state on the host")
         assert after.step_time_s > before.step_time_s, not_related(after, ">", before, "step_time_s")
         inactive = active.problems(parse_id(after.recipe), after)
         assert not inactive, "\n".join(inactive)

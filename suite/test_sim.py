@@ -16,7 +16,7 @@ import torch
 from fixtures.messages import differs
 from memclaims.core import published
 from memclaims.core.errors import OutOfMemory, UsageError
-from memclaims.core.record import Record
+from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record
 from memclaims.pytest.records import RecordCache
 from memclaims.recipes.recipe import Recipe, resolve
 from memclaims.report.published_table import A10G_TOTAL_MEMORY_BYTES
@@ -486,9 +486,15 @@ def test_sharded_rank_holds_a_quarter_of_the_model(sharded_records):
 
 
 def test_offload_leaves_no_parameters_gradients_or_state_on_the_device(sharded_records):
-    offload = sharded_records["09"]
+    plain, offload = sharded_records["08"], sharded_records["09"]
     assert offload.param_bytes == offload.grad_bytes == offload.optimizer_state_bytes == 0
-    assert offload.peak_reserved_total_bytes < sharded_records["08"].peak_reserved_total_bytes
+    assert offload.peak_reserved_total_bytes < plain.peak_reserved_total_bytes
+    # What left the device is on the host, by category: the rank's fp32 shard, its sharded gradient
+    # and Adam's two states over it (plus the step counters, which the device never held).
+    assert plain.host_state_bytes == {}
+    moved = offload.host_state_bytes
+    assert moved[PARAMETERS] == moved[GRADIENTS] == plain.param_bytes, moved
+    assert 2 * plain.param_bytes <= moved[OPTIMIZER_STATE] <= 2 * plain.param_bytes + 4 * 1024, moved
 
 
 def test_delayed_init_equals_offload_as_published(sharded_records):

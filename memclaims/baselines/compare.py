@@ -19,6 +19,10 @@ MEMORY_METRICS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_reserved_
 # Each phase of a Record (load, forward, backward, optimizer_step, zero_grad, evaluation...) is
 # compared on these keys, as metric ``phases.<phase>.<key>`` with the memory tolerance.
 PHASE_KEYS = ("allocated_bytes", "above_start_bytes", "reserved_bytes")
+# What CPU offload keeps on the host (Record.host_state_bytes), as metric
+# ``host_state.<category>_bytes`` with the memory tolerance: more host bytes for the same recipe is a
+# regression of host memory.
+HOST_STATE = "host_state"
 ACCURACY = "accuracy"
 STEP_TIME = "step_time_s"
 # The losses of the measured steps: deterministic on a CPU class (ATen's avx2 and default kernels
@@ -188,13 +192,15 @@ def measured_metrics(record: Record) -> dict[str, float | None]:
         for key in PHASE_KEYS:
             if key in peaks:
                 values[f"phases.{phase}.{key}"] = peaks[key]
+    for category, size in sorted(record.host_state_bytes.items()):
+        values[f"{HOST_STATE}.{category}_bytes"] = size
     return values
 
 
 def _tolerance(metric: str, tolerances: Mapping[str, float | None]) -> float | None:
     if metric in tolerances:
         return tolerances[metric]
-    if metric.startswith("phases."):
+    if metric.startswith(("phases.", f"{HOST_STATE}.")):
         return tolerances.get("phases", tolerances.get("peak_allocated_bytes"))
     return None
 

@@ -416,6 +416,31 @@ def _nan(tier: str, get: Lookup) -> Verdict:
                                     f"(published: NaN by batch {at})")
 
 
+# The first loss of a fresh K-class head: ln K where its logits are equal (torchvision's zero-initialised
+# head, as the smoke ViTs build it); a default-initialised nn.Linear (the article's) spreads them by some
+# sigma, which adds about (1 - 1/K) sigma^2 / 2 and, averaged over heads, never goes below ln K
+# (log-sum-exp is convex). 0.25 nats admits sigma up to about 0.75: the published 2.4105 is ln 10 + 0.108
+# (sigma about 0.49 on ViT-L/16's pretrained features); a head that had learned (far below ln K) or a
+# 16-bit forward that overflowed (inf, NaN) is outside it.
+UNTRAINED_HEAD_BAND = 0.25
+
+
+def _loss_at_batch_zero(tier: str, get: Lookup) -> Verdict:
+    from memclaims.workloads.registry import workload
+
+    record = get(("16-true",))
+    untrained = math.log(workload(record.workload).num_classes)
+    published_loss = float(published.numbers("16-true-loss-batch-0")["loss"])
+    first = record.memory_losses[0] if record.memory_losses else None
+    ok = (first is not None and math.isfinite(first) and abs(first - untrained) <= UNTRAINED_HEAD_BAND
+          and abs(published_loss - untrained) <= UNTRAINED_HEAD_BAND)
+    shown = "not measured" if first is None else f"{first:.4f}"
+    return Verdict(ok, f"{record.recipe} ({record.weights} weights, {record.data}): loss at batch 0 {shown}, published "
+                       f"{published_loss} at article scale; an untrained head's ln {round(math.exp(untrained))} = "
+                       f"{untrained:.4f}, band +-{UNTRAINED_HEAD_BAND} (published {published_loss - untrained:+.4f}, "
+                       f"this run {'-' if first is None else f'{first - untrained:+.4f}'})")
+
+
 def _chain_combines(tier: str, get: Lookup) -> Verdict:
     records = [get(t) for t in CHAIN]
     steps = [peak(b) < peak(a) for a, b in zip(records, records[1:])]
@@ -653,6 +678,7 @@ CHECKS: dict[str, Check] = {
     "bf16-supported": Check(_bf16_supported, frozenset({"gpu"})),
     "bf16-true-no-nan": Check(_no_nan(("bf16-true",)), frozenset({"cpu", "gpu"}), {"*": (("bf16-true",),)}),
     "16-true-nan": Check(_nan, frozenset({"gpu"}), {"*": (("16-true",),)}),
+    "16-true-loss-batch-0": Check(_loss_at_batch_zero, frozenset({"cpu", "gpu"}), {"*": (("16-true",),)}),
     "init-module-param-count": Check(_load_param_count, frozenset({"cpu", "sim"}), {"sim": (LOAD_INIT_MODULE,)}),
     "batch-1-further-75": Check(_batch_one, frozenset({"sim"}), {"*": (CHAIN_05, MICRO_BATCH_ONE)}),
     "chain-combines": Check(_chain_combines, frozenset({"sim"}), {"*": CHAIN}),

@@ -1,6 +1,7 @@
-"""Progress of long work (reproduce's chain, fit's replays): a tqdm bar on a terminal, nothing in a
-log. tqdm's ``disable=None`` turns the bar off where stderr is not a TTY, so a CI log or a redirected
-run gets no carriage-return noise; the command's own result lines are printed as before."""
+"""Progress of long work (reproduce's chain, fit's replays, upgrade's candidate, baselines spread): a
+tqdm bar on a terminal, nothing in a log. tqdm's ``disable=None`` turns the bar off where stderr is
+not a TTY, so a CI log or a redirected run gets no carriage-return noise; the command's own result
+lines are printed as before (``say``: above the bar where one is drawn)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,9 @@ def steps(items: Iterable[T], what: str, total: int | None = None) -> Iterator[T
 def shown() -> bool:
     """Whether a bar would be drawn here (stderr is a terminal)."""
     return sys.stderr.isatty()
+
+
+def say(text: str) -> None:
+    """One line on stderr, printed above a bar being drawn instead of through it."""
+    tqdm.write(text, file=sys.stderr)
+    sys.stderr.flush()

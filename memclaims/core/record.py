@@ -152,6 +152,11 @@ class Record:
     backward_grad_peak_bytes: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
+    # Model state kept on the host while the model trains on a device (CPU offload), by category of
+    # CATEGORIES: what moved from device to host, compared with the baseline like the device's bytes
+    # (metric ``host_state.<category>_bytes``). Empty where nothing is offloaded, and on the cpu device,
+    # where the host is the device.
+    host_state_bytes: dict[str, int] = field(default_factory=dict)
     min_8bit_size: int | None = None
     # DDP ranks: SHA-256 of every gradient's bytes after the first step's backward (after DDP's
     # all-reduce), equal on every rank when gradients are all-reduced; null elsewhere.
@@ -162,6 +167,9 @@ class Record:
     # What the accuracy phase ran (memclaims.recipes.options.accuracy_schedule): kind "epochs" or "steps",
     # epochs / optimizer_steps, and the test examples it scored; empty when not evaluated.
     accuracy_schedule: dict[str, Any] = field(default_factory=dict)
+    # After each epoch of the accuracy phase, where the run was asked for it (RunOptions.evaluate_each_epoch):
+    # {"epoch": 1, "eval_loss": ..., "eval_accuracy": ..., "eval_f1": ...} as the course's Trainer logs.
+    epoch_evaluations: list[dict[str, float]] = field(default_factory=list)
     # Where each tested package's release lies against the range memclaims was tested with
     # (memclaims.core.tested_versions): "inside", "newer", "older" or "unknown". Empty in Records made
     # before the field existed (baseline files load as they are).

@@ -68,7 +68,8 @@ class DistributedResult:
         result: dict[str, Any] = {}
         dicts = [r.to_dict() for r in self.records]
         for key, value in dicts[0].items():
-            if (key.endswith("_bytes") or key.endswith("_s")) and not isinstance(value, bool):
+            # Numbers only: host_state_bytes is a dict by category, not one figure.
+            if (key.endswith("_bytes") or key.endswith("_s")) and not isinstance(value, (bool, dict)):
                 values = [d[key] for d in dicts if isinstance(d[key], (int, float))]
                 result[key] = max(values) if values else None
         categories = sorted({c for d in dicts for c in d["breakdown"]})

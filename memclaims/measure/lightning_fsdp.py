@@ -37,6 +37,13 @@ def strategy(recipe: Recipe) -> Any:
     buckets, ``gradient_as_bucket_view=False``; DeepSpeed: memclaims.sim.zero.LIGHTNING_DEFAULTS)."""
     if recipe.sharded:
         return fsdp_strategy(recipe)
+    if recipe.strategy == "ddp" and recipe.workload.unused_parameters:
+        from lightning.fabric.strategies import DDPStrategy
+
+        # Only where the workload leaves parameters without gradients (BigBird's pooler): the script's
+        # plain "ddp" fails there at the second step ("Expected to have finished reduction in the prior
+        # iteration"); the search for them walks the autograd graph each step and allocates nothing.
+        return DDPStrategy(find_unused_parameters=True)
     return recipe.strategy
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from memclaims.core.record import Record, environment_facts
+from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record, environment_facts
 from memclaims.measure import optimizers, tensors
 from memclaims.measure import probes as probe_module
 from memclaims.measure.host import HostSteps
@@ -76,6 +76,10 @@ class Engine(TrainingLoop):
     def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
         raise NotImplementedError
 
+    def evaluation(self, model: nn.Module, loader: Any) -> dict[str, float]:
+        """Eval loss, accuracy and F1 (memclaims.measure.evaluation), for RunOptions.evaluate_each_epoch."""
+        raise NotImplementedError(f"{type(self).__name__} does not evaluate after each epoch")
+
 
 def seed_everything(seed: int) -> None:
     """What Lightning's ``seed_everything`` does to the generators, without importing Lightning
@@ -119,9 +123,26 @@ def observed_fields(engine: Engine, model: nn.Module, optimizer: Any) -> dict[st
             (local(t) for t in tensors.optimizer_state_tensors(optimizer)), tensors.dtype_name),
         param_bytes_by_device=tensors.bytes_by((local(p) for p in model.parameters()),
                                                     tensors.device_type),
+        host_state_bytes=host_state_bytes(engine, model, optimizer),
         min_8bit_size=(recipe.scale.min_8bit_size or _bnb_default_min_8bit_size())
         if recipe.optimizer in optimizers.EIGHT_BIT else None,
     )
+
+
+def host_state_bytes(engine: Engine, model: nn.Module, optimizer: Any) -> dict[str, int]:
+    """Model state on the host while training on a device (CPU offload), by category; empty on the
+    cpu device (the host is the device there) and where nothing sits on the host."""
+    if engine.options.device == "cpu":
+        return {}
+    local = engine.local
+    params = [local(p) for p in model.parameters()]
+    on_host = {
+        PARAMETERS: tensors.bytes_by(iter(params), tensors.device_type).get("cpu", 0),
+        GRADIENTS: tensors.bytes_by((p.grad for p in params if p.grad is not None), tensors.device_type).get("cpu", 0),
+        OPTIMIZER_STATE: tensors.bytes_by((local(t) for t in tensors.optimizer_state_tensors(optimizer)),
+                                          tensors.device_type).get("cpu", 0),
+    }
+    return {category: size for category, size in on_host.items() if size}
 
 
 def _bnb_default_min_8bit_size() -> int:
@@ -199,6 +220,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
     memory_step_times = list(engine.step_times)
 
     accuracy: float | None = None
+    epoch_evaluations: list[dict[str, float]] = []
     if options.evaluate:
         engine.step_times.clear()
         with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
@@ -206,8 +228,13 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
                 engine.train(model, optimizer, scheduler, cycle(lambda: engine.batches(train_loader)),
                              schedule["optimizer_steps"])
             else:
-                for _ in range(schedule["epochs"]):
+                for epoch in range(schedule["epochs"]):
                     engine.train(model, optimizer, scheduler, engine.batches(train_loader), -1)
+                    if options.evaluate_each_epoch:
+                        # Iterating a DataLoader draws its base seed from the global generator: fork it,
+                        # or the later epochs' dropout and the accuracy differ from a run without it.
+                        with torch.random.fork_rng(devices=[]):
+                            epoch_evaluations.append({"epoch": epoch + 1, **engine.evaluation(model, test_loader)})
             probe.track(model, optimizer)  # the model states count as live from the start
             with probe.phase("evaluation"):
                 accuracy = engine.accuracy(model, test_loader, on_batch=probe.step_begin)
@@ -229,6 +256,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         peak_reserved_total_bytes=never_reset_reserved(probe.phases),
         reference_load_peak_bytes=reference_load,
         accuracy=accuracy,
+        epoch_evaluations=epoch_evaluations,
         losses=engine.loss_fields(memory_losses),
         step_time_s=statistics.median(timed) if timed else None,
         weights=weights,

@@ -21,7 +21,7 @@ from memclaims.core.names import CONVERGED
 from memclaims.core.precision import precision
 from memclaims.core.record import Record, device_name
 from memclaims.core.techniques import FP32
-from memclaims.measure import checkpointing, pipeline
+from memclaims.measure import checkpointing, evaluation, pipeline
 from memclaims.measure import probes as probe_module
 from memclaims.measure.record_builder import failed_phase
 from memclaims.recipes.options import RunOptions, check_device, resolve_memory_steps
@@ -151,6 +151,11 @@ class FabricEngine(pipeline.Engine):
             predicted = torch.argmax(self.recipe.workload.logits(model, inputs), 1)
             metric.update(predicted, targets)
         return float(metric.compute())
+
+    def evaluation(self, model: nn.Module, loader: Any) -> dict[str, float]:
+        model.eval()
+        return evaluation.evaluate(lambda inputs: self.recipe.workload.logits(model, inputs), self.batches(loader),
+                                   self.recipe.workload.num_classes, self.device)
 
 
 # "Tried to allocate 2.00 GiB" (CUDA caching allocator), "you tried to allocate 123 bytes" (CPU).

@@ -21,6 +21,11 @@ from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Recipe, resolve
 from memclaims.run import measure, model_parameters, needs
 
+# The xdist group of the tests that read the cpu tier's converged Records (test_accuracy.py's cases,
+# test_claims.py's accuracy claims): under ``--dist loadgroup`` (pytest.ini) one worker runs them all
+# and its RecordCache measures each Record once instead of once per worker.
+CPU_CONVERGED_GROUP = "cpu-converged"
+
 
 @dataclass
 class RecordCache:

@@ -37,6 +37,9 @@ class RunOptions:
     devices: int | None = None
     # Whole epochs for accuracy even where the scale has a budgeted schedule (the weekly run).
     accuracy_full_epochs: bool = False
+    # Evaluate after every epoch of an "epochs" accuracy schedule too, as the course's Trainer logs
+    # (Record.epoch_evaluations: eval loss, accuracy, F1); one-device runs only.
+    evaluate_each_epoch: bool = False
     profile: str = "article"  # the simulated GPU of --device sim (memclaims.sim.profiles)
     timeout_s: float | None = DEFAULT_TIMEOUT_S  # how long a sharded run's ranks may take (None: no limit)
     # The sim only (``SIM_ONLY``):

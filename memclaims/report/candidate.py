@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memclaims.claims import accuracy
+from memclaims.core import progress
 from memclaims.core import techniques as registry
 from memclaims.core.errors import MemclaimsError
 from memclaims.core.names import CONVERGED
@@ -110,7 +111,7 @@ def run(tiers: Sequence[str], out: Path, only: Sequence[str] = (), seed: int | N
     todo = [(tier, recipe, options if seed is None else replace(options, seed=seed))
             for tier in tiers for recipe, options in cases(tier)
             if (tier, recipe.id, seed) not in finished and (not only or recipe.id in only)]
-    for index, (tier, recipe, options) in enumerate(todo, 1):
+    for index, (tier, recipe, options) in enumerate(progress.steps(todo, "memclaims candidate"), 1):
         started = time.perf_counter()
         entries = measure_case(tier, recipe, options)
         if seed is not None:  # a rerun at another seed: readers of the article's seed skip it
@@ -119,8 +120,8 @@ def run(tiers: Sequence[str], out: Path, only: Sequence[str] = (), seed: int | N
         with out.open("a", encoding="utf-8") as handle:
             handle.writelines(json.dumps(e, sort_keys=True, allow_nan=False) + "\n" for e in entries)
         state = "skipped" if "skipped" in entries[0] else "failed" if "error" in entries[0] else "done"
-        print(f"memclaims candidate: [{index}/{len(todo)}] {tier}:{recipe.id} {state} "
-              f"({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+        progress.say(f"memclaims candidate: [{index}/{len(todo)}] {tier}:{recipe.id} {state} "
+                     f"({time.perf_counter() - started:.1f} s)")
     return failed
 
 

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from memclaims.core import progress
 from memclaims.core.record import Record
 
 SEEDS = (123, 1, 2, 3, 4)  # the article's (and every baseline's) first
@@ -55,7 +56,7 @@ def converged_accuracy(techniques: tuple[str, ...], seed: int) -> float:
 
 
 def _progress(text: str) -> None:
-    print(f"memclaims spread: {text}", file=sys.stderr, flush=True)
+    progress.say(f"memclaims spread: {text}")
 
 
 def measure_seeds(seeds: Sequence[int]) -> dict[str, dict[str, float]]:
@@ -65,7 +66,7 @@ def measure_seeds(seeds: Sequence[int]) -> dict[str, dict[str, float]]:
     from memclaims.recipes.recipe import resolve
 
     out: dict[str, dict[str, float]] = {}
-    for techniques in accuracy.CONVERGED_CASES:
+    for techniques in progress.steps(accuracy.CONVERGED_CASES, "memclaims spread: seeds"):
         recipe_id = resolve("vit", CONVERGED, techniques).id
         out[recipe_id] = {str(s): round(converged_accuracy(techniques, s), 4) for s in seeds}
         _progress(f"{recipe_id} {out[recipe_id]}")
@@ -78,7 +79,8 @@ def measure_mutations(seed: int) -> dict[str, dict[str, float]]:
 
     mutated: dict[str, dict[str, float]] = {}
     candidates = sorted({p.on("cpu")[0] for p in accuracy.PAIRS if "cpu" in p.tiers})
-    for name, make in accuracy.MUTATIONS.items():
+    for name, make in progress.steps(accuracy.MUTATIONS.items(), "memclaims spread: mutations",
+                                     total=len(accuracy.MUTATIONS)):
         mutated[name] = {}
         for candidate in candidates:
             if name == "accumulation-never-zeroed" and "grad-accum" not in candidate:

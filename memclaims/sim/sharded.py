@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from memclaims.core.errors import UsageError
-from memclaims.core.record import OPTIMIZER_STATE, PARAMETERS
+from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS
 from memclaims.measure import optimizers
 from memclaims.measure.tensors import optimizer_state_tensors
 from memclaims.sim.eras import optimizer_era
@@ -477,12 +477,16 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
         done += 1
         if done == memory_steps:
             break
-    # What lives on the device, as the tracker saw it (with offload: nothing of these).
-    state = (v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    # What lives on the device, as the tracker saw it (with offload: nothing of these), and what
+    # offload keeps on the host instead, by category.
+    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     device_state = memory.device_bytes(state)
+    host_state = {PARAMETERS: memory.host_bytes(shards),
+                  GRADIENTS: memory.host_bytes(s.grad for s in shards if s.grad is not None),
+                  OPTIMIZER_STATE: memory.host_bytes(state)} if offload else {}
     del inputs, targets, logits, loss
     return ({"param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
-             "optimizer_state_bytes": device_state}, repeats.replayed)
+             "optimizer_state_bytes": device_state, "host_state_bytes": host_state}, repeats.replayed)
 
 
 def check(recipe: Recipe) -> None:

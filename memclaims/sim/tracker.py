@@ -135,6 +135,16 @@ class DeviceMemory(TorchDispatchMode):
                 seen[handle] = self._bytes[handle]
         return sum(seen.values())
 
+    def host_bytes(self, tensors: Any) -> int:
+        """Bytes of the distinct storages behind ``tensors`` that the simulated device does not hold
+        (a GPU run keeps them on the host: CPU offload's shards, gradients and optimizer state)."""
+        seen: dict[int, int] = {}
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            if self._handles.get(storage) is None:
+                seen[id(storage)] = storage.nbytes()
+        return sum(seen.values())
+
     def forget(self, tensor: torch.Tensor) -> None:
         """Stop counting a storage that a GPU run keeps on the host."""
         handle = self._handles.pop(tensor.untyped_storage(), None)

@@ -70,6 +70,9 @@ class Workload:
     block_class: Callable[[], type[nn.Module]]
     # False: FSDP shards the model as one unit, as BigBird "after" (FSDPStrategy without a policy).
     fsdp_auto_wrap: bool = True
+    # Parameters the loss never reaches (BigBird's pooler: its classification head reads the [CLS] state),
+    # which DDP refuses at the second step unless told to look for them (DDPStrategy(find_unused_parameters=True)).
+    unused_parameters: bool = False
     # Which size knob the model takes: "image" (--image-size) or "seq" (--seq-len); None: neither.
     size_knob: str | None = None
     # Raises UsageError for a size the model cannot take (image not a multiple of the patch, a

@@ -139,6 +139,17 @@ def test_phase_peaks_use_the_phases_tolerance_then_the_peak_tolerance() -> None:
     assert c.MetricResult("peak_allocated_bytes", 1, 1, 0.0, 0.0, c.OK).phase is None
 
 
+def test_offloaded_host_state_is_compared_per_category_like_device_memory() -> None:
+    base = fake_record(host_state_bytes={"parameters": 1000, "optimizer_state": 2000})
+    grown = fake_record(host_state_bytes={"parameters": 1000, "optimizer_state": 2100})
+    comparison = c.compare(grown, base)
+    assert _result(comparison, "host_state.parameters_bytes").verdict == c.OK
+    state = _result(comparison, "host_state.optimizer_state_bytes")
+    assert state.verdict == c.REGRESSION and state.tolerance == TOL, state
+    # Offload that stopped moving the state leaves the metric missing: it fails too.
+    assert _result(c.compare(fake_record(), base), "host_state.parameters_bytes").verdict == c.MISSING
+
+
 def test_tier_defaults() -> None:
     assert c.default_tolerances("cpu")["peak_allocated_bytes"] == 0.005
     assert c.default_tolerances("sim")["load_peak_bytes"] == 0.005

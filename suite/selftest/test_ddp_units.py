@@ -8,7 +8,7 @@ import dataclasses
 import torch
 
 from memclaims.core.record import Record
-from memclaims.measure import active
+from memclaims.measure import active, lightning_fsdp
 from memclaims.recipes import requirements
 from memclaims.recipes.recipe import resolve
 from memclaims.report import series
@@ -69,11 +69,22 @@ def test_deepspeed_needs_its_extra_and_cannot_run_on_cpu_ranks() -> None:
 
 def test_before_bars_run_ddp_on_cpu_ranks_and_say_why_deepspeed_does_not() -> None:
     bars = {b.named.name: b for b in series.plan("cpu", "smoke")}
-    assert bars["bigbird-before"].techniques == ("fabric",)  # DDP refuses smoke BigBird's unused parameters
-    assert any("without DDP" in s for s in bars["bigbird-before"].substitutions)
+    # BigBird's pooler gets no gradient: DDP runs it told to look for unused parameters, said so.
+    assert bars["bigbird-before"].techniques == ("ddp",)
+    assert any("find_unused_parameters=True" in s for s in bars["bigbird-before"].substitutions)
     assert {"ddp", "fsdp"} & set(series.plan("cuda", "article")[-2].techniques or ()) == {"ddp"}
     assert bars["distilbert-before"].techniques == ("16-mixed",)
     assert any(requirements.DEEPSPEED_ON_CPU in s for s in bars["distilbert-before"].substitutions)
     gpu = {b.named.name: b for b in series.plan("cuda", "article")}
     assert gpu["distilbert-before"].techniques == ("16-mixed", "deepspeed-zero2")
     assert not any("without" in s for s in gpu["distilbert-before"].substitutions)
+
+
+def test_ddp_looks_for_unused_parameters_only_where_the_workload_has_them() -> None:
+    """BigBird's pooler gets no gradient: plain "ddp" fails at its second step, so its DDP is told to
+    look for unused parameters; every other workload keeps the scripts' plain "ddp"."""
+    from lightning.fabric.strategies import DDPStrategy
+
+    bigbird = lightning_fsdp.strategy(resolve("bigbird", "smoke", ["ddp"]))
+    assert isinstance(bigbird, DDPStrategy) and bigbird._ddp_kwargs == {"find_unused_parameters": True}
+    assert lightning_fsdp.strategy(resolve("vit", "smoke", ["ddp"])) == "ddp"

@@ -11,7 +11,16 @@ import pytest
 
 from memclaims.core.record import Record
 from memclaims.measure import host_steady
-from memclaims.measure.host import GAINED, LEVEL, PYTHON_BLOCKS, RSS, HostSteps, read_counters
+from memclaims.measure.host import (
+    GAINED,
+    LEVEL,
+    MALLOC,
+    NO_MALLOC_COUNTER,
+    PYTHON_BLOCKS,
+    RSS,
+    HostSteps,
+    read_counters,
+)
 
 MIB = 2**20
 
@@ -81,6 +90,19 @@ def test_the_counters_read_this_process() -> None:
     kept = [(i, -i) for i in range(5000)]
     assert read_counters()[PYTHON_BLOCKS] - counters[PYTHON_BLOCKS] >= 5000
     del kept
+
+
+@pytest.mark.requires(unsupported=NO_MALLOC_COUNTER)
+def test_malloc_bytes_move_by_a_kept_buffer_and_back_when_it_is_freed() -> None:
+    # 64 MiB against the process's own churn between two reads (an xdist worker's threads moved it
+    # by 0.9 MiB once).
+    before = read_counters()[MALLOC]
+    buffer = bytes(64 * MIB)
+    held = read_counters()[MALLOC]
+    del buffer
+    after = read_counters()[MALLOC]
+    assert 64 * MIB <= held - before < 68 * MIB
+    assert abs(after - before) < 4 * MIB
 
 
 def test_a_clean_run_is_steady_however_much_a_phase_gains_and_frees() -> None:

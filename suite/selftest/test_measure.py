@@ -99,3 +99,26 @@ def test_measure_many_starts_the_ranks_once_for_every_sharded_recipe(engines, mo
     assert measure_many([fsdp, fabric, fsdp_ac], RunOptions()) == [
         [f"{fsdp.id}@0", f"{fsdp.id}@1"], ["record"], [f"{fsdp_ac.id}@0", f"{fsdp_ac.id}@1"]]
     assert groups == [[fsdp.id, fsdp_ac.id]] and engines == [("one", fabric.id)]
+
+
+def test_host_state_counts_what_a_device_run_keeps_on_the_host_by_category() -> None:
+    """CPU offload on a GPU run, faked: the parameters, their gradients and Adam's state are CPU
+    tensors while the run's device is cuda; on the meta device (standing in for the GPU) nothing
+    counts, and on the cpu device the host is the device."""
+    import torch
+
+    from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS
+    from memclaims.measure.pipeline import host_state_bytes
+
+    model = torch.nn.Linear(8, 4)  # 32 + 4 fp32 parameters: 144 bytes
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    offloaded = SimpleNamespace(options=SimpleNamespace(device="cuda"), local=lambda t: t)
+    state = host_state_bytes(offloaded, model, optimizer)  # type: ignore[arg-type]
+    assert state[PARAMETERS] == state[GRADIENTS] == 144
+    assert state[OPTIMIZER_STATE] == 2 * 144 + 2 * 4  # exp_avg, exp_avg_sq, and a step counter per tensor
+    on_cpu = SimpleNamespace(options=SimpleNamespace(device="cpu"), local=lambda t: t)
+    assert host_state_bytes(on_cpu, model, optimizer) == {}  # type: ignore[arg-type]
+    on_device = torch.nn.Linear(8, 4, device="meta")
+    assert host_state_bytes(offloaded, on_device, torch.optim.Adam(on_device.parameters())) == {}  # type: ignore[arg-type]

@@ -27,3 +27,19 @@ def test_a_terminal_gets_a_bar(monkeypatch: pytest.MonkeyPatch) -> None:
     assert list(progress.steps(["a", "b"], "reproduce on cpu")) == ["a", "b"]
     assert "reproduce on cpu:   0%" in terminal.getvalue() and "0/2" in terminal.getvalue()  # drawn, then cleared
     assert progress.shown()
+
+
+def test_the_upgrade_candidate_draws_a_bar_over_its_cases_and_says_each_above_it(monkeypatch, tmp_path) -> None:
+    """``memclaims upgrade``'s worker: a bar over the cases on a terminal, each case's line above it
+    (and the line alone in a log)."""
+    from memclaims.report import candidate
+
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    monkeypatch.setattr(candidate, "measure_case",
+                        lambda tier, recipe, options: [{"tier": tier, "recipe": recipe.id, "skipped": "scripted"}])
+    only = ["vit-smoke/fabric", "vit-smoke/bf16-true"]
+    assert candidate.run(["cpu"], tmp_path / "records.jsonl", only=only) == 0
+    drawn = terminal.getvalue()
+    assert "memclaims candidate:   0%" in drawn and "0/2" in drawn
+    assert "[1/2] cpu:vit-smoke/fabric skipped" in drawn and "[2/2] cpu:vit-smoke/bf16-true skipped" in drawn
