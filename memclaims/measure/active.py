@@ -76,7 +76,29 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
                        f"model's {full:,} B: DDP replicates the model on every rank")
         if record.grad_digest is None:
             say("ddp", f"rank {record.rank} recorded no gradient digest: nothing shows an all-reduce")
+    if "deepspeed-zero2" in names and record.devices > 1:
+        _zero2_partitioned(record, say)
     return found
+
+
+# ZeRO stage 2 per rank: the fp32 master copy and Adam's two fp32 states (12 B per parameter) and the
+# fp32 gradient partition (4 B) are each 1/N of the model's; flat-buffer padding adds at most a few
+# elements per rank, so 1 % above 1/N is already more than a partition holds.
+ZERO2_STATE_BYTES_PER_PARAMETER = 12
+ZERO2_GRAD_BYTES_PER_PARAMETER = 4
+ZERO2_SLACK = 1.01
+
+
+def _zero2_partitioned(record: Record, say: Callable[[str, str], None]) -> None:
+    world = record.devices
+    for field_name, per_parameter, what in (
+            ("optimizer_state_bytes", ZERO2_STATE_BYTES_PER_PARAMETER, "fp32 master weights and Adam state"),
+            ("grad_bytes", ZERO2_GRAD_BYTES_PER_PARAMETER, "fp32 gradient partition")):
+        held = getattr(record, field_name)
+        share = per_parameter * record.param_count / world
+        if held > share * ZERO2_SLACK:
+            say("deepspeed-zero2", f"rank {record.rank} holds {field_name} {held:,} B, above 1/{world} of the "
+                                   f"model's {what} ({share:,.0f} B): ZeRO-2 partitions them over the ranks")
 
 
 def rank_problems(records: Sequence[Record]) -> list[str]:

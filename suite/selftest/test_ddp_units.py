@@ -88,3 +88,21 @@ def test_ddp_looks_for_unused_parameters_only_where_the_workload_has_them() -> N
     bigbird = lightning_fsdp.strategy(resolve("bigbird", "smoke", ["ddp"]))
     assert isinstance(bigbird, DDPStrategy) and bigbird._ddp_kwargs == {"find_unused_parameters": True}
     assert lightning_fsdp.strategy(resolve("vit", "smoke", ["ddp"])) == "ddp"
+
+
+def test_zero2_partitions_master_state_and_gradients_over_the_ranks() -> None:
+    """The sim's stored rank of bonus_distilbert-before (ZeRO-2, 4 ranks) holds 1/4 of the fp32 master,
+    Adam state and gradients; a rank holding the whole of either is named as not partitioned."""
+    from pathlib import Path
+
+    from memclaims.baselines.store import BaselineStore
+
+    recipe = resolve("distilbert", "article", ["16-mixed", "deepspeed-zero2"])
+    stored = BaselineStore(Path(__file__).parents[2] / "baselines").get("sim-article", f"{recipe.id}@4/rank0")
+    assert stored is not None, "the sim baseline of the ZeRO-2 rank is missing"
+    rank = stored.record
+    assert rank.devices == 4 and active.problems(recipe, rank) == []
+    whole_state = dataclasses.replace(rank, optimizer_state_bytes=12 * rank.param_count)
+    assert any("optimizer_state_bytes" in p and "above 1/4" in p for p in active.problems(recipe, whole_state))
+    whole_grads = dataclasses.replace(rank, grad_bytes=4 * rank.param_count)
+    assert any("grad_bytes" in p and "partitions" in p for p in active.problems(recipe, whole_grads))
