@@ -21,9 +21,7 @@ from memclaims.sim import check as sim_check
 from memclaims.sim.profiles import GPU_TIER_PROFILES
 from memclaims.workloads.registry import gpu_tier_scale
 
-# One xdist worker runs this module, so its module-scoped fixtures (the measured runs) are made once
-# per test run, not once per worker (pytest.ini: --dist loadgroup).
-pytestmark = [pytest.mark.sim, pytest.mark.xdist_group("gpu-preflight")]
+pytestmark = pytest.mark.sim
 
 
 def _not_simulated(claim: Claim, requested: str) -> str | None:

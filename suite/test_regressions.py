@@ -39,9 +39,7 @@ from memclaims.recipes import requirements
 from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Recipe, resolve
 
-# One xdist worker runs this module, so its module-scoped fixtures (the measured runs) are made once
-# per test run, not once per worker (pytest.ini: --dist loadgroup).
-pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("regressions")]
+pytestmark = pytest.mark.cpu
 
 # One clean run per recipe; the converged reference measures accuracy (for the numerics injection:
 # accuracy is compared only where training reaches its plateau).

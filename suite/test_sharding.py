@@ -46,10 +46,6 @@ FSDP_AC = ("fsdp", "activation-checkpointing")
 cpu_dist = [pytest.mark.dist, pytest.mark.cpu]
 
 
-# One xdist worker runs this module, so its module-scoped fixtures (the measured runs) are made once
-# per test run, not once per worker (pytest.ini: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("sharding")
-
 @pytest.fixture(scope="module")
 def single() -> Record:
     """The single-process reference: the fp32 Fabric loop (01-2) the article's FSDP runs start from."""

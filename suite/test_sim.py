@@ -22,9 +22,7 @@ from memclaims.recipes.recipe import Recipe, resolve
 from memclaims.report.published_table import A10G_TOTAL_MEMORY_BYTES
 from memclaims.sim import PROFILES, LoadResult, simulate, simulate_load
 
-# One xdist worker runs this module, so its module-scoped fixtures (the measured runs) are made once
-# per test run, not once per worker (pytest.ini: --dist loadgroup).
-pytestmark = [pytest.mark.sim, pytest.mark.xdist_group("sim-module")]
+pytestmark = pytest.mark.sim
 
 GB = 1e9  # the article prints max_memory_reserved() / 1e9
 MIB = 2**20

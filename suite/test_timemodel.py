@@ -17,9 +17,7 @@ import pytest
 from memclaims.core import published
 from memclaims.sim.timemodel import A100_40GB, chain_table
 
-# One xdist worker runs this module, so its module-scoped fixtures (the measured runs) are made once
-# per test run, not once per worker (pytest.ini: --dist loadgroup).
-pytestmark = [pytest.mark.sim, pytest.mark.xdist_group("timemodel")]
+pytestmark = pytest.mark.sim
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ def in_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # nightly only (pytest -n 2): keeps CI under 15 minutes on 2 cores
 def test_spawned_ranks_under_slurm_are_distinct_lightning_ranks(in_slurm_job) -> None:
     reports = launcher.launch(lightning_fsdp.environment_report, 2, timeout_s=300)  # a loaded 2-core CI box
     for rank, report in enumerate(reports):

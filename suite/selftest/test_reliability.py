@@ -36,6 +36,7 @@ def _exact(record: Any) -> dict[str, Any]:
 
 
 @pytest.mark.cpu
+@pytest.mark.slow  # nightly only (pytest -n 2): keeps CI under 15 minutes on 2 cores
 def test_same_recipe_five_times_gives_identical_bytes() -> None:
     recipe = resolve("vit", "smoke", ["bf16-true", "grad-accum"])
     records = [_exact(run(recipe, QUICK)) for _ in range(5)]

@@ -64,6 +64,7 @@ def test_registered_workload_runs_the_matrix_with_baselines(project: pytest.Pyte
     assert second.parseoutcomes().get("passed") == 3 and "failed" not in second.parseoutcomes()
 
 
+@pytest.mark.slow  # nightly only (pytest -n 2): keeps CI under 15 minutes on 2 cores
 def test_an_unknown_selected_workload_stops_the_run(project: pytest.Pytester) -> None:
     result = project.runpytest_subprocess("--memclaims-workload", "nope", "--collect-only", "-p", "no:cacheprovider")
     result.stderr.fnmatch_lines(["*unknown workload 'nope'; valid workloads: vit*clusters-mlp*"])
