@@ -59,10 +59,9 @@ _IN_BACKWARD_CONFLICTS: tuple[tuple[str, str], ...] = (
                    "gradients of all micro-batches summed before one step"),
     ("16-mixed", "GradScaler unscales the gradients and skips a step on inf/NaN after backward (scaler.step); "
                  "a step inside backward would apply the scaled gradients unchecked"),
-    ("adam8bit", "memclaims builds one optimizer per parameter from the recipe's param groups, and "
-                 "bitsandbytes keeps its 8-bit settings (min_8bit_size, optim_bits) outside them"),
-    ("adamw8bit", "memclaims builds one optimizer per parameter from the recipe's param groups, and "
-                  "bitsandbytes keeps its 8-bit settings (min_8bit_size, optim_bits) outside them"),
+    *((eight_bit, "memclaims builds one optimizer per parameter from the recipe's param groups, and "
+                  "bitsandbytes keeps its 8-bit settings (min_8bit_size, optim_bits) outside them")
+      for eight_bit in ("adam8bit", "adamw8bit")),
     ("fsdp", "FSDP flattens the parameters into shards: hooks on the original parameters never fire, and a "
              "shard's gradient exists only after the reduce-scatter"),
     ("ddp", "DDP all-reduces gradients in buckets from its own hooks; a step in the post-accumulate hook "

@@ -136,12 +136,10 @@ def host_state_bytes(engine: Engine, model: nn.Module, optimizer: Any) -> dict[s
         return {}
     local = engine.local
     params = [local(p) for p in model.parameters()]
-    on_host = {
-        PARAMETERS: tensors.bytes_by(iter(params), tensors.device_type).get("cpu", 0),
-        GRADIENTS: tensors.bytes_by((p.grad for p in params if p.grad is not None), tensors.device_type).get("cpu", 0),
-        OPTIMIZER_STATE: tensors.bytes_by((local(t) for t in tensors.optimizer_state_tensors(optimizer)),
-                                          tensors.device_type).get("cpu", 0),
-    }
+    by_category = {PARAMETERS: params, GRADIENTS: [p.grad for p in params if p.grad is not None],
+                   OPTIMIZER_STATE: [local(t) for t in tensors.optimizer_state_tensors(optimizer)]}
+    on_host = {category: tensors.bytes_by(iter(held), tensors.device_type).get("cpu", 0)
+               for category, held in by_category.items()}
     return {category: size for category, size in on_host.items() if size}
 
 

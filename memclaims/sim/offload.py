@@ -44,5 +44,4 @@ class SimulatedOffload(ActivationOffload):
 
     def held_on_host(self, packed: Any) -> int:
         # Every fake tensor is a "cpu" tensor: the host's are those the device's accounting does not hold.
-        return sum(leaf.nbytes for leaf in tree_leaves(packed)
-                   if isinstance(leaf, torch.Tensor) and not self.memory.device_bytes([leaf]))
+        return self.memory.host_bytes(leaf for leaf in tree_leaves(packed) if isinstance(leaf, torch.Tensor))
