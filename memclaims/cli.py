@@ -315,6 +315,12 @@ def cmd_claims(args: Settings) -> int:
     if path.suffix != ".json":
         path = path / claim_runs.LAST_RUN_NAME
     rows = claim_runs.table(claim_runs.read(path))
+    if args.source:
+        from memclaims.core import published
+
+        if args.source not in published.documents():
+            raise UsageError(f"--source {args.source}: no such source; valid: {', '.join(published.documents())}")
+        rows = [row for row in rows if row["document"] == args.source]
     if args.json:
         print(json.dumps({"claims": rows, "coverage": claim_runs.coverage(rows), "last_run_file": str(path)},
                          indent=2, sort_keys=True))

@@ -1,4 +1,4 @@
-"""The claims of both documents (memclaims/resources/published.json) on each tier that can hold them.
+"""The claims of every source (memclaims/resources/sources/) on each tier that can hold them.
 
 One case per (tier, claim) that memclaims/claims/catalogue.py checks; a tier that does not check a claim
 skips it at collection with the catalogue's reason, or names the test that checks it instead. A

@@ -1,7 +1,7 @@
 """The claims of both documents, checked as relations over Records of the same session.
 
 The catalogue (every claim, its source phrase, kind, published numbers, the tiers that check it and
-why the others do not) is ``memclaims/resources/published.json``; this module adds the checks. A check takes
+why the others do not) is ``memclaims/resources/sources/``, one file per source; this module adds the checks. A check takes
 the tier and a lookup (``memclaims.claims.lookup``: techniques, or a variant of a recipe -> Record of this
 session on that tier; the facts beside) and returns a Verdict whose detail always carries the numbers:
 "published X, this run Y", and where the article's text and its logs disagree, "text X, logs Y, this run Z".
@@ -85,7 +85,7 @@ class Check:
 
 @dataclass(frozen=True)
 class Claim:
-    """One catalogued claim: its entry in published.json, and its check where memclaims has one."""
+    """One catalogued claim: its entry in its source's file (resources/sources/), and its check where memclaims has one."""
 
     name: str
     statement: str
@@ -827,5 +827,5 @@ def coverage_problems() -> list[str]:
                 problems.append(f"{claim.name}: empty reason for tier {tier}")
     for name in CHECKS:
         if name not in CLAIMS_BY_NAME:
-            problems.append(f"check {name!r} has no catalogue entry in published.json")
+            problems.append(f"check {name!r} has no catalogue entry in memclaims/resources/sources/")
     return problems

@@ -3,7 +3,7 @@
 pytest writes ``memclaims-results/claims-last-run.json`` (memclaims.pytest.claims): for every
 (claim, tier) whose check ran, its verdict, detail and test node. Runs add to the file (a cpu run
 and a later sim run both show), each entry stamped with its time. ``memclaims claims`` reads it
-beside the catalogue (memclaims/resources/published.json).
+beside the catalogue (memclaims/resources/sources/).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from memclaims.core import published
 LAST_RUN_NAME = "claims-last-run.json"
 # A (claim, tier)'s verdict, as the last-run file stores it and ``memclaims claims`` shows it.
 Verdict = Literal["holds", "does not hold", "does not hold (expected)", "skipped", "error", "not run",
-                  "holds, but the catalogue says it does not: correct published.json"]
+                  "holds, but the catalogue says it does not: correct its source's file (memclaims/resources/sources/)"]
 VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 NOT_RUN: Verdict = "not run"
 _CLAIM_NODE = re.compile(r"suite/test_claims\.py::test_claim\[(?P<tier>\w+):(?P<claim>[^\]]+)\]$")
@@ -48,7 +48,7 @@ def claims_of(nodeid: str) -> list[tuple[str, str]]:
     return [pair for pair in pairs if pair[1] == tier] if tier in published.TIERS else pairs
 
 
-UNEXPECTED_HOLD: Verdict = "holds, but the catalogue says it does not: correct published.json"
+UNEXPECTED_HOLD: Verdict = "holds, but the catalogue says it does not: correct its source's file (memclaims/resources/sources/)"
 _RANK: dict[Verdict, int] = {"does not hold": 3, "error": 3, UNEXPECTED_HOLD: 3, "holds": 2, "does not hold (expected)": 1, "skipped": 0}
 
 
@@ -140,7 +140,12 @@ def render(rows: list[dict[str, Any]]) -> list[str]:
              f"{'':<32} {'':<9} {'':<12} " + " ".join(f"{'':<6}" for _ in published.TIERS) +
              "  (printed: in the seed's text, the article's logs.md, a figure, or derived; ok/FAIL/xfail/skip: last run; "
              "-: checked there, not run yet; .: not checked, see reasons)"]
+    sources = published.documents()
+    document = None
     for row in rows:
+        if row["document"] != document:
+            document = row["document"]
+            lines.append(f"-- {document}: {sources[document]['title']} ({sources[document]['where']})")
         cells = []
         for tier in published.TIERS:
             cell = row["tiers"][tier]

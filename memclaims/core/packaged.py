@@ -4,7 +4,8 @@ Read through ``importlib.resources``, so that they are found wherever memclaims 
 checkout, an editable install, a wheel. Each file has one reader, in the module that owns its
 meaning:
 
-- ``published.json``: the published numbers and the claim catalogue (``memclaims.core.published.data``);
+- ``published.json``: the two seed documents' logged tables (``memclaims.core.published.data``);
+- ``sources/<document>.json``: the claims, one file per quoted source (``memclaims.core.published.data``);
 - ``tolerances.json``: the measured noise of a numerics change and the "keeps accuracy" claims'
   tolerances, written by ``memclaims baselines spread`` (``memclaims.baselines.store.read_tolerances``);
 - ``tested_versions.json``: the range of the stack this memclaims was tested with
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 PUBLISHED = "published.json"
 TOLERANCES = "tolerances.json"
 TESTED_VERSIONS = "tested_versions.json"
-NAMES = (PUBLISHED, TOLERANCES, TESTED_VERSIONS)
+SOURCES = "sources"  # a folder: one file of claims per quoted source (memclaims.core.published.data)
+NAMES = (PUBLISHED, TOLERANCES, TESTED_VERSIONS, SOURCES)
 
 
 def resource(name: str) -> Traversable:

@@ -1,6 +1,8 @@
-"""The published numbers: ``published.json`` (packaged, ``memclaims/resources/``) is their one source.
+"""The published numbers and claims: ``published.json`` holds the two seed documents' logged tables,
+``sources/<document>.json`` one file per source with its claims (packaged, ``memclaims/resources/``).
 
-Everything that quotes the article or the course (claims, reproduce, named recipes) reads it here.
+Everything that quotes a source (claims, reproduce, named recipes) reads it here; ``data()`` is both
+in one object, each claim with the ``document`` its file names.
 A claim's numbers are written in the file either as literals (what only the text says: "20x",
 "1/4") or as references ``@section/row/field`` to the logged tables, so no number is stored twice.
 A row of a list is named by its ``script`` (``@vit_chain/02_mixed-precision/peak_reserved_gb``)
@@ -29,12 +31,39 @@ SOURCE_KINDS = ("text", "logs", "figure", "derived")
 
 
 @cache
-def data(source: Traversable | None = None) -> dict[str, Any]:
-    """The file's content (``source``: another copy of it, for tests); it checks the schema and names
-    the file when it cannot be read."""
+def data() -> dict[str, Any]:
+    """The tables of ``published.json`` with every source's claims (``claims``, in the files' name
+    order) and the sources themselves (``sources``: document -> title and where it is published);
+    schemas checked, a bad file named."""
     from memclaims.core import packaged
 
-    return load_published(source if source is not None else packaged.resource(packaged.PUBLISHED))
+    tables = load_published(packaged.resource(packaged.PUBLISHED))
+    files = sorted((f for f in packaged.resource(packaged.SOURCES).iterdir() if f.name.endswith(".json")),
+                   key=lambda f: f.name)
+    return {**tables, **merge_sources([load_source(f) for f in files])}
+
+
+def merge_sources(loaded: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """``claims`` (each with its ``document``) and ``sources`` from the loaded source files (``(file
+    name, content)``); a claim id in two files is a DataError naming both."""
+    claims: list[dict[str, Any]] = []
+    sources: dict[str, dict[str, str]] = {}
+    seen: dict[str, str] = {}
+    for name, source in loaded:
+        document = source["document"]
+        sources[document] = {"title": source["title"], "where": source["where"]}
+        for entry in source["claims"]:
+            if entry["id"] in seen:
+                raise DataError(f"claim {entry['id']!r} is in both {seen[entry['id']]} and {name}: "
+                                "keep it in the file of the source it quotes")
+            seen[entry["id"]] = name
+            claims.append({**entry, "document": document})
+    return {"claims": claims, "sources": sources}
+
+
+def documents() -> dict[str, dict[str, str]]:
+    """Every source memclaims quotes: document name -> ``title`` and ``where``."""
+    return dict(data()["sources"])
 
 
 def lookup(reference: str, source: dict[str, Any] | None = None) -> Any:
@@ -119,3 +148,20 @@ def load_published(path: Traversable) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("schema") != PUBLISHED_SCHEMA:
         raise DataError(f"published numbers {path}: expected an object with schema {PUBLISHED_SCHEMA}")
     return data
+
+
+def load_source(path: Traversable) -> tuple[str, dict[str, Any]]:
+    """One source's file (``sources/<document>.json``): its name and content, schema checked."""
+    try:
+        source = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise DataError(f"claims source {path}: cannot be read ({error})") from None
+    required = ("document", "title", "where", "claims")
+    if not isinstance(source, dict) or source.get("schema") != PUBLISHED_SCHEMA or \
+            any(key not in source for key in required):
+        raise DataError(f"claims source {path}: expected an object with schema {PUBLISHED_SCHEMA} and "
+                        f"{', '.join(required)}")
+    if f"{source['document']}.json" != path.name:
+        raise DataError(f"claims source {path}: its document is {source['document']!r}; "
+                        f"name the file {source['document']}.json")
+    return path.name, source

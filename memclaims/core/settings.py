@@ -190,6 +190,8 @@ OPTIONS: tuple[Option, ...] = (
     # --- the command line only -------------------------------------------------------------------
     Option("recipe", "text", "recipe id, e.g. vit-smoke/bf16-true", default="",
            cli={"baselines calibrate": Use(positional=True)}),
+    Option("source", "text", "only the claims of this source (a document name of memclaims claims: "
+           "article, course, pytorch-docs...)", default="", metavar="NAME", cli=_flags("claims")),
     Option("environment", "text", "the environment id the failing cases printed, e.g. cpu-x86_64-avx2-cu130",
            default="", cli={"baselines accept": Use(positional=True)}),
     Option("spec", "list", "requirements of the candidate, e.g. torch==2.15.0 lightning==2.6.6", default=(),
@@ -416,6 +418,7 @@ class Settings:
     memory_history: int = 100_000
     snapshot_max_mb: float = 50.0
     recipe: str = ""
+    source: str = ""
     environment: str = ""
     spec: tuple[str, ...] = ()
     technique: tuple[str, ...] = ()

@@ -192,6 +192,34 @@ def test_published_numbers_file(tmp_path: Path) -> None:
     assert load_published(path) == {"schema": 1, "rows": [1]}
 
 
+def test_claims_source_files(tmp_path: Path) -> None:
+    """One file per quoted source: schema, required keys and file name checked, a claim id in two
+    files named with both, every packaged claim tagged with its file's document."""
+    from memclaims.core import published
+    from memclaims.core.errors import DataError
+
+    path = tmp_path / "lora-paper.json"
+    with pytest.raises(DataError, match="cannot be read"):
+        published.load_source(path)
+    for text in ("{", json.dumps({"schema": 1, "document": "lora-paper"}), json.dumps([1])):
+        path.write_text(text)
+        with pytest.raises(DataError, match=f"claims source {path}: "):
+            published.load_source(path)
+    source = {"schema": 1, "document": "lora-paper", "title": "LoRA", "where": "arXiv:2106.09685",
+              "claims": [{"id": "lora-x"}]}
+    path.write_text(json.dumps({**source, "document": "peft-docs"}))
+    with pytest.raises(DataError, match="name the file peft-docs.json"):
+        published.load_source(path)
+    path.write_text(json.dumps(source))
+    loaded = published.load_source(path)
+    assert published.merge_sources([loaded])["claims"] == [{"id": "lora-x", "document": "lora-paper"}]
+    with pytest.raises(DataError, match="'lora-x' is in both lora-paper.json and peft-docs.json"):
+        published.merge_sources([loaded, ("peft-docs.json", {**source, "document": "peft-docs"})])
+    packaged = published.data()
+    assert {c["document"] for c in packaged["claims"]} == set(published.documents())
+    assert {"article", "course", "pytorch-docs", "pytorch-tutorial"} <= set(published.documents())
+
+
 def test_non_finite_numbers_are_stored_as_null() -> None:
     raw = Baseline(fake_record(final_loss=math.nan, accuracy=math.inf, memory_losses=[1.0, -math.inf],
                                phases={"load": {"allocated_bytes": 1, "x": math.nan}})).to_json()

@@ -212,7 +212,7 @@ def test_the_catalogue_is_covered_and_each_gap_is_named(monkeypatch: pytest.Monk
     assert "adam-two-states: the catalogue says memclaims/claims/catalogue.py checks it, but it has no check" in problems
     assert "fp16-range: catalogue tiers ['cpu', 'sim'] != check tiers ['cpu']" in problems
     assert "sgd-two-thirds: empty reason for tier dist" in problems
-    assert "check 'init-module-load' has no catalogue entry in published.json" in problems
+    assert "check 'init-module-load' has no catalogue entry in memclaims/resources/sources/" in problems
 
 
 def _load_world(tier: str, ratio: float) -> dict:

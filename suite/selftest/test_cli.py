@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,18 @@ def test_list_json_names_techniques_workloads_claims_and_counts(capsys: pytest.C
     assert named["distilbert-after"]["published_peak_gb"] == 1.15
     assert named["distilbert-cased-adam8bit"]["needs"] == []
     assert "article" in data["sim_profiles"]
+
+
+def test_claims_filtered_by_source(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["claims", "--json", "--source", "pytorch-docs", "--artifacts", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)["claims"]
+    assert rows and {r["document"] for r in rows} == {"pytorch-docs"}
+    assert "activation-offload-saved-on-host" in {r["claim"] for r in rows}
+    assert main(["claims", "--source", "course", "--artifacts", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "-- course: Course 'Efficient AI Model Training" in out and "fabric-memory" not in out
+    assert main(["claims", "--source", "nope"]) == 2
+    assert "--source nope: no such source; valid: article, course, pytorch-docs" in capsys.readouterr().err
 
 
 def test_list_text_shows_the_same(capsys: pytest.CaptureFixture[str]) -> None:

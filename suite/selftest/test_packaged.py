@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("name", packaged.NAMES)
 def test_every_packaged_file_is_in_the_package_and_is_json(name: str) -> None:
     found = packaged.resource(name)
-    assert found.is_file() and isinstance(json.loads(found.read_text(encoding="utf-8")), dict)
+    files = list(found.iterdir()) if name == packaged.SOURCES else [found]
+    assert files and all(f.is_file() and isinstance(json.loads(f.read_text(encoding="utf-8")), dict) for f in files)
     assert Path(str(found)).is_relative_to(ROOT / "memclaims" / "resources")
 
 
