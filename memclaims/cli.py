@@ -387,7 +387,7 @@ def cmd_fit(args: Settings) -> int:
 
     budget = fit.parse_size(args.memory)
     result = fit.fit(workload_from(args), budget, profile=args.sim_profile, scale=args.scale, sizes=sizes_from(args),
-                     exact=not args.extrapolate, only=tuple(args.technique or ()),
+                     exact=not args.extrapolate, only=tuple(args.technique or ()), devices=args.devices,
                      progress=None if args.json or progress_bar.shown() else  # a terminal shows the bar
                      (lambda recipe_id: print(f"memclaims: predicting {recipe_id}", file=sys.stderr, flush=True)))
     if args.plot:

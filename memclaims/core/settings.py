@@ -215,7 +215,9 @@ OPTIONS: tuple[Option, ...] = (
            metavar="SECONDS", cli=_flags("run", "baselines calibrate")),
     Option("no-eval", "flag", "skip the accuracy phase", default=False, cli=_flags("run", "benchmark")),
     Option("devices", "count", "processes of a sharded recipe (default: 2 on the CPU, every GPU on CUDA, 4 on the sim)",
-           metavar="N", cli=_flags("run", "baselines calibrate")),
+           metavar="N", cli={**_flags("run", "baselines calibrate"),
+                             "fit": Use(help="GPUs of the budget: also consider the strategies (FSDP, DDP, ZeRO) "
+                                             "over N GPUs, each GPU within --memory (default: one GPU)")}),
     Option("batch-size", "count", "examples per optimizer step (before small-batch divides it)", metavar="N",
            cli=_SIZE_COMMANDS),
     Option("seq-len", "count", "tokens per sequence (text workloads)", metavar="N", cli=_SIZE_COMMANDS,

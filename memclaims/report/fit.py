@@ -1,7 +1,8 @@
 """``memclaims fit``: which technique combinations fit a workload into N bytes of GPU memory.
 
 Every valid single-process combination of the technique registry is predicted on the sim (the
-full matrix), except those pruned because a subset of their techniques already fits: adding a
+full matrix; with ``devices`` N > 1 also the strategies' combinations, FSDP, DDP, ZeRO, each
+replayed per rank on N simulated GPUs, the largest rank's peak compared), except those pruned because a subset of their techniques already fits: adding a
 technique costs time or accuracy, so the cheaper combination is the answer. The figure compared
 with the budget is the article's: reserved memory, never reset, loading included.
 
@@ -159,7 +160,8 @@ class FitResult:
     workload: str
     scale: str
     profile: str
-    memory_bytes: int
+    memory_bytes: int  # per GPU
+    devices: int  # the GPUs a strategy's combination spreads over (1: single-process combinations only)
     method: str
     rows: list[FitRow] = field(default_factory=list)
 
@@ -177,7 +179,7 @@ class FitResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"workload": self.workload, "scale": self.scale, "profile": self.profile,
-                "memory_bytes": self.memory_bytes, "method": self.method,
+                "memory_bytes": self.memory_bytes, "devices": self.devices, "method": self.method,
                 "rows": [r.as_dict() for r in self.ranked()]}
 
 
@@ -199,20 +201,22 @@ def _at_depth(recipe: Recipe, layers: int) -> Recipe:
     return resolve(name, recipe.scale.name, recipe.techniques, recipe.sizes)
 
 
-def _predicted(recipe: Recipe, profile: str, limit_bytes: int | None = None) -> Record:
-    """The recipe's sim Record on ``profile`` (through the one door, memclaims.run.measure)."""
-    return measure(recipe, RunOptions(device="sim", profile=profile, limit_bytes=limit_bytes))[0]
+def _predicted(recipe: Recipe, profile: str, limit_bytes: int | None = None, devices: int | None = None) -> Record:
+    """The recipe's sim Record on ``profile`` (through the one door, memclaims.run.measure); a
+    strategy's on ``devices`` simulated GPUs (its largest rank)."""
+    return measure(recipe, RunOptions(device="sim", profile=profile, limit_bytes=limit_bytes,
+                                      devices=devices if recipe.strategy else None))[0]
 
 
-def predict(recipe: Recipe, profile: str, exact: bool) -> tuple[int, int, str]:
+def predict(recipe: Recipe, profile: str, exact: bool, devices: int | None = None) -> tuple[int, int, str]:
     """(peak reserved, peak allocated, how) for one recipe on the sim."""
     depth = _layers(recipe)
     low, high = EXTRAPOLATION_LAYERS
     if exact or depth is None or depth <= high:
-        record = _predicted(recipe, profile)
+        record = _predicted(recipe, profile, devices=devices)
         return int(record.peak_reserved_total_bytes or 0), record.peak_allocated_bytes, "replayed"
-    a = _predicted(_at_depth(recipe, low), profile)
-    b = _predicted(_at_depth(recipe, high), profile)
+    a = _predicted(_at_depth(recipe, low), profile, devices=devices)
+    b = _predicted(_at_depth(recipe, high), profile, devices=devices)
 
     def line(x: int, y: int) -> int:
         return int(round(x + (depth - low) * (y - x) / (high - low)))
@@ -223,13 +227,19 @@ def predict(recipe: Recipe, profile: str, exact: bool) -> tuple[int, int, str]:
 
 def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scale: str = "article",
         sizes: Sizes | None = None, exact: bool = True, only: tuple[str, ...] = (),
-        progress: Callable[[str], None] | None = None) -> FitResult:
-    """``only``: consider combinations of these techniques only (default: every single-process one)."""
+        progress: Callable[[str], None] | None = None, devices: int | None = None) -> FitResult:
+    """``only``: consider combinations of these techniques only (default: every single-process one,
+    and with ``devices`` N > 1 every technique); ``devices``: the GPUs a strategy spreads the run over."""
     sizes = Sizes() if sizes is None else sizes
     from memclaims import sim
 
     sim.profile(profile)  # a bad profile name fails before any replay
-    pool = tuple(registry.technique(name) for name in only) or None
+    strategies = [name for name in only if registry.technique(name).strategy]
+    if devices is not None and devices < 2 and strategies:
+        raise UsageError(f"--devices {devices}: a strategy ({', '.join(strategies)}) spreads a run over at least "
+                         "2 GPUs; give --devices 2 or more")
+    pool = tuple(registry.technique(name) for name in only) or \
+        (registry.TECHNIQUES if devices is not None and devices > 1 else None)
     candidates = registry.full_matrix(pool)
     if (registry.REFERENCE,) not in candidates:  # "do I need any technique at all?" is always asked
         candidates.insert(0, (registry.REFERENCE,))
@@ -237,7 +247,7 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
     combos = sorted(candidates, key=lambda c: (c != (registry.REFERENCE,), len(c), cost(c)[0] or float("inf")))
     reference = resolve(workload_name, scale, [], sizes)
     _check_floor(reference, candidates, memory_bytes)
-    result = FitResult(reference.workload.name, scale, profile, memory_bytes,
+    result = FitResult(reference.workload.name, scale, profile, memory_bytes, devices or 1,
                        "replayed" if exact or not (_layers(reference) or 0) > EXTRAPOLATION_LAYERS[1]
                        else f"extrapolated from {EXTRAPOLATION_LAYERS[0]} and {EXTRAPOLATION_LAYERS[1]} layers")
     fitting: list[set[str]] = []
@@ -257,9 +267,9 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
             continue
         if progress:
             progress(recipe.id)
-        reserved, allocated, how = predict(recipe, profile, exact)
+        reserved, allocated, how = predict(recipe, profile, exact, devices)
         frees_cache, note = False, how
-        if reserved > memory_bytes and how == "replayed":
+        if reserved > memory_bytes and how == "replayed" and not recipe.strategy:
             try:
                 capped = _predicted(recipe, profile, limit_bytes=memory_bytes)
             except OutOfMemory as error:
@@ -316,7 +326,8 @@ def _gb(value: int | None) -> str:
 
 def table(result: FitResult, limit: int | None = None) -> list[str]:
     lines = [f"memclaims fit {result.workload} at {result.scale} scale on the sim ({result.profile} profile), "
-             f"budget {result.memory_bytes / 1e9:.2f} GB ({result.memory_bytes / 2**30:.2f} GiB); "
+             f"budget {result.memory_bytes / 1e9:.2f} GB ({result.memory_bytes / 2**30:.2f} GiB)"
+             f"{f' per GPU, strategies over {result.devices} GPUs (their largest rank)' if result.devices > 1 else ''}; "
              f"GB are decimal (1e9 B), peaks are reserved bytes, {result.method}",
              f"{'rank':>4}  {'status':<13} {'peak GB':>8} {'headroom GB':>11} {'time x':>7}  techniques  [accuracy risk]"]
     shown = [r for r in result.ranked() if r.status in ("fits", "too big")]

@@ -145,3 +145,29 @@ def test_single_device_checkpointing_and_adafactor_are_ranked() -> None:
     for single in ("activation-checkpointing", "adafactor"):
         assert rows[single].status in ("fits", "too big")
         assert rows[single].peak_reserved_bytes < rows["fabric"].peak_reserved_bytes
+
+
+def test_the_new_techniques_are_considered_by_default() -> None:
+    """Without -t, fit's pool is every single-process technique: #27's offload and in-backward too."""
+    from memclaims.core import techniques as registry
+
+    pool = {name for combo in registry.full_matrix() for name in combo}
+    assert {"activation-offload", "optimizer-in-backward", "activation-checkpointing", "adafactor"} <= pool
+    assert not {t.name for t in registry.TECHNIQUES if t.strategy} & pool
+
+
+def test_strategies_are_considered_over_n_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    """--devices N adds the strategies, each replayed per rank on N simulated GPUs: FSDP's largest rank
+    holds less than one GPU's whole model, DDP's more (its gradient buckets)."""
+    reference = sim.simulate(resolve(TINY, "smoke", [], SIZES))
+    budget = int(reference.peak_reserved_total_bytes * 0.8)  # FSDP's rank: 0.75 of it (2 layers, 4 ranks)
+    result = fit.fit(TINY, budget, scale="smoke", sizes=SIZES, only=("fsdp", "ddp"), devices=4)
+    rows = {"+".join(r.techniques): r for r in result.rows}
+    assert set(rows) == {"fabric", "fsdp", "ddp"} and result.devices == 4
+    assert rows["fsdp"].peak_reserved_bytes < rows["fabric"].peak_reserved_bytes < rows["ddp"].peak_reserved_bytes
+    assert rows["fsdp"].status == "fits" and rows["ddp"].status == "too big"
+    assert "per GPU, strategies over 4 GPUs" in fit.table(result)[0]
+    over_two = fit.fit(TINY, budget, scale="smoke", sizes=SIZES, only=("fsdp",), devices=2)
+    assert next(r for r in over_two.rows if r.techniques == ["fsdp"]).peak_reserved_bytes > rows["fsdp"].peak_reserved_bytes
+    with pytest.raises(UsageError, match="--devices 1: a strategy \\(fsdp\\) spreads a run over at least 2 GPUs"):
+        fit.fit(TINY, budget, scale="smoke", sizes=SIZES, only=("fsdp",), devices=1)
