@@ -602,6 +602,7 @@ def _course(claim: str) -> Callable[[str, Lookup], Verdict]:
 
 OFFLOAD: Techniques = ("activation-offload",)
 IN_BACKWARD: Techniques = ("optimizer-in-backward",)
+EXPANDABLE: Techniques = ("expandable-segments",)
 # The gradients' share the fused step saves: all of them at most (nothing else changes); at least 85 %,
 # as the largest gradient still lives at its hook and the peak moves from the forward pass (where the
 # previous step's gradients lived, the loop zeroing after it) to backward. Measured: 0.949 of them at
@@ -634,6 +635,19 @@ def _saved_on_host(tier: str, get: Lookup) -> Verdict:
                    f"{_mib(left)} left it, {left / activations if activations > 0 else float('nan'):.3f} of the "
                    f"{_mib(packed)} packed to the host less the parameters' {_mib(offload.param_bytes)} "
                    f"(at least {OFFLOAD_SHARE:g})")
+
+
+def _fewer_slivers(tier: str, get: Lookup) -> Verdict:
+    plain, grown = get(("fabric",)), get(EXPANDABLE)
+
+    def unused(record: Record) -> int:
+        return int(record.peak_reserved_total_bytes or 0) - record.peak_allocated_bytes
+
+    return Verdict(unused(grown) < unused(plain) and (grown.peak_reserved_total_bytes or 0) <
+                   (plain.peak_reserved_total_bytes or 0),
+                   f"reserved but unused at the peak: {_mib(unused(plain))} by default, {_mib(unused(grown))} with "
+                   f"expandable segments; peak reserved {_mib(int(plain.peak_reserved_total_bytes or 0))} -> "
+                   f"{_mib(int(grown.peak_reserved_total_bytes or 0))}")
 
 
 def _no_copy_on_cpu(tier: str, get: Lookup) -> Verdict:
@@ -685,6 +699,7 @@ CHECKS: dict[str, Check] = {
     "optimizer-in-backward-gradients": Check(_gradients_saved, frozenset({"cpu", "sim"}), {"*": (("fabric",), IN_BACKWARD)}),
     "activation-offload-saved-on-host": Check(_saved_on_host, frozenset({"sim"}), {"*": (("fabric",), OFFLOAD)}),
     "activation-offload-no-copy-on-cpu": Check(_no_copy_on_cpu, frozenset({"cpu"}), {"*": (("fabric",), OFFLOAD)}),
+    "expandable-segments-fewer-slivers": Check(_fewer_slivers, frozenset({"sim"}), {"*": (("fabric",), EXPANDABLE)}),
     **{c: Check(_course(c), frozenset({"cpu"})) for c in (
         "course-param-count", "course-estimate-125", "course-bytes-per-param", "course-adamw-elements",
         "course-adam8bit-elements", "course-adamw-502", "course-adam8bit-128", "course-quarter")},

@@ -150,6 +150,9 @@ class Record:
     # steps, and the most gradient bytes alive at once when one of them began.
     backward_optimizer_steps: int | None = None
     backward_grad_peak_bytes: int | None = None
+    # expandable-segments: bytes mapped in expandable segments after the measured steps (the CUDA
+    # allocator's snapshot, the sim's allocator model); None on the CPU, which has no caching allocator.
+    expandable_segment_bytes: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
     # Model state kept on the host while the model trains on a device (CPU offload), by category of

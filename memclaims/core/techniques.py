@@ -43,6 +43,10 @@ class Technique:
     # Beyond the article (issue #27): saved activations to host memory, the optimizer step inside backward.
     offloads_activations: bool = False
     optimizer_in_backward: bool = False
+    expandable_segments: bool = False  # the CUDA caching allocator's expandable_segments setting
+    # Whether it can change what training computes. One that cannot (an allocator setting: the same
+    # kernels on the same data) trains no accuracy phase on its own: its accuracy is the reference's.
+    changes_numerics: bool = True
     # Techniques it does not combine with, each with the reason: (technique name, why not).
     conflicts: tuple[tuple[str, str], ...] = ()
     # Whether it joins the default selection's pairwise cover. The techniques added after the article's
@@ -136,6 +140,12 @@ TECHNIQUES: tuple[Technique, ...] = (
               "gradient is ready: gradients freed as soon as they are applied",
               "torch tutorial: optimizer step in backward", optimizer_in_backward=True, in_cover=False,
               conflicts=_IN_BACKWARD_CONFLICTS),
+    # A setting of the CUDA caching allocator: there is no caching allocator on the CPU; the sim
+    # replays it (memclaims.sim.allocator).
+    Technique("expandable-segments", "the CUDA caching allocator's expandable_segments:True: one segment per "
+              "stream and pool that grows by mapping pages, instead of a segment per large request",
+              "torch docs: CUDA semantics, expandable_segments", expandable_segments=True, in_cover=False,
+              requires=frozenset({"cuda"}), changes_numerics=False),
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}

@@ -40,7 +40,8 @@ def from_snapshot(snapshot: dict[str, Any], device: int = 0) -> list[TraceEvent]
                          "torch.cuda.memory._record_memory_history() before the run")
     if any(e.get("action") in ("segment_map", "segment_unmap") for e in traces[device]):
         raise UsageError("the snapshot's history maps expandable segments (PYTORCH_CUDA_ALLOC_CONF="
-                         "expandable_segments:True); the allocator model replays the default allocator only")
+                         "expandable_segments:True); a history's replay follows the default allocator's segments "
+                         "(the sim's expandable-segments replay predicts the peaks of such a run)")
     return [TraceEvent(e["action"], int(e["addr"]), int(e["size"]), int(e.get("stream", 0)))
             for e in traces[device] if e.get("action") in ACTIONS]
 

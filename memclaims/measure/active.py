@@ -64,6 +64,8 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
         _offload(record, say)
     if "optimizer-in-backward" in names:
         _in_backward(record, say)
+    if "expandable-segments" in names:
+        _expandable(record, say)
     if "fsdp" in names and record.devices > 1:
         full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
         if record.param_bytes >= full:
@@ -177,6 +179,15 @@ def _offload(record: Record, say: Callable[[str, str], None]) -> None:
     if not moved:
         say("activation-offload", f"offloaded_activation_bytes is {moved} B: no tensor saved for backward in "
                                   "phase forward went through save_on_cpu's pack hook to host memory")
+
+
+def _expandable(record: Record, say: Callable[[str, str], None]) -> None:
+    # The setting applies to segments created after it: a run whose segments all came from the
+    # default allocator shows none mapped in expandable segments.
+    mapped = record.expandable_segment_bytes
+    if not mapped:
+        say("expandable-segments", f"expandable_segment_bytes is {mapped} B after phase train: no segment of the "
+                                   "run was expandable (the allocator made a segment per request as by default)")
 
 
 def _in_backward(record: Record, say: Callable[[str, str], None]) -> None:

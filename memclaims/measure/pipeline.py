@@ -21,13 +21,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record, environment_facts
-from memclaims.measure import optimizers, tensors
+from memclaims.measure import allocator_setting, optimizers, tensors
 from memclaims.measure import probes as probe_module
 from memclaims.measure.host import HostSteps
 from memclaims.measure.loop import TrainingLoop
 from memclaims.measure.offload import ActivationOffload
 from memclaims.measure.record_builder import TOP_PHASES, build_record
-from memclaims.recipes.options import RunOptions, accuracy_schedule
+from memclaims.recipes.options import RunOptions, accuracy_schedule, evaluates
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -155,9 +155,9 @@ def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memo
     """The optimizer and scheduler, the schedule long enough for every step the run will take."""
     recipe, options = engine.recipe, engine.options
     schedule = accuracy_schedule(recipe, options)
-    epochs = (options.accuracy_epochs or recipe.scale.accuracy_epochs) if options.evaluate else 1
+    epochs = (options.accuracy_epochs or recipe.scale.accuracy_epochs) if evaluates(recipe, options) else 1
     total = epochs * steps_per_epoch
-    if options.evaluate and schedule["kind"] == "steps":
+    if evaluates(recipe, options) and schedule["kind"] == "steps":
         total = schedule["optimizer_steps"] + memory_steps
     return optimizers.build(recipe.optimizer, model, recipe.learning_rate, total,
                             min_8bit_size=recipe.scale.min_8bit_size, anneal=recipe.scale.anneal)
@@ -206,6 +206,8 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
                      on_step=probe.step_begin, phase=host_steps.wrap(probe.step_phase))
     if isinstance(probe, probe_module.CudaProbe):  # the snapshot of this recipe, at its peak
         probe.capture_snapshot(recipe.id)
+    allocator_observed = {"expandable_segment_bytes": allocator_setting.expandable_segment_bytes(probe.cuda)} \
+        if recipe.expandable_segments and isinstance(probe, probe_module.CudaProbe) else {}
     local = engine.local
     states: dict[str, Any] = {
         "param_bytes": tensors.storage_bytes(local(p) for p in model.parameters()),
@@ -219,7 +221,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
 
     accuracy: float | None = None
     epoch_evaluations: list[dict[str, float]] = []
-    if options.evaluate:
+    if evaluates(recipe, options):
         engine.step_times.clear()
         with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
             if schedule["kind"] == "steps":
@@ -264,6 +266,6 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         environment=environment_facts(options.device),
         notes=engine.notes,
         accuracy_schedule=({**schedule, "test_examples": len(test_set)}  # type: ignore[arg-type]
-                           if options.evaluate and engine.declares_schedule else {}),
-        observed={**states, **observed},
+                           if evaluates(recipe, options) and engine.declares_schedule else {}),
+        observed={**states, **observed, **allocator_observed},
     )

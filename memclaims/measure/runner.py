@@ -187,9 +187,12 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
         # spin-waiting on a shared 2-core machine made them 10x slower.
         torch.set_num_threads(1)
     try:
+        from memclaims.measure.allocator_setting import expandable_segments
         from memclaims.measure.determinism import deterministic
 
-        with deterministic(options.device) as determinism_notes:  # CUDA only: accuracy run to run
+        # CUDA only: accuracy run to run; the allocator setting a recipe asks for.
+        with deterministic(options.device) as determinism_notes, \
+                expandable_segments(recipe.expandable_segments and options.device == "cuda", getattr(probe, "cuda", None)):
             record = pipeline.run(FabricEngine(recipe, options), probe, memory_steps)
         record.notes.extend(determinism_notes)
         return record

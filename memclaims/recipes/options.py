@@ -68,6 +68,12 @@ def default_devices(device: str) -> int:
     return CPU_DEFAULT_DEVICES
 
 
+def evaluates(recipe: Recipe, options: RunOptions) -> bool:
+    """Whether a run trains and scores an accuracy phase: asked for, and the recipe can change what
+    training computes (an allocator setting alone cannot: its accuracy is the reference's)."""
+    return options.evaluate and not recipe.numerics_neutral
+
+
 def accuracy_schedule(recipe: Recipe, options: RunOptions) -> dict[str, Any]:
     """What the accuracy phase trains and tests; the Record declares it (``accuracy_schedule``).
 

@@ -20,7 +20,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from memclaims.recipes.options import RunOptions, accuracy_schedule, resolve_memory_steps
+from memclaims.recipes.options import RunOptions, accuracy_schedule, evaluates, resolve_memory_steps
 from memclaims.recipes.recipe import Recipe
 
 FP32_FLOPS = 25e12
@@ -83,7 +83,7 @@ def estimate(recipe: Recipe, options: RunOptions, *, cifar: bool) -> Estimate:
     memory_steps = resolve_memory_steps(recipe, options)
     train = memory_steps * recipe.batch_size
     test = 0
-    if options.evaluate:
+    if evaluates(recipe, options):
         schedule = accuracy_schedule(recipe, options)
         if schedule["kind"] == "steps":
             train += schedule["optimizer_steps"] * recipe.batch_size

@@ -22,6 +22,15 @@ native allocator's default policy by hand, for one device and one stream:
   on another (the native allocator keys its free sets by stream first), so work spread over
   streams (FSDP's all-gathers and reduce-scatters) reserves more than one stream would.
 
+With ``expandable_segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) each pool of
+each stream has one segment, a virtual range that grows: a request no free block fits extends the
+segment's free tail (or appends a block) by mapping just enough pages (2 MiB in the small pool,
+20 MiB in the large one), and every pool splits a block whenever 512 B or more remain. So freed
+blocks of any size merge with their neighbours into one range, and reserved memory stays within a
+page of what the live tensors and the free tail need (torch's ``try_allocate_expandable_block`` and
+``should_split``). At a limit, only the page-aligned part of each free tail is unmapped (torch
+unmaps free pages anywhere; inner holes are not modelled).
+
 With ``events`` set to a list, the model logs what it does in the terms of torch's allocator history
 (``segment_alloc``, ``alloc``, ``free_completed``, each with an address, a size and a stream), so its
 stream can be compared with a GPU's (``memclaims.gpu.alloc_trace``). Segments get increasing
@@ -68,7 +77,7 @@ class AllocatorConfig:
     large_buffer: int = 20 * MiB  # kLargeBuffer: segment for requests below min_large_alloc
     min_large_alloc: int = 10 * MiB  # kMinLargeAlloc
     round_large: int = 2 * MiB  # kRoundLarge: rounding of segments for large requests
-    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (not modelled)
+    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
     def round_size(self, size: int) -> int:
         if size < self.min_block_size:
@@ -85,9 +94,13 @@ class AllocatorConfig:
             return self.large_buffer
         return -(-rounded // self.round_large) * self.round_large
 
+    def page_size(self, small: bool) -> int:
+        """The granularity an expandable segment maps memory in."""
+        return self.small_buffer if small else self.large_buffer
+
     def should_split(self, block_size: int, rounded: int) -> bool:
         remaining = block_size - rounded
-        if self.is_small(rounded):
+        if self.is_small(rounded) or self.expandable_segments:
             return remaining >= self.min_block_size
         return remaining > self.small_size
 
@@ -134,8 +147,6 @@ class CachingAllocator:
     limit_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.config.expandable_segments:
-            raise ValueError("expandable segments are not modelled")
         self.stats = Stats()
         # Free blocks per pool, kept sorted by Block.key (bisect on a parallel key list).
         self._free_keys: dict[tuple[int, bool], list[tuple[int, int, int]]] = {}
@@ -145,6 +156,8 @@ class CachingAllocator:
         self._segment_addresses: list[int] = []  # by segment index
         self._next_address = 0
         self.events: list[TraceEvent] | None = None
+        # expandable_segments: the last mapped block of each pool's one segment, per (stream, small).
+        self._tails: dict[tuple[int, bool], Block] = {}
 
     # --- public -----------------------------------------------------------------------------
 
@@ -156,7 +169,9 @@ class CachingAllocator:
         rounded = cfg.round_size(nbytes)
         small = cfg.is_small(rounded)
         block = self._take_free(stream, small, rounded)
-        if block is None:
+        if block is None and cfg.expandable_segments:
+            block = self._expand(nbytes, rounded, stream, small)
+        elif block is None:
             size = cfg.segment_size(rounded)
             if self.limit_bytes is not None and self.stats.reserved + size > self.limit_bytes:
                 self._release_cached()
@@ -177,6 +192,8 @@ class CachingAllocator:
                 block.next.prev = rest
             block.next = rest
             block.size = rounded
+            if self._tails.get((block.stream, small)) is block:
+                self._tails[(block.stream, small)] = rest
             self._insert_free(rest)
         block.free = False
         block.requested = nbytes
@@ -206,13 +223,22 @@ class CachingAllocator:
         for neighbour in (block.prev, block.next):
             if neighbour is not None and neighbour.free:
                 self._remove_free(neighbour)
-                block = self._merge(block, neighbour)
+                merged = self._merge(block, neighbour)
+                key = (merged.stream, merged.small)
+                if self._tails.get(key) in (block, neighbour):
+                    self._tails[key] = merged
+                block = merged
         self._insert_free(block)
 
     @property
     def next_handle(self) -> int:
         """The handle the next allocation gets: handles count up from 1, one per allocation."""
         return self._next_handle
+
+    @property
+    def expandable_bytes(self) -> int:
+        """Bytes mapped in expandable segments (each mapped from its start to its last block)."""
+        return sum(tail.offset + tail.size for tail in self._tails.values())
 
     def is_live(self, handle: int) -> bool:
         return handle in self._live
@@ -231,8 +257,63 @@ class CachingAllocator:
     def _address(self, block: Block) -> int:
         return self._segment_addresses[block.segment] + block.offset
 
+    def _expand(self, nbytes: int, rounded: int, stream: int, small: bool) -> Block:
+        """A request no free block fits, with expandable segments: map the pages it needs at the end
+        of its pool's segment, growing the free tail block or appending a block after the last."""
+        page = self.config.page_size(small)
+        tail = self._tails.get((stream, small))
+        have = tail.size if tail is not None and tail.free else 0
+        mapped = -(-(rounded - have) // page) * page
+        if self.limit_bytes is not None and self.stats.reserved + mapped > self.limit_bytes:
+            self._release_cached()
+            self.stats.alloc_retries += 1
+            tail = self._tails.get((stream, small))
+            have = tail.size if tail is not None and tail.free else 0
+            mapped = -(-(rounded - have) // page) * page
+            if self.stats.reserved + mapped > self.limit_bytes:
+                raise DeviceFull(nbytes, mapped, self.stats.reserved, self.limit_bytes)
+        if tail is None:  # the pool's first request: its segment, a virtual range as large as a device
+            self._segment_addresses.append(self._next_address)
+            self._next_address += 2**40
+            self.stats.segments += 1
+            block = Block(segment=self.stats.segments - 1, offset=0, size=mapped, small=small, stream=stream)
+        elif tail.free:
+            self._remove_free(tail)
+            block = tail
+            block.size += mapped
+        else:
+            block = Block(segment=tail.segment, offset=tail.offset + tail.size, size=mapped, small=small,
+                          stream=stream, prev=tail)
+            tail.next = block
+        self._tails[(stream, small)] = block
+        self.stats.reserved += mapped
+        if self.events is not None:
+            self.events.append(TraceEvent("segment_map", self._address(block) + block.size - mapped, mapped, stream))
+        return block
+
     def _release_cached(self) -> None:
-        """torch's ``release_cached_blocks``: every free block that is a whole segment goes back."""
+        """torch's ``release_cached_blocks``: every free block that is a whole segment goes back;
+        with expandable segments, the whole pages of each free tail are unmapped."""
+        for (stream, small), tail in list(self._tails.items()):
+            if not tail.free:
+                continue
+            page = self.config.page_size(small)
+            keep = -(-tail.offset // page) * page - tail.offset  # up to the first page boundary
+            if tail.size <= keep:
+                continue
+            self._remove_free(tail)
+            unmapped = tail.size - keep
+            self.stats.reserved -= unmapped
+            if self.events is not None:
+                self.events.append(TraceEvent("segment_unmap", self._address(tail) + keep, unmapped, stream))
+            tail.size = keep
+            if keep:
+                self._insert_free(tail)
+            elif tail.prev is not None:
+                tail.prev.next = None
+                self._tails[(stream, small)] = tail.prev
+            else:
+                del self._tails[(stream, small)]
         for blocks in self._free_blocks.values():
             whole = [b for b in blocks if b.prev is None and b.next is None]
             for block in whole:

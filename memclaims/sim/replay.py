@@ -238,6 +238,18 @@ def _move(module: nn.Module, dtype: torch.dtype | None = None) -> None:
 # --- the session -------------------------------------------------------------------------------
 
 
+def _with_allocator_settings(chosen: Profile, recipe: Recipe) -> Profile:
+    """The profile with the recipe's allocator settings (expandable-segments) in its allocator model."""
+    if not recipe.expandable_segments:
+        return chosen
+    return dataclasses.replace(chosen, allocator=dataclasses.replace(chosen.allocator, expandable_segments=True))
+
+
+def _allocator_observed(session: _Session, recipe: Recipe) -> dict[str, Any]:
+    """What the allocator model shows of the recipe's allocator settings (memclaims.measure.active)."""
+    return {"expandable_segment_bytes": session.allocator.expandable_bytes} if recipe.expandable_segments else {}
+
+
 class _Session:
     """One simulated device: a fresh allocator, a fake-tensor mode and the tracker."""
 
@@ -387,7 +399,7 @@ def simulate_load_record(recipe: Recipe, *, profile: str = "article", allocator_
     """``simulate_load`` of the recipe's load (``load_mode``, its precision, workload and scale) as a Record:
     the load phase only (memory_steps 0, no gradients or optimizer state), the stock head as the 07
     scripts load it (1000 classes for ``vit_l_16``). The door's ``RunOptions(load_only=True)``."""
-    chosen = find_profile(profile)
+    chosen = _with_allocator_settings(find_profile(profile), recipe)
     check(recipe)
     if recipe.sharded:
         raise UsageError(f"{recipe.id}: the load-only replay (the 07 scripts) loads on one device; "
@@ -590,7 +602,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     can get from the device (a card's memory less the CUDA context); past it the model frees its
     cache and retries as torch does, and raises OutOfMemory where torch would. None: unlimited.
     ``devices``: the ranks of a sharded recipe (rank 0 is replayed); None: ``sharded.WORLD_SIZE``."""
-    chosen = find_profile(profile)
+    chosen = _with_allocator_settings(find_profile(profile), recipe)
     check(recipe)
     if recipe.strategy == "deepspeed_stage_2":
         if allocator_events is not None or limit_bytes is not None:
@@ -649,7 +661,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         step_peaks=session.recorder.step_peaks,
         peak_reserved_total_bytes=session.allocator.stats.reserved_high_water,  # never reset: the article's figure
         reference_load_peak_bytes=reference.peak.allocated_bytes if reference else None,
-        weights="random", data=FAKE_DATA, notes=notes, observed=states,
+        weights="random", data=FAKE_DATA, notes=notes, observed={**states, **_allocator_observed(session, recipe)},
     )
 
 
@@ -733,7 +745,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,
         phases=session.recorder.phases, step_peaks=session.recorder.step_peaks,
         peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, weights="random", data=FAKE_DATA,
-        notes=notes, observed=states, devices=world, rank=0,
+        notes=notes, observed={**states, **_allocator_observed(session, recipe)}, devices=world, rank=0,
     )
 
 

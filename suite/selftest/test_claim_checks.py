@@ -106,6 +106,7 @@ def fake_load(init_module_factor: float = 1.0) -> Callable[[Any, str], Record]:
 BATCH_ONE_FRACTION = 0.2  # 05 at micro-batch 1: a fifth of its peak at micro-batch 4, an 80 % cut
 
 
+UNUSED_BY_DEFAULT = 400 * 2**20  # the sim's fabric: reserved less allocated at the peak
 FORWARD_KEEPS = 1_500_000  # what the reference's forward pass keeps for backward (phases.forward.above_start_bytes)
 
 
@@ -114,12 +115,14 @@ def _record(key: Key, tier: str) -> Record:
         if key.load_only:
             return load_record(key.techniques)
         return _memory(_article(key.techniques, tier), BATCH_ONE_FRACTION)  # a smaller micro-batch
-    if key in (claims.OFFLOAD, claims.IN_BACKWARD):
+    if key in (claims.OFFLOAD, claims.IN_BACKWARD, claims.EXPANDABLE):
         return _beyond(key, tier)
     record = _cpu(key) if tier == "cpu" else _article(key, tier)
     if key == ("fabric",):
         forward = {"above_start_bytes": FORWARD_KEEPS, "allocated_bytes": record.peak_allocated_bytes}
         record = dataclasses.replace(record, phases={"forward": forward})
+        if tier == "sim":  # the default allocator's segments keep rests it cannot hand out: 400 MiB
+            record = dataclasses.replace(record, peak_allocated_bytes=record.peak_allocated_bytes - UNUSED_BY_DEFAULT)
     return record
 
 
@@ -129,6 +132,9 @@ def _beyond(key: Key, tier: str) -> Record:
     on the CPU, where nothing is copied) 97 % of the saved activations leave it."""
     plain = _record(("fabric",), tier)
     names = dict(recipe=plain.recipe.replace("fabric", "+".join(key)), techniques=list(key))
+    if key == claims.EXPANDABLE:  # the same tensors; the reserved memory less the default's rests
+        reserved = plain.peak_allocated_bytes + UNUSED_BY_DEFAULT // 3
+        return dataclasses.replace(plain, **names, peak_reserved_total_bytes=reserved, expandable_segment_bytes=reserved)
     if key == claims.IN_BACKWARD:
         return dataclasses.replace(plain, **names, grad_bytes=0,
                                    peak_allocated_bytes=plain.peak_allocated_bytes - int(0.95 * plain.grad_bytes),
@@ -190,6 +196,8 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
                                                           peak_allocated_bytes=plain.peak_allocated_bytes)
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
         records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
+    elif name == "expandable-segments-fewer-slivers":  # the setting did not take: the default's segments
+        records[claims.EXPANDABLE] = dataclasses.replace(records[("fabric",)], expandable_segment_bytes=0)
     elif name == "activation-offload-no-copy-on-cpu":  # a host copy of every saved tensor (pinned on the CPU)
         offload = records[claims.OFFLOAD]
         forward = offload.phases["forward"]

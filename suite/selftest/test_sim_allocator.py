@@ -173,3 +173,55 @@ def test_without_a_limit_nothing_is_released():
         allocator.malloc(40 * MiB)
     assert allocator.stats.segments_released == allocator.stats.alloc_retries == 0
     assert allocator.stats.reserved == allocator.stats.reserved_high_water == 150 * MiB
+
+
+def expandable() -> CachingAllocator:
+    return CachingAllocator(AllocatorConfig(expandable_segments=True))
+
+
+def test_expandable_segments_grow_one_range_for_growing_requests():
+    """The docs' case (a changing batch size): each request a little larger than the last. The
+    default allocator gets a segment per size (30 + 50 + 70 MiB); the expandable segment maps only the
+    20 MiB pages the free tail lacks (40, then 20, then 20)."""
+    default, grown = fresh(), expandable()
+    for allocator in (default, grown):
+        for size in (30 * MiB, 50 * MiB, 70 * MiB):
+            allocator.free(allocator.malloc(size))
+    assert default.stats.reserved == 150 * MiB and default.stats.segments == 3
+    assert grown.stats.reserved == 80 * MiB and grown.stats.segments == 1
+    assert grown.stats.allocated == 0 and grown.free_blocks(small=False) == [(80 * MiB, 0, 0)]
+
+
+def test_expandable_segments_map_pages_of_2_and_20_mib_and_split_any_remainder():
+    allocator = expandable()
+    allocator.malloc(100)  # small pool: one 2 MiB page
+    assert allocator.stats.reserved == 2 * MiB
+    a = allocator.malloc(MiB + 512)  # large pool: one 20 MiB page
+    assert allocator.stats.reserved == 22 * MiB
+    allocator.malloc(19 * MiB - 1024)  # 512 B remain: split (the default keeps rests of 1 MiB or less whole)
+    assert allocator.free_blocks(small=False) == [(512, 1, 20 * MiB - 512)]
+    allocator.free(a)  # merges with nothing (its neighbour is live): two free blocks
+    assert sorted(size for size, _, _ in allocator.free_blocks(small=False)) == [512, MiB + 512]
+
+
+def test_expandable_segments_are_per_stream_and_pool():
+    allocator = expandable()
+    allocator.free(allocator.malloc(30 * MiB, stream=0))
+    allocator.malloc(30 * MiB, stream=1)  # the free 40 MiB of stream 0 are not stream 1's
+    assert allocator.stats.reserved == 80 * MiB and allocator.stats.segments == 2
+
+
+def test_expandable_segments_at_a_limit_unmap_the_free_tail_and_retry():
+    allocator = expandable()
+    allocator.limit_bytes = 100 * MiB
+    live = allocator.malloc(30 * MiB)
+    allocator.free(allocator.malloc(50 * MiB))  # mapped 40 + 40 = 80 MiB, the tail 50 MiB free
+    events: list[TraceEvent] = []
+    allocator.events = events
+    allocator.malloc(30 * MiB, stream=1)  # 40 MiB more would pass 100: the tail's whole pages go back
+    assert allocator.stats.alloc_retries == 1
+    assert events[0] == TraceEvent("segment_unmap", 40 * MiB, 40 * MiB, 0)
+    assert allocator.stats.reserved == 40 * MiB + 40 * MiB
+    assert allocator.is_live(live)
+    with pytest.raises(DeviceFull):
+        allocator.malloc(30 * MiB, stream=2)
