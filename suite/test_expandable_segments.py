@@ -62,6 +62,8 @@ def test_a_setting_that_does_not_take_is_caught(record_cache: RecordCache, monke
 
 def test_an_allocator_setting_trains_no_accuracy_phase_of_its_own() -> None:
     assert not evaluates(resolve("vit", "smoke", EXPANDABLE), RunOptions())
+    # Paging moves AdamW8bit's states, not its arithmetic; with expandable segments, still AdamW8bit's.
+    assert not evaluates(resolve("vit", "smoke", ("paged-adamw8bit", "expandable-segments")), RunOptions())
     assert evaluates(resolve("vit", "smoke", ("bf16-true", "expandable-segments")), RunOptions())
     assert evaluates(resolve("vit", "smoke", ("fabric",)), RunOptions())
 

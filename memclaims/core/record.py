@@ -153,6 +153,9 @@ class Record:
     # expandable-segments: bytes mapped in expandable segments after the measured steps (the CUDA
     # allocator's snapshot, the sim's allocator model); None on the CPU, which has no caching allocator.
     expandable_segment_bytes: int | None = None
+    # paged-adamw8bit: optimizer state bytes in CUDA unified memory (bitsandbytes' paged buffers),
+    # outside the caching allocator's figures; 0 on the CPU, where bitsandbytes does not page.
+    paged_state_bytes: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
     # Model state kept on the host while the model trains on a device (CPU offload), by category of

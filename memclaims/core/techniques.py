@@ -44,9 +44,11 @@ class Technique:
     offloads_activations: bool = False
     optimizer_in_backward: bool = False
     expandable_segments: bool = False  # the CUDA caching allocator's expandable_segments setting
-    # Whether it can change what training computes. One that cannot (an allocator setting: the same
-    # kernels on the same data) trains no accuracy phase on its own: its accuracy is the reference's.
-    changes_numerics: bool = True
+    # The technique whose computation this one repeats exactly (the same kernels on the same data;
+    # only where memory lives differs): the reference for an allocator setting, adamw8bit for its paged
+    # variant. A recipe of such techniques alone trains no accuracy phase: its accuracy is the one of
+    # the recipe with these in their place (memclaims.recipes.options.evaluates). None: its own numerics.
+    computes_as: str | None = None
     # Techniques it does not combine with, each with the reason: (technique name, why not).
     conflicts: tuple[tuple[str, str], ...] = ()
     # Whether it joins the default selection's pairwise cover. The techniques added after the article's
@@ -54,6 +56,11 @@ class Technique:
     # baselines, and add fp32 ViT-L/16 cases past the nightly's 30 GPU-minutes (suite/selftest/test_budget.py:
     # the two singles already take it from 26.7 to 29.4). Their pairs run in the full matrix.
     in_cover: bool = True
+    # Whether its single case joins the default selection (the nightly). paged-adamw8bit does not: its
+    # arithmetic is adamw8bit's, which the default runs, its memory effect is asserted by the sim tier
+    # (claim paged-optimizer-unified-memory), and one more CUDA case would pass the nightly's 30
+    # GPU-minutes (30.2 with it). Its cases run in the full matrix.
+    in_default: bool = True
 
 
 # Why the optimizer step cannot move into backward alongside these (PyTorch's tutorial "How to save
@@ -65,7 +72,7 @@ _IN_BACKWARD_CONFLICTS: tuple[tuple[str, str], ...] = (
                  "a step inside backward would apply the scaled gradients unchecked"),
     *((eight_bit, "memclaims builds one optimizer per parameter from the recipe's param groups, and "
                   "bitsandbytes keeps its 8-bit settings (min_8bit_size, optim_bits) outside them")
-      for eight_bit in ("adam8bit", "adamw8bit")),
+      for eight_bit in ("adam8bit", "adamw8bit", "paged-adamw8bit")),
     ("fsdp", "FSDP flattens the parameters into shards: hooks on the original parameters never fire, and a "
              "shard's gradient exists only after the reduce-scatter"),
     ("ddp", "DDP all-reduces gradients in buckets from its own hooks; a step in the post-accumulate hook "
@@ -105,6 +112,10 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("adamw8bit", "bitsandbytes AdamW8bit: AdamW with 8-bit block-wise quantized states",
               "course: 8-bit Adam lesson", group="optimizer", optimizer="adamw8bit",
               requires=frozenset({"bitsandbytes"})),
+    Technique("paged-adamw8bit", "bitsandbytes PagedAdamW8bit: AdamW8bit whose large states live in CUDA unified "
+              "memory, paged to the host when the GPU runs out (on the CPU: unpaged, as bitsandbytes falls back)",
+              "bitsandbytes docs: paged optimizers", group="optimizer", optimizer="paged_adamw8bit",
+              requires=frozenset({"bitsandbytes"}), in_cover=False, in_default=False, computes_as="adamw8bit"),
     Technique("adafactor", "transformers Adafactor: factored second moment, no first moment",
               "course: 8-bit Adam (Adafactor)", group="optimizer", optimizer="adafactor"),
     Technique("init-module", "model built on the target device in the target precision "
@@ -145,7 +156,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("expandable-segments", "the CUDA caching allocator's expandable_segments:True: one segment per "
               "stream and pool that grows by mapping pages, instead of a segment per large request",
               "torch docs: CUDA semantics, expandable_segments", expandable_segments=True, in_cover=False,
-              requires=frozenset({"cuda"}), changes_numerics=False),
+              requires=frozenset({"cuda"}), computes_as="fabric"),
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}
@@ -256,10 +267,10 @@ def singles(pool: tuple[Technique, ...] = TECHNIQUES) -> list[tuple[str, ...]]:
 
 
 def default_selection(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ...]]:
-    """What the tiers run by default: every single technique, the article's chain, a pairwise cover of
-    the techniques ``in_cover``."""
+    """What the tiers run by default: every single technique ``in_default``, the article's chain, a
+    pairwise cover of the techniques ``in_cover``."""
     pool = single_process() if pool is None else pool
-    selected: dict[tuple[str, ...], None] = dict.fromkeys(singles(pool))
+    selected: dict[tuple[str, ...], None] = dict.fromkeys(singles(tuple(t for t in pool if t.in_default)))
     for step in ARTICLE_CHAIN:
         selected[canonical(step)] = None
     for combo in pairwise_cover(tuple(t for t in pool if t.in_cover)):

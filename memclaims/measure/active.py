@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
+from memclaims.measure.optimizers import PAGED_MIN_NUMEL
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -41,7 +42,7 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
     names = set(recipe.techniques)
     if "sgd" in names and record.optimizer_state_bytes != 0:
         say("sgd", f"optimizer_state_bytes is {record.optimizer_state_bytes:,} B; plain SGD keeps no state")
-    for name in names & {"adam8bit", "adamw8bit"}:
+    for name in names & {"adam8bit", "adamw8bit", "paged-adamw8bit"}:
         if record.device == "sim" and not record.optimizer_state_by_dtype:
             continue  # the sim computes 8-bit state sizes; it observes no dtypes
         quantized = record.optimizer_state_by_dtype.get("uint8", 0)
@@ -66,6 +67,10 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
         _in_backward(record, say)
     if "expandable-segments" in names:
         _expandable(record, say)
+    if "paged-adamw8bit" in names and record.device != "cpu" and not record.paged_state_bytes:
+        say("paged-adamw8bit", f"paged_state_bytes is {record.paged_state_bytes} B after phase optimizer_step: no "
+                               "optimizer state in unified memory (bitsandbytes pages states of "
+                               f"{PAGED_MIN_NUMEL:,} elements or more)")
     if "fsdp" in names and record.devices > 1:
         full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
         if record.param_bytes >= full:

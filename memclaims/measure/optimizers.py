@@ -15,8 +15,19 @@ from memclaims.core.errors import UsageError
 # The course sets a weight decay on the decayed group; TrainingArguments' default (0.0) would make
 # the two groups identical, so the value is AdamW's usual 0.01 (torch's and transformers' examples).
 WEIGHT_DECAY = 0.01
-EIGHT_BIT = {"adam8bit": "Adam8bit", "adamw8bit": "AdamW8bit"}
-NAMES = ("adam", "sgd", "adamw", "adam8bit", "adamw8bit", "adafactor")
+EIGHT_BIT = {"adam8bit": "Adam8bit", "adamw8bit": "AdamW8bit", "paged_adamw8bit": "PagedAdamW8bit"}
+# Paged: bitsandbytes puts a state of this many elements or more of a CUDA parameter in CUDA unified
+# memory (cudaMallocManaged, outside torch's caching allocator; the driver pages it to the host when
+# the GPU runs out); smaller ones, and every state on the CPU, stay ordinary tensors
+# (Optimizer8bit.get_state_buffer: ``p.numel() < 1e5``; on the CPU it warns and falls back).
+PAGED = frozenset({"paged_adamw8bit"})
+PAGED_MIN_NUMEL = 100_000
+NAMES = ("adam", "sgd", "adamw", "adam8bit", "adamw8bit", "paged_adamw8bit", "adafactor")
+
+
+def paged_state_bytes(states: Any) -> int:
+    """Bytes of the optimizer state tensors bitsandbytes allocated in unified memory (``is_paged``)."""
+    return sum(t.untyped_storage().nbytes() for t in states if getattr(t, "is_paged", False))
 
 
 def training_arguments_defaults() -> dict[str, float]:

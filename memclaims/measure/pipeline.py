@@ -126,6 +126,8 @@ def observed_fields(engine: Engine, model: nn.Module, optimizer: Any) -> dict[st
         host_state_bytes=host_state_bytes(engine, model, optimizer),
         min_8bit_size=(recipe.scale.min_8bit_size or _bnb_default_min_8bit_size())
         if recipe.optimizer in optimizers.EIGHT_BIT else None,
+        paged_state_bytes=optimizers.paged_state_bytes(tensors.optimizer_state_tensors(optimizer))
+        if recipe.optimizer in optimizers.PAGED else None,
     )
 
 
@@ -216,6 +218,10 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
             local(t) for t in tensors.optimizer_state_tensors(optimizer)),
     }
     observed = observed_fields(engine, model, optimizer)
+    if recipe.optimizer in optimizers.PAGED and not observed["paged_state_bytes"]:
+        engine.notes.append(f"{recipe.optimizer}: no optimizer state in unified memory on {options.device} (bitsandbytes "
+                            "pages the states of CUDA parameters only: 'Paged optimizers are not supported on CPU. "
+                            "Falling back to non-paged optimizer behavior.')")
     memory_losses = list(engine.losses)
     memory_step_times = list(engine.step_times)
 

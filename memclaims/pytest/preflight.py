@@ -40,7 +40,7 @@ EVERY_RUN = ("torch", "lightning", "torchmetrics")
 # Who needs a package, for the header line of a failure that does not stop the session.
 USED_BY = {"torchvision": "the ViT workloads (vit, vit-h14)",
            "transformers": "the text workloads (distilbert, distilbert-cased, bigbird, hf:<model_type>)",
-           "bitsandbytes": "the 8-bit optimizer techniques (adam8bit, adamw8bit)"}
+           "bitsandbytes": "the 8-bit optimizer techniques (adam8bit, adamw8bit, paged-adamw8bit)"}
 
 
 def problems(packages: Iterable[str] = STACK) -> list[StackProblem]:

@@ -69,8 +69,9 @@ def default_devices(device: str) -> int:
 
 
 def evaluates(recipe: Recipe, options: RunOptions) -> bool:
-    """Whether a run trains and scores an accuracy phase: asked for, and the recipe can change what
-    training computes (an allocator setting alone cannot: its accuracy is the reference's)."""
+    """Whether a run trains and scores an accuracy phase: asked for, and the recipe computes in its own
+    way (an allocator setting alone does not: its accuracy is the reference's; the paged AdamW8bit's is
+    AdamW8bit's: ``Technique.computes_as``)."""
     return options.evaluate and not recipe.numerics_neutral
 
 

@@ -65,7 +65,7 @@ class Recipe:
     offload_activations: bool = False  # save_on_cpu around the forward pass (memclaims.measure.offload)
     optimizer_in_backward: bool = False  # per-parameter steps in backward (memclaims.measure.in_backward)
     expandable_segments: bool = False  # the CUDA allocator's setting (memclaims.measure.allocator_setting)
-    numerics_neutral: bool = False  # only techniques that change no computation (recipes.options.evaluates)
+    numerics_neutral: bool = False  # only techniques that compute as others do (Technique.computes_as)
     sizes: Sizes = Sizes()
 
     @property
@@ -146,7 +146,7 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         offload_activations=any(t.offloads_activations for t in chosen),
         optimizer_in_backward=any(t.optimizer_in_backward for t in chosen),
         expandable_segments=any(t.expandable_segments for t in chosen),
-        numerics_neutral=bool(chosen) and not any(t.changes_numerics for t in chosen),
+        numerics_neutral=bool(chosen) and all(t.computes_as is not None for t in chosen),
         sizes=sizes,
     )
 

@@ -12,6 +12,10 @@ allocates it at a parameter's first step:
 - a smaller parameter: ``state1`` and ``state2`` in float32 (whatever the parameter's dtype);
 - ``unorm_vec`` (one float32) only when ``max_unorm > 0`` (not by default).
 
+The paged optimizer (PagedAdamW8bit) allocates ``state1`` and ``state2`` of a parameter of
+``PAGED_MIN_NUMEL`` elements or more in CUDA unified memory instead: not in the caching allocator,
+so outside the device's accounting here (``outside``, ``DeviceMemory.outside``).
+
 The step itself (``optimizer_update_8bit_blockwise`` / ``optimizer_update_32bit``) is one fused
 kernel per parameter that updates the parameter, the states and ``absmax`` in place: it allocates
 no temporaries on the device (``update_step`` calls nothing else with the default
@@ -20,6 +24,8 @@ no temporaries on the device (``update_step`` calls nothing else with the defaul
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -32,10 +38,18 @@ from memclaims.measure import optimizers
 class EightBitStateModel(torch.optim.Optimizer):
     """Allocates what a bitsandbytes 2-state 8-bit optimizer holds on the device; updates nothing."""
 
-    def __init__(self, params: Any, layout: EightBitLayout, **defaults: Any) -> None:
+    def __init__(self, params: Any, layout: EightBitLayout,
+                 outside: Callable[[], AbstractContextManager[None]] | None = None, **defaults: Any) -> None:
         super().__init__(params, defaults)
         self.layout = layout
         self._maps: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._outside = outside  # paged: where unified memory is allocated (None: not paged)
+
+    def _buffer(self, param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``get_state_buffer``: a large state of a paged optimizer in unified memory."""
+        paged = self._outside is not None and param.numel() >= optimizers.PAGED_MIN_NUMEL
+        with self._outside() if paged and self._outside is not None else nullcontext():
+            return torch.zeros_like(param, dtype=dtype)
 
     def _quantization_maps(self) -> tuple[torch.Tensor, torch.Tensor]:
         # ``name2qmap[...].to(p.device)``: the first 8-bit parameter moves the maps to the device;
@@ -50,14 +64,14 @@ class EightBitStateModel(torch.optim.Optimizer):
         layout, state, numel = self.layout, self.state[param], param.numel()
         state["step"] = 0
         if numel < layout.min_8bit_size:
-            state["state1"] = torch.zeros_like(param, dtype=torch.float32)
-            state["state2"] = torch.zeros_like(param, dtype=torch.float32)
+            state["state1"] = self._buffer(param, torch.float32)
+            state["state2"] = self._buffer(param, torch.float32)
         else:
             qmap1, qmap2 = self._quantization_maps()
             blocks = -(-numel // layout.blocksize)
-            state["state1"] = torch.zeros_like(param, dtype=torch.uint8)
+            state["state1"] = self._buffer(param, torch.uint8)
             state["qmap1"] = qmap1
-            state["state2"] = torch.zeros_like(param, dtype=torch.uint8)
+            state["state2"] = self._buffer(param, torch.uint8)
             state["qmap2"] = qmap2
             state["absmax1"] = torch.zeros((blocks,), dtype=torch.float32)
             state["absmax2"] = torch.zeros((blocks,), dtype=torch.float32)
@@ -77,9 +91,12 @@ class EightBitStateModel(torch.optim.Optimizer):
                 self.state[param]["step"] += 1
 
 
-def build(name: str, model: nn.Module, learning_rate: float, layout: EightBitLayout) -> EightBitStateModel:
-    """The course's 8-bit optimizer (``memclaims.measure.optimizers.build``'s groups and arguments), as a state model."""
+def build(name: str, model: nn.Module, learning_rate: float, layout: EightBitLayout,
+          outside: Callable[[], AbstractContextManager[None]] | None = None) -> EightBitStateModel:
+    """The course's 8-bit optimizer (``memclaims.measure.optimizers.build``'s groups and arguments), as a
+    state model; ``outside``: where a paged optimizer's unified memory is allocated."""
     hf = optimizers.training_arguments_defaults()
-    return EightBitStateModel(optimizers.parameter_groups(model), layout, lr=learning_rate,
+    return EightBitStateModel(optimizers.parameter_groups(model), layout,
+                              outside if name in optimizers.PAGED else None, lr=learning_rate,
                               betas=(hf["adam_beta1"], hf["adam_beta2"]), eps=hf["adam_epsilon"],
                               kind=optimizers.EIGHT_BIT[name])

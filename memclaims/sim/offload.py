@@ -29,11 +29,8 @@ class SimulatedOffload(ActivationOffload):
         memory = self.memory
 
         def pack(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
-            counting, memory.counting = memory.counting, False
-            try:
+            with memory.outside():
                 host = torch.empty_like(tensor)
-            finally:
-                memory.counting = counting
             return tensor.device, host
 
         def unpack(packed: tuple[torch.device, torch.Tensor]) -> Any:

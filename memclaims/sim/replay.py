@@ -519,7 +519,7 @@ class _SimLoop(TrainingLoop):
             self.session.memory.tag(value, OPTIMIZER_STATE)
 
 
-def _optimizer(recipe: Recipe, model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
+def _optimizer(recipe: Recipe, model: nn.Module, memory: DeviceMemory) -> tuple[torch.optim.Optimizer, Any]:
     if recipe.optimizer in optimizers.EIGHT_BIT:
         from memclaims.core.optim_state import eight_bit_layout
         from memclaims.sim.eight_bit import build as build_eight_bit
@@ -528,7 +528,7 @@ def _optimizer(recipe: Recipe, model: nn.Module) -> tuple[torch.optim.Optimizer,
         layout = eight_bit_layout()
         if recipe.scale.min_8bit_size is not None:  # the scale's own threshold, as the real optimizer gets it
             layout = dataclasses.replace(layout, min_8bit_size=recipe.scale.min_8bit_size)
-        return build_eight_bit(recipe.optimizer, model, recipe.learning_rate, layout), None
+        return build_eight_bit(recipe.optimizer, model, recipe.learning_rate, layout, memory.outside), None
     optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
     for group in optimizer.param_groups:
         group["foreach"] = True  # the GPU default; fake parameters would take the single-tensor path
@@ -539,7 +539,7 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
            inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]]) -> dict[str, Any]:
     """The measured steps of the real engines' loop, on fake tensors; the Record's state fields."""
     memory = session.memory
-    optimizer, scheduler = _optimizer(recipe, model)
+    optimizer, scheduler = _optimizer(recipe, model, memory)
     for p in model.parameters():
         memory.tag(p, PARAMETERS)
         p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, GRADIENTS))
@@ -554,6 +554,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     states: dict[str, Any] = dict(_state_bytes(model, optimizer))
     states["grad_bytes"] = loop.grad_bytes or 0
     states.update(loop.measured_fields())
+    if recipe.optimizer in optimizers.PAGED:  # unified memory: the state tensors the device does not hold
+        states["paged_state_bytes"] = memory.host_bytes(optimizer_state_tensors(optimizer))
     loop.logits = None
     return states
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -144,6 +145,15 @@ class DeviceMemory(TorchDispatchMode):
             if self._handles.get(storage) is None:
                 seen[id(storage)] = storage.nbytes()
         return sum(seen.values())
+
+    @contextmanager
+    def outside(self) -> Iterator[None]:
+        """Storages made in the block are not the device's: a host copy, unified memory."""
+        counting, self.counting = self.counting, False
+        try:
+            yield
+        finally:
+            self.counting = counting
 
     def forget(self, tensor: torch.Tensor) -> None:
         """Stop counting a storage that a GPU run keeps on the host."""

@@ -115,7 +115,7 @@ def _record(key: Key, tier: str) -> Record:
         if key.load_only:
             return load_record(key.techniques)
         return _memory(_article(key.techniques, tier), BATCH_ONE_FRACTION)  # a smaller micro-batch
-    if key in (claims.OFFLOAD, claims.IN_BACKWARD, claims.EXPANDABLE):
+    if key in (claims.OFFLOAD, claims.IN_BACKWARD, claims.EXPANDABLE, claims.PAGED):
         return _beyond(key, tier)
     record = _cpu(key) if tier == "cpu" else _article(key, tier)
     if key == ("fabric",):
@@ -132,6 +132,11 @@ def _beyond(key: Key, tier: str) -> Record:
     on the CPU, where nothing is copied) 97 % of the saved activations leave it."""
     plain = _record(("fabric",), tier)
     names = dict(recipe=plain.recipe.replace("fabric", "+".join(key)), techniques=list(key))
+    if key == claims.PAGED:  # AdamW8bit's run, its two large states (2 B per parameter) out of the allocator
+        eight = _record(claims.EIGHT_BIT_ADAMW, tier)
+        paged = 2 * N
+        return dataclasses.replace(eight, **names, peak_allocated_bytes=eight.peak_allocated_bytes - paged,
+                                   paged_state_bytes=paged)
     if key == claims.EXPANDABLE:  # the same tensors; the reserved memory less the default's rests
         reserved = plain.peak_allocated_bytes + UNUSED_BY_DEFAULT // 3
         return dataclasses.replace(plain, **names, peak_reserved_total_bytes=reserved, expandable_segment_bytes=reserved)
@@ -196,6 +201,8 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
                                                           peak_allocated_bytes=plain.peak_allocated_bytes)
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
         records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
+    elif name == "paged-optimizer-unified-memory":  # the states stayed in the caching allocator
+        records[claims.PAGED] = dataclasses.replace(records[claims.EIGHT_BIT_ADAMW], paged_state_bytes=0)
     elif name == "expandable-segments-fewer-slivers":  # the setting did not take: the default's segments
         records[claims.EXPANDABLE] = dataclasses.replace(records[("fabric",)], expandable_segment_bytes=0)
     elif name == "activation-offload-no-copy-on-cpu":  # a host copy of every saved tensor (pinned on the CPU)
