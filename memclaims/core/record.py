@@ -150,6 +150,10 @@ class Record:
     # steps, and the most gradient bytes alive at once when one of them began.
     backward_optimizer_steps: int | None = None
     backward_grad_peak_bytes: int | None = None
+    # FSDP ranks: parameter elements the rank held unsharded (all-gathered, not yet resharded) right
+    # after the first measured forward pass: every parameter under SHARD_GRAD_OP, only the root's (which
+    # FSDP keeps for the backward) under FULL_SHARD. None: not a sharded run, or made before the field.
+    forward_unsharded_params: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
     # Model state kept on the host while the model trains on a device (CPU offload), by category of
