@@ -16,6 +16,7 @@ changes nothing and a changed version string, must stay green.
 | Adam's update 100x too small | pytorch#105837 (model stopped learning after 1.13 -> 2.0) | accuracy (converged) |
 | ``save_on_cpu``'s hooks never pushed: saved tensors stay where autograd made them | a saved-tensor hook outranked or disabled (torch.utils.checkpoint's own hooks take precedence inside a checkpointed region) | active (offloaded_activation_bytes, phase forward) |
 | the post-accumulate-grad hooks lost: the loop's own step trains the ordinary way | a wrapper that replaces the parameters after the hooks were registered (FSDP1's flat parameters) | backward_optimizer_steps, grad_bytes, phases.optimizer_step.*, active |
+| FSDP's sharding strategy lost on its way to the wrapper: SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD run as FULL_SHARD (or SHARD_GRAD_OP, FULL_SHARD as NO_SHARD); on the sim, suite/test_sim_sharding_strategies.py | a keyword a wrapper stops forwarding (Lightning's FSDPStrategy passes ``sharding_strategy`` through its kwargs) | active (forward_unsharded_params, phase forward; param_bytes, optimizer_state_bytes, phase optimizer_step), every model-state metric |
 | 3,000 small objects kept per optimizer step | FSDP2/DTensor and foreach paths leaking Python objects per step (pytorch#178276, #181761, #188174) | host_steady.leak on python_blocks, phase optimizer_step |
 | a 4 MiB C buffer kept per optimizer step | host RAM growing by tens of GB over long runs (the same issues) | host_steady.leak on malloc_bytes, phase optimizer_step |
 """

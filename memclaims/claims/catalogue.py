@@ -677,6 +677,51 @@ def _no_copy_on_cpu(tier: str, get: Lookup) -> Verdict:
                    f"the recipe without it: {differ or 'none'}")
 
 
+# FSDP's sharding strategies, as torch.distributed.fsdp.ShardingStrategy's docstring describes them; the
+# article's 08 recipe (fsdp + activation checkpointing) with each, rank 0 of the tier's ranks.
+FULL_SHARD_08: Techniques = ("fsdp", "activation-checkpointing")
+SHARD_GRAD_OP_08: Techniques = ("fsdp-shard-grad-op", "activation-checkpointing")
+NO_SHARD_08: Techniques = ("fsdp-no-shard", "activation-checkpointing")
+_MODEL_STATE = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
+
+
+def _state(record: Record) -> str:
+    return ", ".join(f"{key.removesuffix('_bytes')} {_mib(getattr(record, key))}" for key in _MODEL_STATE)
+
+
+def _no_shard_replicates(tier: str, get: Lookup) -> Verdict:
+    """NO_SHARD: a rank holds the whole model, its gradients and Adam state (2 x the parameters), the
+    devices x FULL_SHARD rank's share of each."""
+    full, whole = get(FULL_SHARD_08), get(NO_SHARD_08)
+    model = whole.param_count * 4  # fp32, the 08 recipe
+    expected = {"param_bytes": model, "grad_bytes": model, "optimizer_state_bytes": 2 * model}
+    replicated = all(abs(getattr(whole, k) - v) <= 0.001 * v for k, v in expected.items())
+    # Each sharded (FULL_SHARD) share is 1/devices of the whole, up to the flat parameters' padding.
+    shares = {k: getattr(whole, k) / getattr(full, k) for k in _MODEL_STATE if getattr(full, k)}
+    sharded = len(shares) == 3 and all(abs(r - whole.devices) <= 0.01 * whole.devices for r in shares.values())
+    return Verdict(replicated and sharded,
+                   f"NO_SHARD rank {whole.rank} of {whole.devices}: {_state(whole)} (the whole fp32 model "
+                   f"{_mib(model)}, Adam 2x: within 0.1 %); FULL_SHARD rank: {_state(full)}; ratios "
+                   + ", ".join(f"{k.removesuffix('_bytes')} {r:.3f}" for k, r in shares.items())
+                   + f" (devices {whole.devices}, within 1 %)")
+
+
+def _shard_grad_op_shards(tier: str, get: Lookup) -> Verdict:
+    """SHARD_GRAD_OP: gradients and optimizer state sharded as FULL_SHARD's; parameters sharded outside the
+    computation (the rank's shard, as FULL_SHARD's) but gathered inside it: every parameter still
+    unsharded after the forward, so the rank's peak is above FULL_SHARD's."""
+    full, zero2 = get(FULL_SHARD_08), get(SHARD_GRAD_OP_08)
+    same_state = all(getattr(zero2, k) == getattr(full, k) for k in _MODEL_STATE)
+    gathered = zero2.forward_unsharded_params or 0
+    inside = gathered >= zero2.param_count > (full.forward_unsharded_params or 0)
+    above = zero2.peak_allocated_bytes > full.peak_allocated_bytes
+    return Verdict(same_state and inside and above,
+                   f"SHARD_GRAD_OP rank {zero2.rank} of {zero2.devices}: {_state(zero2)}; FULL_SHARD's: {_state(full)}; "
+                   f"parameters gathered after the forward {gathered:,} of {zero2.param_count:,} (FULL_SHARD: "
+                   f"{full.forward_unsharded_params}); peak allocated {_mib(zero2.peak_allocated_bytes)} vs "
+                   f"FULL_SHARD's {_mib(full.peak_allocated_bytes)}")
+
+
 # --- the checks, by claim id ---------------------------------------------------------------------
 
 RATIOS = (
@@ -718,6 +763,9 @@ CHECKS: dict[str, Check] = {
     "paged-optimizer-unified-memory": Check(_paged_outside_allocator, frozenset({"sim"}),
                                             {"*": (EIGHT_BIT_ADAMW, PAGED)}),
     "expandable-segments-fewer-slivers": Check(_fewer_slivers, frozenset({"sim"}), {"*": (("fabric",), EXPANDABLE)}),
+    "fsdp-no-shard-replicates": Check(_no_shard_replicates, frozenset({"sim"}), {"*": (FULL_SHARD_08, NO_SHARD_08)}),
+    "fsdp-shard-grad-op-shards-outside-computation": Check(_shard_grad_op_shards, frozenset({"sim"}),
+                                                           {"*": (FULL_SHARD_08, SHARD_GRAD_OP_08)}),
     **{c: Check(_course(c), frozenset({"cpu"})) for c in (
         "course-param-count", "course-estimate-125", "course-bytes-per-param", "course-adamw-elements",
         "course-adam8bit-elements", "course-adamw-502", "course-adam8bit-128", "course-quarter")},

@@ -156,6 +156,10 @@ class Record:
     # paged-adamw8bit: optimizer state bytes in CUDA unified memory (bitsandbytes' paged buffers),
     # outside the caching allocator's figures; 0 on the CPU, where bitsandbytes does not page.
     paged_state_bytes: int | None = None
+    # FSDP ranks: parameter elements the rank held unsharded (all-gathered, not yet resharded) right
+    # after the first measured forward pass: every parameter under SHARD_GRAD_OP, only the root's (which
+    # FSDP keeps for the backward) under FULL_SHARD. None: not a sharded run, or made before the field.
+    forward_unsharded_params: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
     # Model state kept on the host while the model trains on a device (CPU offload), by category of

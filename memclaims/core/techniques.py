@@ -37,6 +37,9 @@ class Technique:
     # with a strategy runs on ranks through memclaims.measure.distributed. ``sharded``: FSDP's sharding.
     strategy: str | None = None
     sharded: bool = False
+    # FSDP's ``ShardingStrategy`` name (torch.distributed.fsdp, Lightning's ``sharding_strategy=``) of a
+    # sharded technique: FULL_SHARD for the article's fsdp; the others from issue #27 (``SHARDINGS``).
+    sharding: str | None = None
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     delayed_init: bool = False
@@ -63,6 +66,30 @@ class Technique:
     in_default: bool = True
 
 
+# HYBRID_SHARD shards within a node and replicates across nodes; on one machine it is FULL_SHARD unless
+# the ranks are split into nodes by a device mesh. memclaims splits them into this many "nodes" (a
+# (replicate, shard) mesh of (HYBRID_NODES, N / HYBRID_NODES)) on every engine, so the technique differs
+# from fsdp on one machine: a rank holds HYBRID_NODES / N of the model.
+HYBRID_NODES = 2
+SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+
+
+def shard_group_size(sharding: str | None, world: int) -> int:
+    """How many ranks share one copy of the model, each holding a 1/size shard, under ``sharding``
+    (None: FULL_SHARD) on ``world`` ranks: all of them, one (NO_SHARD), or one simulated node (HYBRID_SHARD)."""
+    if sharding == "NO_SHARD":
+        return 1
+    if sharding == "HYBRID_SHARD":
+        if world % HYBRID_NODES:
+            raise UsageError(f"HYBRID_SHARD over {HYBRID_NODES} simulated nodes needs a number of ranks divisible "
+                             f"by {HYBRID_NODES} (got {world})")
+        return world // HYBRID_NODES
+    return world
+
+
+# The sharded techniques besides the article's fsdp (FULL_SHARD), by name.
+FSDP_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid")
+
 # Why the optimizer step cannot move into backward alongside these (PyTorch's tutorial "How to save
 # memory by fusing the optimizer step into the backward pass" names grad-accum and the strategies).
 _IN_BACKWARD_CONFLICTS: tuple[tuple[str, str], ...] = (
@@ -73,8 +100,8 @@ _IN_BACKWARD_CONFLICTS: tuple[tuple[str, str], ...] = (
     *((eight_bit, "memclaims builds one optimizer per parameter from the recipe's param groups, and "
                   "bitsandbytes keeps its 8-bit settings (min_8bit_size, optim_bits) outside them")
       for eight_bit in ("adam8bit", "adamw8bit", "paged-adamw8bit")),
-    ("fsdp", "FSDP flattens the parameters into shards: hooks on the original parameters never fire, and a "
-             "shard's gradient exists only after the reduce-scatter"),
+    *((fsdp, "FSDP flattens the parameters into shards: hooks on the original parameters never fire, and a "
+             "shard's gradient exists only after the reduce-scatter") for fsdp in ("fsdp", *FSDP_SHARDINGS)),
     ("ddp", "DDP all-reduces gradients in buckets from its own hooks; a step in the post-accumulate hook "
             "would apply the rank's local gradient before the all-reduce"),
     ("deepspeed-zero2", "DeepSpeed owns the optimizer step (partitioned fp32 master weights and states)"),
@@ -123,7 +150,20 @@ TECHNIQUES: tuple[Technique, ...] = (
     # Multi-device, on top of the fp32 01-2 script; run by memclaims.measure.distributed (FSDP2 over gloo
     # on the CPU, Lightning's FSDPStrategy on CUDA).
     Technique("fsdp", "fully sharded data parallel, auto-wrapped on the transformer block",
-              "08_fsdp-with-01-2", group="strategy", strategy="fsdp", sharded=True),
+              "08_fsdp-with-01-2", group="strategy", strategy="fsdp", sharded=True, sharding="FULL_SHARD"),
+    # FSDP's other sharding strategies (issue #27), the same wrap as fsdp; outside the default selection's
+    # cover. The article's CPU offload and delayed init (09, 11) build on FULL_SHARD only: they ``need`` fsdp.
+    Technique("fsdp-shard-grad-op", "FSDP SHARD_GRAD_OP (ZeRO-2-like): gradients and optimizer state sharded, "
+              "parameters all-gathered before the forward and kept unsharded until after the backward",
+              "torch docs: ShardingStrategy.SHARD_GRAD_OP", group="strategy", strategy="fsdp", sharded=True,
+              sharding="SHARD_GRAD_OP", in_cover=False),
+    Technique("fsdp-no-shard", "FSDP NO_SHARD (DDP-like): parameters, gradients and optimizer state whole on "
+              "every rank, gradients all-reduced", "torch docs: ShardingStrategy.NO_SHARD", group="strategy",
+              strategy="fsdp", sharded=True, sharding="NO_SHARD", in_cover=False),
+    Technique("fsdp-hybrid", f"FSDP HYBRID_SHARD over {HYBRID_NODES} simulated nodes: FULL_SHARD within each "
+              f"1/{HYBRID_NODES} of the ranks, replicated across them (device mesh (replicate {HYBRID_NODES}, "
+              f"shard N/{HYBRID_NODES}))", "torch docs: ShardingStrategy.HYBRID_SHARD", group="strategy",
+              strategy="fsdp", sharded=True, sharding="HYBRID_SHARD", in_cover=False),
     # The LLM bonus "before" scripts: the whole model on every rank, gradients all-reduced in buckets
     # (Lightning's DDPStrategy passes no DDP options: torch's 25 MiB buckets, no bucket views).
     Technique("ddp", "distributed data parallel: the whole model, gradients and optimizer state on every "
@@ -145,7 +185,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("activation-offload", "tensors saved for backward moved to host memory during the forward pass "
               "(torch.autograd.graph.save_on_cpu), copied back in backward", "torch docs: save_on_cpu",
               offloads_activations=True, in_cover=False,
-              conflicts=tuple((s, _RANKS_DO_NOT_OFFLOAD) for s in ("fsdp", "ddp", "deepspeed-zero2"))),
+              conflicts=tuple((s, _RANKS_DO_NOT_OFFLOAD) for s in ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2"))),
     # One optimizer per parameter, stepped and zeroed in Tensor.register_post_accumulate_grad_hook.
     Technique("optimizer-in-backward", "each parameter's optimizer step and zero_grad inside backward, as its "
               "gradient is ready: gradients freed as soon as they are applied",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
+from memclaims.core.techniques import shard_group_size, technique
 from memclaims.measure.optimizers import PAGED_MIN_NUMEL
 
 if TYPE_CHECKING:
@@ -71,11 +72,8 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
         say("paged-adamw8bit", f"paged_state_bytes is {record.paged_state_bytes} B after phase optimizer_step: no "
                                "optimizer state in unified memory (bitsandbytes pages states of "
                                f"{PAGED_MIN_NUMEL:,} elements or more)")
-    if "fsdp" in names and record.devices > 1:
-        full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
-        if record.param_bytes >= full:
-            say("fsdp", f"rank {record.rank} holds {record.param_bytes:,} B of parameters, the whole "
-                        f"model's {full:,} B: nothing is sharded")
+    if recipe.sharding is not None and record.devices > 1:
+        _fsdp_sharding(recipe, record, say)
     if "ddp" in names and record.devices > 1:
         full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
         if record.param_bytes != full:
@@ -106,6 +104,54 @@ def _zero2_partitioned(record: Record, say: Callable[[str, str], None]) -> None:
         if held > share * ZERO2_SLACK:
             say("deepspeed-zero2", f"rank {record.rank} holds {field_name} {held:,} B, above 1/{world} of the "
                                    f"model's {what} ({share:,.0f} B): ZeRO-2 partitions them over the ranks")
+
+
+# FSDP per rank: parameters, gradients and (Adam's) optimizer state are 1/G of the model's, G the ranks that
+# share one copy (memclaims.core.techniques.shard_group_size: N, 1 for NO_SHARD, one simulated node's for
+# HYBRID_SHARD). Padding adds to it: FSDP2 pads each parameter's dim 0 to a multiple of G (the smoke ViT:
+# +1.4 % over 2 ranks, +9.1 % over 4: 21,420 B for 19,626 B), FSDP1 each flat parameter by under G elements.
+# 25 % covers the padding and stays far from the factor 2 between one strategy's share and the next's.
+FSDP_SHARE_SLACK = 1.25
+
+
+def _fsdp_sharding(recipe: Recipe, record: Record, say: Callable[[str, str], None]) -> None:
+    """Is the recipe's FSDP sharding strategy the one that ran? What each strategy keeps per rank:
+    FULL_SHARD and SHARD_GRAD_OP 1/N of the model state, NO_SHARD all of it, HYBRID_SHARD 1/(N/nodes);
+    SHARD_GRAD_OP every parameter still gathered after the forward, the others (with a wrap policy) the
+    root's only."""
+    name = next(t for t in recipe.techniques if technique(t).sharding)
+    sharding, world = recipe.sharding or "FULL_SHARD", record.devices
+    group = shard_group_size(sharding, world)
+    whole = record.param_count * (2 if record.precision in TRUE_HALF else 4)
+    on_device = not recipe.cpu_offload  # offload keeps the shards and their state on the host
+    what = "the whole model's" if group == 1 else f"1/{group} of the model's"
+    terms = [("param_bytes", 1, "model weights", "phase load (after setup)")]
+    if recipe.optimizer in ("adam", "adamw"):
+        terms.append(("optimizer_state_bytes", 2, "Adam state (two moments)", "phase optimizer_step"))
+    for field_name, copies, noun, when in terms:
+        held, share = getattr(record, field_name), copies * whole / group
+        steps = 4 * record.param_tensor_count if field_name == "optimizer_state_bytes" else 0  # Adam's step scalars
+        low = share / FSDP_SHARE_SLACK if on_device else 0
+        if not low <= held <= share * FSDP_SHARE_SLACK + steps:
+            say(name, f"rank {record.rank} holds {field_name} {held:,} B after {when}, not {what} {noun} "
+                      f"({share:,.0f} B within {FSDP_SHARE_SLACK - 1:.0%}): {sharding} over {world} ranks "
+                      f"shards them over {group}")
+    if record.grad_bytes > whole / group * FSDP_SHARE_SLACK:
+        say(name, f"rank {record.rank} holds grad_bytes {record.grad_bytes:,} B after phase backward, above {what} "
+                  f"gradients ({whole / group:,.0f} B): {sharding} over {world} ranks shards them over {group}")
+    gathered = record.forward_unsharded_params
+    if gathered is None:
+        if record.device != "cuda":  # Lightning's FSDPStrategy on CUDA ranks is not observed there
+            say(name, "forward_unsharded_params was not observed after phase forward")
+        return
+    if sharding == "SHARD_GRAD_OP" and gathered < record.param_count:
+        say(name, f"forward_unsharded_params is {gathered:,} of {record.param_count:,} parameters after phase "
+                  "forward: SHARD_GRAD_OP keeps every parameter gathered from the forward through the backward "
+                  "(the units were resharded after their forward, as FULL_SHARD does)")
+    if sharding in ("FULL_SHARD", "HYBRID_SHARD") and recipe.workload.fsdp_auto_wrap and gathered >= record.param_count:
+        say(name, f"forward_unsharded_params is {gathered:,} of {record.param_count:,} parameters after phase "
+                  f"forward: {sharding} reshards each wrapped block after its forward (only the root stays "
+                  "gathered)")
 
 
 def rank_problems(records: Sequence[Record]) -> list[str]:

@@ -30,6 +30,7 @@ from torch import nn
 from memclaims.core.errors import UsageError
 from memclaims.core.precision import PRECISIONS, precision
 from memclaims.core.record import Record, device_name
+from memclaims.core.techniques import HYBRID_NODES, shard_group_size
 from memclaims.measure import launcher, pipeline
 from memclaims.measure.probes import CpuProbe
 from memclaims.recipes.options import DEFAULT_TIMEOUT_S, RunOptions, check_device, default_devices, resolve_memory_steps
@@ -142,6 +143,8 @@ def check_distributed(recipe: Recipe, device: str, devices: int, local: bool = T
             raise UsageError(f"{recipe.id}: the plain PyTorch loop does not shard")
         if recipe.strategy == "deepspeed_stage_2":
             raise UsageError(f"{recipe.id}: {DEEPSPEED_ON_CPU}; use --device cuda or --device sim")
+        if recipe.sharding == "HYBRID_SHARD":
+            shard_group_size(recipe.sharding, devices)  # UsageError unless the ranks split into the nodes
         if recipe.sharded and recipe.micro_batch_size % devices:
             raise UsageError(
                 f"{recipe.id}: micro-batch {recipe.micro_batch_size} does not split evenly over "
@@ -204,6 +207,23 @@ def expected_shard_bytes(shapes: Sequence[Sequence[int]], itemsize: int, world: 
     }
 
 
+# What FSDP2 does for each FSDP1 sharding strategy on the CPU ranks (fully_shard's keywords).
+FSDP2_SHARDINGS = {
+    "SHARD_GRAD_OP": "reshard_after_forward=False (the gathered parameters stay until after the backward)",
+    "NO_SHARD": "HSDP over a (replicate N, shard 1) device mesh: every rank holds the whole model, gradients "
+                "all-reduced",
+    "HYBRID_SHARD": f"HSDP over a (replicate {HYBRID_NODES}, shard N/{HYBRID_NODES}) device mesh: "
+                    f"{HYBRID_NODES} simulated nodes",
+}
+
+
+def unsharded_params(model: nn.Module) -> int:
+    """Parameter elements of ``model`` that are plain tensors, not FSDP2's DTensor shards: what is gathered."""
+    from torch.distributed.tensor import DTensor
+
+    return sum(p.numel() for p in model.parameters() if not isinstance(p, DTensor))
+
+
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """The rank's own shard of a DTensor (parameters, gradients, optimizer state), else the tensor."""
     to_local = getattr(tensor, "to_local", None)
@@ -234,6 +254,10 @@ class CpuShardedEngine(pipeline.Engine):
         self.rank, self.world = rank, world
         self.notes.append(f"rank {rank} of {world}: FSDP2 fully_shard over gloo on the CPU "
                           "(Lightning refuses FSDP on the CPU)")
+        if recipe.sharding not in (None, "FULL_SHARD"):
+            self.notes.append(f"{recipe.sharding} as FSDP2 runs it: {FSDP2_SHARDINGS[recipe.sharding]}")
+        # Parameter elements held unsharded after the first measured forward pass (forward_loss).
+        self.forward_unsharded_params: int | None = None
         self.spec = precision(recipe.precision)
         if self.precision_ran != recipe.precision:
             self.notes.append(f"ran {recipe.precision} as {self.precision_ran} on cpu")
@@ -259,6 +283,8 @@ class CpuShardedEngine(pipeline.Engine):
         from torch.distributed.fsdp import fully_shard
 
         block = self.recipe.workload.block_class()
+        options = self.fsdp2_options()
+        mesh = {k: v for k, v in options.items() if k == "mesh"}  # the root's reshard_after_forward: FSDP2's own
         if self.recipe.activation_checkpointing:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
                 apply_activation_checkpointing,
@@ -275,9 +301,24 @@ class CpuShardedEngine(pipeline.Engine):
                 # The outermost module of each block: the checkpoint wrapper when there is one.
                 inner = getattr(module, "_checkpoint_wrapped_module", module)
                 if isinstance(inner, block) and (module is inner) != self.recipe.activation_checkpointing:
-                    fully_shard(module)
-        fully_shard(model)  # the root: embeddings, final norm and head (all of it without auto-wrap)
+                    fully_shard(module, **options)
+        fully_shard(model, **mesh)  # the root: embeddings, final norm and head (all of it without auto-wrap)
         return model
+
+    def fsdp2_options(self) -> dict[str, Any]:
+        """FSDP2's equivalent of the recipe's FSDP1 sharding strategy, as ``fully_shard`` keywords:
+        SHARD_GRAD_OP is ``reshard_after_forward=False``; NO_SHARD and HYBRID_SHARD are HSDP over a
+        (replicate, shard) device mesh of (N, 1) and (HYBRID_NODES, N / HYBRID_NODES) (torch lets the CPU
+        ranks form one over gloo: HYBRID_SHARD's simulated nodes)."""
+        sharding = self.recipe.sharding or "FULL_SHARD"
+        options: dict[str, Any] = {"reshard_after_forward": sharding != "SHARD_GRAD_OP"}
+        if sharding in ("NO_SHARD", "HYBRID_SHARD"):
+            from torch.distributed.device_mesh import init_device_mesh
+
+            group = shard_group_size(sharding, self.world)
+            options["mesh"] = init_device_mesh("cpu", (self.world // group, group),
+                                               mesh_dim_names=("replicate", "shard"))
+        return options
 
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
         return _local(tensor)
@@ -294,9 +335,17 @@ class CpuShardedEngine(pipeline.Engine):
             return self.recipe.workload.logits(model, inputs).float()  # casts_output, a no-op for 32-true
 
     def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
-        """The loss of this rank's share of the global micro-batch."""
+        """The loss of this rank's share of the global micro-batch; after the first forward pass, how
+        many parameter elements FSDP2 left unsharded (it swaps a module's DTensor shards for plain
+        unsharded parameters while they are gathered)."""
         share = _rank_slice(inputs, self.rank, self.world), _rank_slice(targets, self.rank, self.world)
-        return F.cross_entropy(self.logits(model, share[0]), share[1])
+        loss = F.cross_entropy(self.logits(model, share[0]), share[1])
+        if self.forward_unsharded_params is None and model.training:
+            self.forward_unsharded_params = unsharded_params(model)
+        return loss
+
+    def measured_fields(self) -> dict[str, Any]:
+        return {**super().measured_fields(), "forward_unsharded_params": self.forward_unsharded_params}
 
     def loss_value(self, loss: torch.Tensor) -> float:
         """The global batch's loss: FSDP averages gradients over ranks, and the shares are equal,

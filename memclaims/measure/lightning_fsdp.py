@@ -19,24 +19,37 @@ if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
 
 
-def fsdp_strategy(recipe: Recipe) -> Any:
-    """Scripts 08/09/11: wrap and checkpoint the workload's block, optionally offload to the CPU."""
+def fsdp_strategy(recipe: Recipe, world: int | None = None) -> Any:
+    """Scripts 08/09/11: wrap and checkpoint the workload's block, optionally offload to the CPU; the
+    recipe's sharding strategy (FULL_SHARD, the article's, unless a technique of issue #27 says otherwise).
+    HYBRID_SHARD gets the device mesh (replicate HYBRID_NODES, shard ``world`` / HYBRID_NODES): the ranks
+    of one machine split into simulated nodes (without a mesh, one node's HYBRID_SHARD is FULL_SHARD)."""
     from lightning.fabric.strategies.fsdp import FSDPStrategy
 
+    from memclaims.core.techniques import shard_group_size
+
     block = recipe.workload.block_class()
+    sharding = recipe.sharding or "FULL_SHARD"
+    mesh: dict[str, Any] = {}
+    if sharding == "HYBRID_SHARD":
+        world = world or default_devices("cuda")
+        group = shard_group_size(sharding, world)
+        mesh["device_mesh"] = (world // group, group)
     return FSDPStrategy(
         auto_wrap_policy={block} if recipe.workload.fsdp_auto_wrap else None,
         activation_checkpointing_policy={block} if recipe.activation_checkpointing else None,
         cpu_offload=recipe.cpu_offload,
+        sharding_strategy=cast(Any, sharding),
+        **mesh,
     )
 
 
-def strategy(recipe: Recipe) -> Any:
+def strategy(recipe: Recipe, world: int | None = None) -> Any:
     """Lightning's strategy of a multi-device recipe, configured as the article's scripts do: FSDP as
     above; ``"ddp"`` and ``"deepspeed_stage_2"`` by name, with Lightning's defaults (DDP: torch's 25 MiB
     buckets, ``gradient_as_bucket_view=False``; DeepSpeed: memclaims.sim.zero.LIGHTNING_DEFAULTS)."""
     if recipe.sharded:
-        return fsdp_strategy(recipe)
+        return fsdp_strategy(recipe, world)
     if recipe.strategy == "ddp" and recipe.workload.unused_parameters:
         from lightning.fabric.strategies import DDPStrategy
 
@@ -56,7 +69,7 @@ def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     environment = cluster_environment()
     fabric = Fabric(accelerator=options.device, devices=per_node, num_nodes=max(1, world // per_node),
-                    strategy=strategy(recipe), precision=cast(Any, recipe.precision),
+                    strategy=strategy(recipe, world), precision=cast(Any, recipe.precision),
                     plugins=[environment] if environment is not None else None)
     # The processes exist already (LOCAL_RANK is set): launch() only joins the group and picks
     # this rank's GPU.

@@ -59,6 +59,7 @@ class Recipe:
     # Multi-device (memclaims.measure.distributed); defaults keep single-device recipes unchanged.
     strategy: str | None = None  # Lightning's strategy= name (fsdp, ddp, deepspeed_stage_2); None: one device
     sharded: bool = False
+    sharding: str | None = None  # FSDP's ShardingStrategy name of a sharded recipe (FULL_SHARD for fsdp)
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     delayed_init: bool = False
@@ -140,6 +141,7 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         plain_pytorch=any(t.plain_pytorch for t in chosen),
         strategy=next((t.strategy for t in chosen if t.strategy), None),
         sharded=any(t.sharded for t in chosen),
+        sharding=next((t.sharding for t in chosen if t.sharding), None),
         activation_checkpointing=any(t.activation_checkpointing for t in chosen),
         cpu_offload=any(t.cpu_offload for t in chosen),
         delayed_init=any(t.delayed_init for t in chosen),

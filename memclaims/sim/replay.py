@@ -703,6 +703,8 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
     notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
                  f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} ({lightning} Lightning's "
                  f"FSDPPrecision); not modelled: " + "; ".join(sharded.UNMODELLED.values()))
+    if recipe.sharding not in (None, "FULL_SHARD"):
+        notes.append(f"sharding_strategy {recipe.sharding}: {sharded.SHARDING_NOTES[recipe.sharding]}")
     if not sharded.limit_all_gathers(chosen.optimizer_era):
         notes.append("limit_all_gathers=False (FSDP1's default before pytorch PR #104900): the forward's all-gather "
                      "buffers stay taken until the first pre-backward hook (memclaims.sim.sharded._RunAhead)")
@@ -725,7 +727,8 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
                                    shard_dtype=shard_dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                                    offload=recipe.cpu_offload, checkpointing=recipe.activation_checkpointing,
                                    auto_wrap=recipe.workload.fsdp_auto_wrap, moved=moved,
-                                   limit_gathers=sharded.limit_all_gathers(chosen.optimizer_era))
+                                   limit_gathers=sharded.limit_all_gathers(chosen.optimizer_era),
+                                   sharding=recipe.sharding or "FULL_SHARD")
             if param_dtype != shard_dtype:  # the compute copies the units all-gather (host fakes, uncounted)
                 with session.host():
                     _move(model, param_dtype)

@@ -40,6 +40,13 @@ FSDP1's allocations emulated around the real model's forward and backward (per-r
   stream; the allocator keeps free blocks per stream, which is what makes FSDP reserve more than
   it allocates.
 
+Sharding strategies (issue #27; ``SHARDING_NOTES``): the above is FULL_SHARD, the article's. SHARD_GRAD_OP
+skips the reshard after each unit's forward (every unit stays gathered until its post-backward hook,
+so nothing is left for the run-ahead either); NO_SHARD keeps each whole flat parameter as its "shard",
+gathers nothing (a ``param_dtype`` copy under mixed precision), keeps the whole flat gradient (all-reduced
+in place) and whole optimizer state; HYBRID_SHARD shards each unit over one simulated node's ranks
+(``memclaims.core.techniques.shard_group_size``) and all-reduces the shard across nodes in place.
+
 Not predicted, and bounded in ``UNMODELLED``: NCCL's own buffers (outside the caching allocator,
 so outside ``max_memory_reserved``: 0 by construction), how far the CPU also runs ahead in the
 backward (timing: the replay frees the backward's unsharded parameters and gradients at once; at
@@ -60,6 +67,7 @@ from torch import nn
 
 from memclaims.core.errors import UsageError
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS
+from memclaims.core.techniques import SHARDINGS, shard_group_size
 from memclaims.measure import optimizers
 from memclaims.measure.tensors import optimizer_state_tensors
 from memclaims.sim.eras import optimizer_era
@@ -82,6 +90,17 @@ UNMODELLED = {
     "evaluation": "the validation loop (no_grad: no saved activations; its all-gathers, run ahead or not, "
                   "reuse the unshard pool the training forward filled) stays below the training peak and is "
                   "not replayed",
+}
+
+
+# What each sharding strategy but FULL_SHARD changes in the replay (a sharded recipe's notes).
+SHARDING_NOTES = {
+    "SHARD_GRAD_OP": "no reshard after a unit's forward: every unit's flat parameter stays gathered from its "
+                     "forward until its post-backward reduce-scatter",
+    "NO_SHARD": "each unit's whole flat parameter, flat gradient (all-reduced in place) and optimizer state on "
+                "the rank; no all-gather",
+    "HYBRID_SHARD": "FULL_SHARD within a simulated node (memclaims.core.techniques.HYBRID_NODES nodes of the "
+                    "ranks), the shards' gradients all-reduced across nodes in place",
 }
 
 
@@ -155,6 +174,10 @@ class _Unit:
     offload: bool
     memory: DeviceMemory
     root: bool = False
+    # FSDP1's sharding strategy (``wrap``): SHARD_GRAD_OP does not reshard after the forward; NO_SHARD keeps
+    # the whole flat parameter as its "shard" (``world`` 1), all-reduces the flat gradient and gathers nothing.
+    reshard_after_forward: bool = True
+    no_shard: bool = False
     shard: nn.Parameter | None = None
     full: torch.Tensor | None = None
     flat_grad_pending: int = 0
@@ -201,6 +224,9 @@ class _Unit:
             for p in self.params:  # the originals' storage, replaced by views into the flat parameter
                 self.memory.forget(p)
         del moved_here
+        if self.no_shard:  # FlatParamHandle.shard: NO_SHARD keeps the flat parameter itself, nothing cloned
+            self.shard = nn.Parameter(flat)
+            return
         shard = torch.empty(self.padded // self.world, dtype=self.shard_dtype)
         del flat  # flat_param.set_(shard): the full flat storage is released
         if not self.offload:
@@ -216,6 +242,11 @@ class _Unit:
     def unshard(self) -> None:
         if self.full is not None:
             return
+        if self.no_shard:
+            if self.param_dtype != self.shard_dtype:  # NO_SHARD gathers nothing; mixed precision casts (_mp_shard)
+                with self._stream(UNSHARD_STREAM):
+                    self.full = torch.empty(self.padded, dtype=self.param_dtype)
+            return
         with self._stream(UNSHARD_STREAM):
             staged = None
             if self.offload or self.param_dtype != self.shard_dtype:
@@ -226,7 +257,11 @@ class _Unit:
 
     def reshard(self, after_forward: bool = False) -> None:
         """Free the unsharded flat parameter; after a forward without the rate limiter its block stays
-        taken until the GPU has run the unit (record_stream on the compute stream), see ``_RunAhead``."""
+        taken until the GPU has run the unit (record_stream on the compute stream), see ``_RunAhead``.
+        SHARD_GRAD_OP keeps it after the forward (``_reshard_after_forward`` is False): only the
+        post-backward frees it."""
+        if after_forward and not self.reshard_after_forward:
+            return
         if after_forward and not self.run_ahead.limit_all_gathers and self.full is not None:
             self.run_ahead.pending.append(self.full)
         self.full = None
@@ -242,6 +277,18 @@ class _Unit:
             p.grad = None
         if self.reduce_dtype != self.param_dtype:
             flat = flat.to(self.reduce_dtype)
+        assert self.shard is not None
+        if self.no_shard:
+            # _reduce_grad_no_shard: the flat gradient is all-reduced in place and kept whole, in the shard's dtype.
+            if flat.dtype != self.shard_dtype:
+                flat = flat.to(self.shard_dtype)
+            if self.shard.grad is None:
+                self.shard.grad = flat
+            else:
+                self.shard.grad.add_(flat)
+            del flat
+            self.reshard()
+            return
         with self._stream(POST_BACKWARD_STREAM):
             reduced = torch.empty(self.padded // self.world, dtype=self.reduce_dtype)
             del flat
@@ -357,6 +404,10 @@ class ShardedModel:
     def shards(self) -> list[nn.Parameter]:
         return [u.shard for u in self.units if u.shard is not None]
 
+    def unsharded_params(self) -> int:
+        """Elements of the units' flat parameters now held unsharded (gathered, padding included)."""
+        return sum(u.padded for u in self.units if u.full is not None and not u.no_shard)
+
     def expect_gradients(self, loss: torch.Tensor) -> None:
         """Count, per unit, the parameters ``loss``'s backward will give a gradient (its graph's leaves)."""
         reached: set[int] = set()
@@ -377,16 +428,22 @@ class ShardedModel:
 
 def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *, world: int,
          shard_dtype: torch.dtype, param_dtype: torch.dtype, reduce_dtype: torch.dtype, offload: bool,
-         checkpointing: bool, auto_wrap: bool, moved: bool, limit_gathers: bool = True) -> ShardedModel:
+         checkpointing: bool, auto_wrap: bool, moved: bool, limit_gathers: bool = True,
+         sharding: str = "FULL_SHARD") -> ShardedModel:
     """Wrap ``model`` (built on the host) as FSDP1 would; allocate rank 0's shards. ``limit_gathers``:
-    FSDP1's ``limit_all_gathers`` (see ``limit_all_gathers``)."""
+    FSDP1's ``limit_all_gathers`` (see ``limit_all_gathers``). ``sharding``: FSDP1's ShardingStrategy;
+    a unit is sharded over ``shard_group_size(sharding, world)`` ranks (HYBRID_SHARD: one simulated node's)."""
+    if sharding not in SHARDINGS:
+        raise UsageError(f"unknown sharding strategy {sharding!r}; valid: {', '.join(SHARDINGS)}")
+    world = shard_group_size(sharding, world)
     order: list[_Unit] = []
     units: list[_Unit] = []
     run_ahead = _RunAhead(limit_gathers)
 
     def unit(name: str, params: list[nn.Parameter], root: bool = False) -> _Unit:
         made = _Unit(name, params, world, shard_dtype, param_dtype, reduce_dtype, offload, memory, root=root,
-                     run_ahead=run_ahead)
+                     run_ahead=run_ahead, reshard_after_forward=sharding != "SHARD_GRAD_OP",
+                     no_shard=sharding == "NO_SHARD")
         for p in params:
             p.register_post_accumulate_grad_hook(made.on_grad)
         units.append(made)
@@ -426,6 +483,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     accumulation = recipe.accumulation_steps
     inputs = targets = logits = loss = None
     done = 0
+    forward_unsharded: int | None = None
     repeats = RepeatedMicroBatches(memory, accumulation)
     # 01-2 (08/09/11): zero_grad after the forward pass. With accumulation (the bonus "after"
     # scripts): step at batch 0 and every accum-th batch, zero_grad after the step, and no
@@ -446,6 +504,8 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
                 if batch_index == 0:  # backward visits units in reverse forward order; prefetch the next one
                     for later, earlier in zip(sharded.order[1:], sharded.order[:-1]):
                         later.next_in_backward = earlier
+                if forward_unsharded is None:  # after the first forward pass: what it left gathered
+                    forward_unsharded = sharded.unsharded_params()
                 loss = F.cross_entropy(logits, targets)
                 if accumulation == 1:
                     optimizer.zero_grad()
@@ -486,7 +546,8 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
                   OPTIMIZER_STATE: memory.host_bytes(state)} if offload else {}
     del inputs, targets, logits, loss
     return ({"param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
-             "optimizer_state_bytes": device_state, "host_state_bytes": host_state}, repeats.replayed)
+             "optimizer_state_bytes": device_state, "host_state_bytes": host_state,
+             "forward_unsharded_params": forward_unsharded}, repeats.replayed)
 
 
 def check(recipe: Recipe) -> None:

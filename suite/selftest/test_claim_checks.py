@@ -117,6 +117,8 @@ def _record(key: Key, tier: str) -> Record:
         return _memory(_article(key.techniques, tier), BATCH_ONE_FRACTION)  # a smaller micro-batch
     if key in (claims.OFFLOAD, claims.IN_BACKWARD, claims.EXPANDABLE, claims.PAGED):
         return _beyond(key, tier)
+    if key in SHARDED_08:
+        return _sharded(key, tier)
     record = _cpu(key) if tier == "cpu" else _article(key, tier)
     if key == ("fabric",):
         forward = {"above_start_bytes": FORWARD_KEEPS, "allocated_bytes": record.peak_allocated_bytes}
@@ -147,6 +149,30 @@ def _beyond(key: Key, tier: str) -> Record:
     kept = FORWARD_KEEPS if tier == "cpu" else int(0.03 * FORWARD_KEEPS)
     return dataclasses.replace(plain, **names, phases={"forward": {**plain.phases["forward"], "above_start_bytes": kept}},
                                offloaded_activation_bytes=FORWARD_KEEPS + plain.param_bytes)
+
+
+SHARDED_08 = (claims.FULL_SHARD_08, claims.SHARD_GRAD_OP_08, claims.NO_SHARD_08)
+RANKS = 4
+ROOT = N // 100  # the root unit's parameters: what FULL_SHARD leaves gathered after the forward
+SHARDED_PEAK = int(6.59 * GB)  # a FULL_SHARD rank of the 08 recipe
+
+
+def _sharded(key: Key, tier: str, as_: Techniques | None = None) -> Record:
+    """Rank 0 of 4 of the 08 recipe under a sharding strategy (``as_``: the strategy that really ran, for a
+    world where the recipe's fell back to it): FULL_SHARD holds 1/4 of the fp32 model, its gradients and
+    Adam state and leaves the root gathered after the forward; SHARD_GRAD_OP the same shards with every
+    parameter gathered (its peak 3/4 of the model higher); NO_SHARD all of it."""
+    ran = as_ or tuple(key)  # type: ignore[arg-type]
+    whole = 4 * N
+    share = whole if ran == claims.NO_SHARD_08 else whole // RANKS
+    gathered = N if ran == claims.SHARD_GRAD_OP_08 else 0 if ran == claims.NO_SHARD_08 else ROOT
+    peak = SHARDED_PEAK + (3 * (4 * share - 4 * whole // RANKS) if ran == claims.NO_SHARD_08 else 0) \
+        + (3 * whole // RANKS if ran == claims.SHARD_GRAD_OP_08 else 0)
+    techniques = tuple(key)  # type: ignore[arg-type]
+    return fake_record(f"vit-article/{'+'.join(techniques)}", scale="article", device=tier, techniques=list(techniques),
+                       devices=RANKS, rank=0, param_count=N, param_tensor_count=TENSORS, param_bytes=share,
+                       grad_bytes=share, optimizer_state_bytes=2 * share, forward_unsharded_params=gathered,
+                       peak_allocated_bytes=peak, peak_reserved_bytes=peak, peak_reserved_total_bytes=peak)
 
 
 def world(tier: str) -> dict[Key, Record]:
@@ -210,6 +236,10 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         forward = offload.phases["forward"]
         copied = {**forward, "allocated_bytes": forward["allocated_bytes"] + FORWARD_KEEPS}
         records[claims.OFFLOAD] = dataclasses.replace(offload, phases={"forward": copied})
+    elif name == "fsdp-no-shard-replicates":  # the strategy fell back to FULL_SHARD: a quarter on each rank
+        records[claims.NO_SHARD_08] = _sharded(claims.NO_SHARD_08, tier, as_=claims.FULL_SHARD_08)
+    elif name == "fsdp-shard-grad-op-shards-outside-computation":  # fell back to FULL_SHARD: resharded after forward
+        records[claims.SHARD_GRAD_OP_08] = _sharded(claims.SHARD_GRAD_OP_08, tier, as_=claims.FULL_SHARD_08)
     elif name == "batch-1-further-75":
         records[claims.MICRO_BATCH_ONE] = _memory(records[CHAIN_05], 0.6)
     elif name == "bf16-supported":

@@ -180,3 +180,34 @@ def test_sgd_two_thirds_states_both_readings() -> None:
     assert "reading 'reduced to 2/3' (the seed's literal wording, not asserted): SGD keeps 0.3333, that reading does not hold" in detail
     assert "2/3 に削減" in published.claim("sgd-two-thirds")["note"]
 
+
+
+def _docstring_of(where: str) -> str | None:
+    """The installed torch's docstring of the object a pytorch-docs claim's ``where`` names
+    ("PyTorch docs: torch.autograd.graph.save_on_cpu ..."), whitespace collapsed."""
+    import importlib
+
+    match = re.match(r"PyTorch docs: (torch(?:\.\w+)+)", where)
+    if match is None:
+        return None
+    module_name, _, attribute = match.group(1).rpartition(".")
+    doc = getattr(importlib.import_module(module_name), attribute).__doc__ or ""
+    return " ".join(doc.split())
+
+
+# Quotes of PyTorch's notes pages (docs/source/notes/*.rst) ship in no wheel: they cannot be read here.
+DOCSTRING_CLAIMS = [c for c in CLAIMS if c.document == "pytorch-docs" and not c.source.startswith("PyTorch docs: CUDA semantics")]
+
+
+def test_only_notes_pages_are_exempt_from_the_docstring_check() -> None:
+    exempt = {c.name for c in CLAIMS if c.document == "pytorch-docs"} - {c.name for c in DOCSTRING_CLAIMS}
+    assert exempt == {"expandable-segments-fewer-slivers"}
+    assert "docs/source/notes/cuda.rst" in published.claim("expandable-segments-fewer-slivers")["where"]
+
+
+@pytest.mark.parametrize("claim", DOCSTRING_CLAIMS, ids=lambda c: c.name)
+def test_pytorch_docs_phrases_are_the_installed_docstrings_words(claim) -> None:
+    """A quote from PyTorch's docs is the installed torch's docstring, word for word."""
+    doc = _docstring_of(published.claim(claim.name)["where"])
+    assert doc is not None, f"{claim.name}: 'where' names no torch object"
+    assert " ".join(claim.statement.split()) in doc, f"{claim.name}: {claim.statement!r} is not in the docstring"

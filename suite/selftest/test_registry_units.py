@@ -25,7 +25,8 @@ def _valid_by_the_rules(names: tuple[str, ...]) -> bool:
 def test_single_process_is_every_technique_but_the_sharded_ones_in_registry_order() -> None:
     names = [t.name for t in registry.single_process()]
     assert names == [t.name for t in registry.TECHNIQUES
-                     if t.name not in ("fsdp", "ddp", "deepspeed-zero2", "cpu-offload", "delayed-init")]
+                     if t.name not in ("fsdp", *registry.FSDP_SHARDINGS, "ddp", "deepspeed-zero2", "cpu-offload",
+                                        "delayed-init")]
     assert "activation-checkpointing" in names  # needs no sharding: it runs on one device
 
 

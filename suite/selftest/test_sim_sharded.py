@@ -254,3 +254,68 @@ def test_a_unit_reduce_scatters_once_per_backward_with_parameters_left_out() -> 
         loss.backward()
         assert sharded.root.shard is not None and sharded.root.shard.grad is not None
         assert all(p.grad is None for p in sharded.root.params)  # gathered into the flat gradient
+
+
+# --- sharding strategies (issue #27): what rank 0 keeps under each ------------------------------
+
+def strategy_wrapped(memory: DeviceMemory, sharding: str) -> sh.ShardedModel:
+    return sh.wrap(host_model(memory), Block, memory, world=WORLD, shard_dtype=F32, param_dtype=F32,
+                   reduce_dtype=F32, offload=False, checkpointing=False, auto_wrap=True, moved=False,
+                   sharding=sharding)
+
+
+BLOCK_NUMEL, ROOT_NUMEL = WIDTH * WIDTH + WIDTH, WIDTH * 3 + 3
+MODEL_NUMEL = BLOCKS * BLOCK_NUMEL + ROOT_NUMEL
+
+
+def shard_elements(group: int) -> int:
+    """Rank 0's elements of every unit's flat parameter sharded over ``group`` ranks."""
+    return BLOCKS * -(-BLOCK_NUMEL // group) + -(-ROOT_NUMEL // group)
+
+
+@pytest.mark.parametrize("sharding, group", [("FULL_SHARD", WORLD), ("SHARD_GRAD_OP", WORLD), ("NO_SHARD", 1),
+                                             ("HYBRID_SHARD", WORLD // 2)])
+def test_each_strategy_keeps_its_share_of_parameters_and_gradients(sharding, group) -> None:
+    """FULL_SHARD and SHARD_GRAD_OP shard over all ranks, HYBRID_SHARD over one of its two simulated
+    nodes, NO_SHARD not at all (its flat parameter is the whole unit)."""
+    with device() as memory:
+        model = strategy_wrapped(memory, sharding)
+        assert memory.device_bytes(model.shards()) == shard_elements(group) * 4
+        run_forward_backward(memory, model)
+        grads = memory.device_bytes(s.grad for s in model.shards() if s.grad is not None)
+    assert grads == shard_elements(group) * 4
+
+
+def test_shard_grad_op_keeps_every_unit_gathered_from_forward_through_backward() -> None:
+    seen = {}
+    for sharding in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        with device() as memory:
+            model = strategy_wrapped(memory, sharding)
+            model.root.unshard()
+            out = model.model(torch.empty(8, WIDTH))
+            seen[sharding] = model.unsharded_params()
+            out.sum().backward()
+            model.end_backward()
+            model.root.reshard()
+            assert model.unsharded_params() == 0  # the post-backward reshards either way
+    # FULL_SHARD: the root only (FSDP1 keeps it for the backward); SHARD_GRAD_OP: every unit, padded.
+    assert seen == {"FULL_SHARD": -(-ROOT_NUMEL // WORLD) * WORLD,
+                    "SHARD_GRAD_OP": BLOCKS * -(-BLOCK_NUMEL // WORLD) * WORLD + -(-ROOT_NUMEL // WORLD) * WORLD}
+
+
+def test_no_shard_gathers_nothing_and_holds_the_whole_model() -> None:
+    with device() as memory:
+        model = strategy_wrapped(memory, "NO_SHARD")
+        assert memory.device_bytes(model.shards()) == MODEL_NUMEL * 4
+        before = memory.allocator.stats.allocated
+        model.root.unshard()
+        assert memory.allocator.stats.allocated == before and model.unsharded_params() == 0
+
+
+def test_strategy_names_are_checked() -> None:
+    from memclaims.core.errors import UsageError
+
+    with device() as memory, pytest.raises(UsageError, match="unknown sharding strategy 'ZERO3'"):
+        strategy_wrapped(memory, "ZERO3")
+    with pytest.raises(UsageError, match="HYBRID_SHARD over 2 simulated nodes needs a number of ranks divisible by 2"):
+        sh.shard_group_size("HYBRID_SHARD", 3)
