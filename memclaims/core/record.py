@@ -150,6 +150,10 @@ class Record:
     # steps, and the most gradient bytes alive at once when one of them began.
     backward_optimizer_steps: int | None = None
     backward_grad_peak_bytes: int | None = None
+    # lora: parameter elements that require a gradient (the adapters and the trained head) and all of
+    # them (frozen base weights included), counted on the model as the load phase left it.
+    trainable_parameters: int | None = None
+    total_parameters: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
     # Model state kept on the host while the model trains on a device (CPU offload), by category of

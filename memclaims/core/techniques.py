@@ -43,6 +43,11 @@ class Technique:
     # Beyond the article (issue #27): saved activations to host memory, the optimizer step inside backward.
     offloads_activations: bool = False
     optimizer_in_backward: bool = False
+    # peft's LoRA adapters (issue #27): base weights frozen, only the adapters and the head trained.
+    lora: bool = False
+    # A technique only some workloads take: (the Workload attribute a workload sets to take it, why the
+    # others cannot). memclaims.recipes.recipe refuses the rest with the reason; the tiers leave them out.
+    workload_needs: tuple[str, str] | None = None
     # Techniques it does not combine with, each with the reason: (technique name, why not).
     conflicts: tuple[tuple[str, str], ...] = ()
     # Whether it joins the default selection's pairwise cover. The techniques added after the article's
@@ -71,6 +76,17 @@ _IN_BACKWARD_CONFLICTS: tuple[tuple[str, str], ...] = (
 # A memclaims limitation, not torch's: the ranks' engines (memclaims.measure.distributed,
 # memclaims.sim.sharded, memclaims.sim.zero) run their own forward passes without save_on_cpu.
 _RANKS_DO_NOT_OFFLOAD = "the multi-rank engines of memclaims do not wrap their forward pass in save_on_cpu"
+# Also memclaims' own: the adapters are put on the model in the one-device load (memclaims.measure.pipeline,
+# memclaims.sim.replay); the ranks' engines build theirs without them.
+_RANKS_DO_NOT_ADAPT = "memclaims applies the LoRA adapters in the one-device engines only; the multi-rank engines build the model without them"
+_LORA_CONFLICTS: tuple[tuple[str, str], ...] = (
+    *((s, _RANKS_DO_NOT_ADAPT) for s in ("fsdp", "ddp", "deepspeed-zero2")),
+    ("optimizer-in-backward", "memclaims' in-backward step counts one step per parameter per backward; the frozen "
+                              "base weights get no gradient, so their post-accumulate hooks never fire"),
+)
+_LORA_WORKLOADS = ("lora_targets", "peft's LoRA adapters go on the attention projections of the text workloads "
+                   "(distilbert, distilbert-cased, bigbird: q_lin/v_lin, query/value) and of hf: models (peft's "
+                   "default target modules for their model type); this workload names no modules to adapt")
 
 
 TECHNIQUES: tuple[Technique, ...] = (
@@ -136,6 +152,11 @@ TECHNIQUES: tuple[Technique, ...] = (
               "gradient is ready: gradients freed as soon as they are applied",
               "torch tutorial: optimizer step in backward", optimizer_in_backward=True, in_cover=False,
               conflicts=_IN_BACKWARD_CONFLICTS),
+    # peft.get_peft_model(model, LoraConfig(r=8, lora_alpha=16, ...)) right after the model is built: the base
+    # weights frozen, rank-8 adapters on the workload's attention projections, its head trained (modules_to_save).
+    Technique("lora", "peft LoRA: base weights frozen, rank-8 adapters on the attention's query and value "
+              "projections, the classification head trained", "peft docs: LoRA", lora=True, in_cover=False,
+              conflicts=_LORA_CONFLICTS, workload_needs=_LORA_WORKLOADS),
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}

@@ -44,6 +44,7 @@ from memclaims.core.precision import precision as precision_spec
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record
 from memclaims.measure import checkpointing, optimizers
 from memclaims.measure.loop import TrainingLoop
+from memclaims.measure.lora import parameter_fields as lora_fields
 from memclaims.measure.probes import PhaseRecorder, Reading
 from memclaims.measure.record_builder import SIM_PHASES, build_record, failed_phase
 from memclaims.measure.tensors import optimizer_state_tensors
@@ -312,13 +313,24 @@ def _load(session: _Session, recipe: Recipe, build: Callable[[Any, int | None], 
     if recipe.init_on_device:
         # fabric.init_module(): built on the device, in the half dtype for true precisions.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
-            return build(recipe.scale, classes)
+            return _adapted(recipe, build(recipe.scale, classes))
     with session.host():
         # Fabric converts true precisions on the CPU (convert_module) before moving.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
-            model = build(recipe.scale, classes)
+            model = _adapted(recipe, build(recipe.scale, classes))
     _move(model)
     return model
+
+
+def _adapted(recipe: Recipe, model: nn.Module) -> nn.Module:
+    """The model with the lora technique's adapters where the recipe has it (the real pipeline's order:
+    built, then adapted, then set up)."""
+    if not recipe.lora:
+        return model
+    from memclaims.sim import lora
+
+    with naming_the_module(recipe.workload.name):
+        return lora.apply(model, recipe.workload, lambda module, dtype: _move(module, dtype))
 
 
 def _load_only(session: _Session, mode: str, scale: Any, num_classes: int | None,
@@ -530,7 +542,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     optimizer, scheduler = _optimizer(recipe, model)
     for p in model.parameters():
         memory.tag(p, PARAMETERS)
-        p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, GRADIENTS))
+        if p.requires_grad:  # lora's frozen base weights get no gradient (and take no hook)
+            p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, GRADIENTS))
     loop = _SimLoop(session, recipe)
     if recipe.optimizer_in_backward:  # after the tagging hooks: a gradient is tagged before its step frees it
         loop.fuse(optimizer)
@@ -542,6 +555,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     states: dict[str, Any] = dict(_state_bytes(model, optimizer))
     states["grad_bytes"] = loop.grad_bytes or 0
     states.update(loop.measured_fields())
+    if recipe.lora:
+        states.update(lora_fields(model))
     loop.logits = None
     return states
 

@@ -1,0 +1,61 @@
+"""The ``lora`` technique: peft's LoRA adapters put on the model as it is built (issue #27).
+
+``peft.get_peft_model(model, LoraConfig(...))`` freezes every base weight and adds rank-``RANK`` adapters
+(``lora_A``, ``lora_B``) to the workload's target modules (``Workload.lora_targets``: the attention's query
+and value projections, or peft's default for an ``hf:`` model's type); the classification head is trained
+in full (``modules_to_save``: peft keeps the original frozen and trains a copy). The optimizer is built
+over all parameters, as peft's examples do; a frozen parameter never gets a gradient, so Adam keeps no
+state for it. ``parameter_fields`` says what the run saw: the Record's ``trainable_parameters`` and
+``total_parameters`` (``memclaims.measure.active`` checks the fraction and the optimizer state against them).
+
+The real engines call ``apply`` in the load phase (``memclaims.measure.pipeline``); the sim calls it on its
+fake model (``memclaims.sim.lora``), so both count the same parameters.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from memclaims.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from memclaims.workloads.types import Workload
+
+# peft's LoraConfig defaults are r=8, lora_alpha=8; alpha 16 (scale 2) is the documented examples' choice.
+RANK = 8
+ALPHA = 16
+DROPOUT = 0.1
+
+
+def config(workload: Workload) -> Any:
+    """The ``peft.LoraConfig`` of ``workload``'s adapters."""
+    from peft import LoraConfig
+
+    targets = workload.lora_targets
+    if targets is None:
+        raise UsageError(f"workload {workload.name!r} names no modules for LoRA adapters (Workload.lora_targets)")
+    return LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=DROPOUT,
+                      target_modules=list(targets.target_modules) if targets.target_modules is not None else None,
+                      modules_to_save=list(targets.modules_to_save) or None)
+
+
+def apply(model: nn.Module, workload: Workload) -> nn.Module:
+    """``model`` with LoRA adapters (a ``peft.PeftModel``): base weights frozen, adapters and head trainable."""
+    from peft import get_peft_model
+
+    try:
+        adapted: nn.Module = get_peft_model(model, config(workload))
+    except ValueError as error:  # a model type peft has no default target modules for, or no module matched
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        raise UsageError(f"lora: peft cannot put adapters on workload {workload.name!r}: {first}") from None
+    return adapted
+
+
+def parameter_fields(model: nn.Module) -> dict[str, Any]:
+    """The Record's ``trainable_parameters`` (elements that require a gradient) and ``total_parameters``
+    (every element, the head's frozen original and its trained copy included)."""
+    params = list(model.parameters())
+    return {"trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+            "total_parameters": sum(p.numel() for p in params)}
