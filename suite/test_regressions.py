@@ -16,6 +16,7 @@ changes nothing and a changed version string, must stay green.
 | Adam's update 100x too small | pytorch#105837 (model stopped learning after 1.13 -> 2.0) | accuracy (converged) |
 | ``save_on_cpu``'s hooks never pushed: saved tensors stay where autograd made them | a saved-tensor hook outranked or disabled (torch.utils.checkpoint's own hooks take precedence inside a checkpointed region) | active (offloaded_activation_bytes, phase forward) |
 | the post-accumulate-grad hooks lost: the loop's own step trains the ordinary way | a wrapper that replaces the parameters after the hooks were registered (FSDP1's flat parameters) | backward_optimizer_steps, grad_bytes, phases.optimizer_step.*, active |
+| peft's ``get_peft_model`` returns the model unchanged: no adapters, every base weight trained | a LoRA target-module rule that matches nothing where the model is left as it was | optimizer_state_bytes, grad_bytes, active (trainable_parameters, phase load; optimizer_state_bytes, phase optimizer_step) |
 | 3,000 small objects kept per optimizer step | FSDP2/DTensor and foreach paths leaking Python objects per step (pytorch#178276, #181761, #188174) | host_steady.leak on python_blocks, phase optimizer_step |
 | a 4 MiB C buffer kept per optimizer step | host RAM growing by tens of GB over long runs (the same issues) | host_steady.leak on malloc_bytes, phase optimizer_step |
 """
@@ -49,14 +50,17 @@ RECIPES: dict[str, tuple[tuple[str, ...], str]] = {
     "init-module": (("bf16-true", "init-module"), "smoke"),
     "activation-offload": (("activation-offload",), "smoke"),
     "optimizer-in-backward": (("optimizer-in-backward",), "smoke"),
+    "lora": (("lora",), "smoke"),
     "converged": (("fabric",), CONVERGED),
 }
 WITH_ACCURACY = {"converged"}
+# The recipes of another workload than the ViT (lora runs on the text models only).
+WORKLOADS = {"lora": "distilbert"}
 
 
 def _recipe(name: str) -> Recipe:
     techniques, scale = RECIPES[name]
-    return resolve("vit", scale, techniques)
+    return resolve(WORKLOADS.get(name, "vit"), scale, techniques)
 
 
 def _measure(name: str) -> Record:
@@ -235,6 +239,14 @@ def inject_buffers_kept(monkeypatch: pytest.MonkeyPatch, size: int = 4 * 2**20) 
     return kept
 
 
+def inject_lora_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """peft's ``get_peft_model`` that returns the model as it was: no adapters, no frozen base weights,
+    everything trained (a target-module rule that silently matches nothing, with the model left as is)."""
+    import peft
+
+    monkeypatch.setattr(peft, "get_peft_model", lambda model, config, *args, **kwargs: model)
+
+
 def inject_version_string(monkeypatch: pytest.MonkeyPatch) -> None:
     """Control: only the recorded torch version changes (a rebuild, a local tag)."""
     from memclaims.core import tested_versions
@@ -306,6 +318,16 @@ def test_step_in_backward_whose_hooks_are_lost_is_caught(clean, monkeypatch) -> 
     _assert_named(verdict, "vit-smoke/optimizer-in-backward", "backward_optimizer_steps", "backward")
     _assert_named(verdict, "vit-smoke/optimizer-in-backward", "phases.optimizer_step.allocated_bytes",
                   "optimizer_step")
+
+
+def test_peft_that_puts_no_adapters_on_is_caught(clean, monkeypatch) -> None:
+    inject_lora_not_applied(monkeypatch)
+    verdict = _judge("lora", clean)
+    # Every parameter trains: Adam keeps state for the base weights and their gradients return.
+    assert {"optimizer_state_bytes", "grad_bytes"} <= verdict.failing_metrics, verdict.message
+    assert any("lora is not active" in line for line in verdict.inactive), verdict.inactive
+    _assert_named(verdict, "distilbert-smoke/lora", "trainable_parameters", "load")
+    _assert_named(verdict, "distilbert-smoke/lora", "optimizer_state_bytes", "phases.optimizer_step.allocated_bytes")
 
 
 def test_loss_kept_every_step_is_caught_as_a_leak(clean, monkeypatch) -> None:
