@@ -46,7 +46,10 @@ def apply(model: nn.Module, workload: Workload) -> nn.Module:
     from peft import get_peft_model
 
     try:
-        adapted: nn.Module = get_peft_model(model, config(workload))
+        # autocast_adapter_dtype=False: adapters in the base layers' dtype, not upcast to fp32 from a half one.
+        # Fabric's setup converts a true-precision model whole after this (adapters included), so a real run
+        # ends the same either way; the sim, which builds in the target dtype and converts nothing, needs it.
+        adapted: nn.Module = get_peft_model(model, config(workload), autocast_adapter_dtype=False)
     except ValueError as error:  # a model type peft has no default target modules for, or no module matched
         first = (str(error).strip().splitlines() or [""])[0][:200]
         raise UsageError(f"lora: peft cannot put adapters on workload {workload.name!r}: {first}") from None

@@ -347,19 +347,35 @@ def _load_only(session: _Session, mode: str, scale: Any, num_classes: int | None
 
 
 def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit", scale: Any = "article",
-                  num_classes: int | None = None, precision: str = "16-true") -> LoadResult:
+                  num_classes: int | None = None, precision: str = "16-true", lora: bool = False) -> LoadResult:
     """Replay a model-load-only script on the simulated GPU.
 
     ``mode``: ``build-then-convert`` (07_01: built on the CPU in fp32, then
     ``.to("cuda").to(dtype)``) or ``init-module`` (07_03: built inside ``fabric.init_module()``).
     ``num_classes=None`` keeps the stock head (1000 classes for ``vit_l_16``, as the 07 scripts).
+    ``lora``: the model with the lora technique's adapters (the reference load of an init-module+lora recipe).
     """
-    result, _, _ = _replay_load(mode, find_profile(profile), workload, scale, num_classes, precision, _Session)
+    result, _, _ = _replay_load(mode, find_profile(profile), workload, scale, num_classes, precision, _Session, lora)
     return result
 
 
+def _adapting(build: Callable[[Any, int | None], nn.Module], workload_name: str) -> Callable[[Any, int | None], nn.Module]:
+    """``build`` followed by the lora technique's adapters, as the real engines' load puts them on."""
+    from memclaims.sim import lora
+    from memclaims.workloads.registry import workload as find_workload
+
+    work = find_workload(workload_name)
+
+    def adapted(scale: Any, num_classes: int | None) -> nn.Module:
+        model = build(scale, num_classes)
+        with naming_the_module(work.name):
+            return lora.apply(model, work, lambda module, dtype: _move(module, dtype))
+
+    return adapted
+
+
 def _replay_load(mode: str, chosen: Profile, workload: str, scale: Any, num_classes: int | None, precision: str,
-                 session_of: Callable[[Profile], _Session]) -> tuple[LoadResult, _Session, int]:
+                 session_of: Callable[[Profile], _Session], lora: bool = False) -> tuple[LoadResult, _Session, int]:
     """``simulate_load``'s replay in a session ``session_of`` opens; also the session and the parameter tensors."""
     if mode not in LOAD_MODES:
         raise UsageError(f"unknown load mode {mode!r}; valid modes: {', '.join(LOAD_MODES)}")
@@ -376,6 +392,8 @@ def _replay_load(mode: str, chosen: Profile, workload: str, scale: Any, num_clas
                              f"{', '.join(_models())} and the text and hf: workloads") from None
         build = fns[0]
         scale = found.scale(scale) if isinstance(scale, str) else scale
+    if lora:
+        build = _adapting(build, workload)
     session = session_of(chosen)
     results: dict[str, PhaseResult] = {}
     with session.active():
@@ -627,7 +645,8 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     if recipe.init_on_device:
         reference = simulate_load("build-then-convert", profile=chosen.name, workload=recipe.workload.name,
                                   scale=recipe.scale, num_classes=recipe.workload.num_classes,
-                                  precision=recipe.precision if recipe.precision.endswith("-true") else "32-true")
+                                  precision=recipe.precision if recipe.precision.endswith("-true") else "32-true",
+                                  lora=recipe.lora)
 
     if recipe.strategy == "ddp":
         notes.append("DDP rank (memclaims.sim.ddp): the whole model, gradients and optimizer state, plus "
