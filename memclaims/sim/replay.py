@@ -52,6 +52,7 @@ from memclaims.recipes.options import memory_steps as resolve_steps
 from memclaims.sim.allocator import CachingAllocator, DeviceFull, TraceEvent
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.fake_build import naming_the_module, same_mode_copies
+from memclaims.sim.lora import apply as adapt
 from memclaims.sim.offload import SimulatedOffload
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
@@ -327,10 +328,8 @@ def _adapted(recipe: Recipe, model: nn.Module) -> nn.Module:
     built, then adapted, then set up)."""
     if not recipe.lora:
         return model
-    from memclaims.sim import lora
-
     with naming_the_module(recipe.workload.name):
-        return lora.apply(model, recipe.workload, lambda module, dtype: _move(module, dtype))
+        return adapt(model, recipe.workload, lambda module, dtype: _move(module, dtype))
 
 
 def _load_only(session: _Session, mode: str, scale: Any, num_classes: int | None,
@@ -361,7 +360,6 @@ def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit",
 
 def _adapting(build: Callable[[Any, int | None], nn.Module], workload_name: str) -> Callable[[Any, int | None], nn.Module]:
     """``build`` followed by the lora technique's adapters, as the real engines' load puts them on."""
-    from memclaims.sim import lora
     from memclaims.workloads.registry import workload as find_workload
 
     work = find_workload(workload_name)
@@ -369,7 +367,7 @@ def _adapting(build: Callable[[Any, int | None], nn.Module], workload_name: str)
     def adapted(scale: Any, num_classes: int | None) -> nn.Module:
         model = build(scale, num_classes)
         with naming_the_module(work.name):
-            return lora.apply(model, work, lambda module, dtype: _move(module, dtype))
+            return adapt(model, work, lambda module, dtype: _move(module, dtype))
 
     return adapted
 
