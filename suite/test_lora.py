@@ -57,3 +57,45 @@ def test_sim_peft_that_puts_no_adapters_on_is_caught(record_cache, monkeypatch) 
                   "optimizer_state_bytes", "phases.optimizer_step.above_start_bytes"):
         assert named in message, message
     assert "optimizer_state_bytes" in {r.metric for r in comparison.failures}, message
+
+
+# --- qlora: the base's linear layers in bitsandbytes 4-bit NF4 under the same adapters (cpu and CUDA) -----------
+
+QLORA = ("qlora",)
+
+
+@pytest.mark.cpu
+def test_the_sim_refuses_qlora_with_the_reason() -> None:
+    with pytest.raises(UsageError, match="qlora's 4-bit base is quantized by bitsandbytes from the weights' values"):
+        simulate(resolve("distilbert", "article", QLORA))
+
+
+@pytest.mark.cpu
+@pytest.mark.slow  # 4 s on CI's 2 cores (train and score DistilBERT smoke once more); the nightly checks it
+@pytest.mark.requires(bitsandbytes="cpu")
+def test_qlora_is_active_and_matches_its_baseline(record_cache, baseline_check, record_property) -> None:
+    recipe = resolve("distilbert", "smoke", QLORA)
+    record = record_cache.get("cpu", recipe)
+    assert active.problems(recipe, record) == []
+    adapted = _get(record_cache, "cpu", LORA)
+    # Half a byte per 4-bit weight (NF4 packs two in a uint8); the same adapters and state as lora's.
+    four_bit = 2 * (record.quantized_parameter_bytes or 0)
+    assert record.param_bytes == adapted.param_bytes - 4 * four_bit + four_bit // 2
+    assert (record.trainable_parameters, record.total_parameters, record.optimizer_state_bytes) == \
+        (adapted.trainable_parameters, adapted.total_parameters, adapted.optimizer_state_bytes)
+    baseline_check.check(f"cpu:{record.recipe}", record, record_property)
+
+
+@pytest.mark.cpu
+@pytest.mark.slow
+@pytest.mark.requires(bitsandbytes="cpu")
+def test_qlora_whose_base_is_not_quantized_is_caught(monkeypatch) -> None:
+    from memclaims.measure import lora
+    from memclaims.measure.runner import run
+    from memclaims.recipes.options import RunOptions
+
+    monkeypatch.setattr(lora, "quantize", lambda model, workload, device: model)  # the base stays in fp32
+    recipe = resolve("distilbert", "smoke", QLORA)
+    problems = active.problems(recipe, run(recipe, RunOptions(device="cpu", evaluate=False)))
+    assert any(line.startswith("distilbert-smoke/qlora: qlora is not active: quantized_parameter_bytes is None after "
+                               "phase load") for line in problems), problems

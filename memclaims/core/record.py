@@ -154,6 +154,8 @@ class Record:
     # them (frozen base weights included), counted on the model as the load phase left it.
     trainable_parameters: int | None = None
     total_parameters: int | None = None
+    # qlora: bytes of the parameters stored quantized (bitsandbytes' 4-bit weights, packed in uint8).
+    quantized_parameter_bytes: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
     # Model state kept on the host while the model trains on a device (CPU offload), by category of

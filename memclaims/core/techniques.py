@@ -45,6 +45,8 @@ class Technique:
     optimizer_in_backward: bool = False
     # peft's LoRA adapters (issue #27): base weights frozen, only the adapters and the head trained.
     lora: bool = False
+    # QLoRA: the base's linear layers stored in bitsandbytes 4-bit ("nf4"), frozen, under the adapters.
+    quantize_base: str | None = None
     # A technique only some workloads take: (the Workload attribute a workload sets to take it, why the
     # others cannot). memclaims.recipes.recipe refuses the rest with the reason; the tiers leave them out.
     workload_needs: tuple[str, str] | None = None
@@ -83,6 +85,14 @@ _LORA_CONFLICTS: tuple[tuple[str, str], ...] = (
     *((s, _RANKS_DO_NOT_ADAPT) for s in ("fsdp", "ddp", "deepspeed-zero2")),
     ("optimizer-in-backward", "memclaims' in-backward step counts one step per parameter per backward; the frozen "
                               "base weights get no gradient, so their post-accumulate hooks never fire"),
+)
+# memclaims' own: it quantizes the base once, in fp32 compute, from the weights as built on the host.
+_QLORA_CONFLICTS: tuple[tuple[str, str], ...] = (
+    *((half, "Fabric's true-precision setup converts every floating parameter to the half dtype; memclaims "
+             "quantizes the base in fp32 compute and does not set Linear4bit's compute dtype from the recipe")
+      for half in TRUE_HALF_PRECISIONS),
+    ("init-module", "memclaims quantizes the base from the fp32 weights as built; init_module would build them "
+                    "on the device in the recipe's dtype first, which it does not replay"),
 )
 _LORA_WORKLOADS = ("lora_targets", "peft's LoRA adapters go on the attention projections of the text workloads "
                    "(distilbert, distilbert-cased, bigbird: q_lin/v_lin, query/value) and of hf: models (peft's "
@@ -155,8 +165,14 @@ TECHNIQUES: tuple[Technique, ...] = (
     # peft.get_peft_model(model, LoraConfig(r=8, lora_alpha=16, ...)) right after the model is built: the base
     # weights frozen, rank-8 adapters on the workload's attention projections, its head trained (modules_to_save).
     Technique("lora", "peft LoRA: base weights frozen, rank-8 adapters on the attention's query and value "
-              "projections, the classification head trained", "peft docs: LoRA", lora=True, in_cover=False,
-              conflicts=_LORA_CONFLICTS, workload_needs=_LORA_WORKLOADS),
+              "projections, the classification head trained", "peft docs: LoRA", group="adapter", lora=True,
+              in_cover=False, conflicts=_LORA_CONFLICTS, workload_needs=_LORA_WORKLOADS),
+    # QLoRA: each nn.Linear of the base (not the head) replaced by bitsandbytes' Linear4bit (NF4, fp32 compute)
+    # before the same adapters go on; the sim refuses it (bitsandbytes quantizes from the weights' values).
+    Technique("qlora", "QLoRA: the base's linear layers in bitsandbytes 4-bit NF4 (fp32 compute), frozen, under "
+              "the lora technique's adapters", "peft docs: QLoRA (bitsandbytes 4-bit)", group="adapter", lora=True,
+              quantize_base="nf4", in_cover=False, requires=frozenset({"bitsandbytes"}),
+              conflicts=_LORA_CONFLICTS + _QLORA_CONFLICTS, workload_needs=_LORA_WORKLOADS),
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}

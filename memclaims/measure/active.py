@@ -64,8 +64,11 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
         _offload(record, say)
     if "optimizer-in-backward" in names:
         _in_backward(record, say)
-    if "lora" in names:
-        _lora(record, say)
+    if recipe.lora:
+        _lora(record, lambda text: say("qlora" if recipe.quantize_base else "lora", text))
+    if recipe.quantize_base and not record.quantized_parameter_bytes:
+        say("qlora", f"quantized_parameter_bytes is {record.quantized_parameter_bytes} after phase load: no base "
+                     "weight was stored in 4 bits (bitsandbytes' Linear4bit)")
     if "fsdp" in names and record.devices > 1:
         full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
         if record.param_bytes >= full:
@@ -121,6 +124,11 @@ def _precision(recipe: Recipe, record: Record, single: bool,
         if single and record.param_bytes != 2 * record.param_count:
             say(recipe.precision, f"param_bytes {record.param_bytes:,} B is not 2 B x {record.param_count:,} "
                                   "parameters: the parameters are not half precision")
+    elif record.quantized_parameter_bytes:  # qlora: 4-bit base weights among fp32 ones (their own check)
+        floating = record.param_bytes - record.quantized_parameter_bytes
+        if single and floating % 4:
+            say(recipe.precision, f"param_bytes less the 4-bit weights' {record.quantized_parameter_bytes:,} B is "
+                                  f"{floating:,} B, not a whole number of float32 parameters")
     elif single and record.param_bytes != 4 * record.param_count:
         say(recipe.precision, f"param_bytes {record.param_bytes:,} B is not 4 B x {record.param_count:,} "
                               "parameters: the parameters are not float32")
@@ -205,17 +213,17 @@ LORA_STATE_BYTES_PER_TRAINABLE = 8
 LORA_STEP_BYTES_PER_TENSOR = 8
 
 
-def _lora(record: Record, say: Callable[[str, str], None]) -> None:
+def _lora(record: Record, say: Callable[[str], None]) -> None:
     trainable, total = record.trainable_parameters, record.total_parameters
     if trainable is None or not total:
-        say("lora", f"trainable_parameters is {trainable}, total_parameters {total} after phase load: the run "
-                    "saw no adapted model")
+        say(f"trainable_parameters is {trainable}, total_parameters {total} after phase load: the run "
+            "saw no adapted model")
         return
     if trainable / total >= LORA_MAX_TRAINABLE:
-        say("lora", f"trainable_parameters is {trainable:,} of {total:,} ({trainable / total:.1%}) after phase load, "
-                    f"not below {LORA_MAX_TRAINABLE:.0%}: the base weights were not frozen")
+        say(f"trainable_parameters is {trainable:,} of {total:,} ({trainable / total:.1%}) after phase load, "
+            f"not below {LORA_MAX_TRAINABLE:.0%}: the base weights were not frozen")
     bound = LORA_STATE_BYTES_PER_TRAINABLE * trainable + LORA_STEP_BYTES_PER_TENSOR * record.param_tensor_count
     if record.optimizer_state_bytes > bound:
-        say("lora", f"optimizer_state_bytes is {record.optimizer_state_bytes:,} B after phase optimizer_step, above "
-                    f"the {bound:,} B that {trainable:,} trainable parameters can hold: the optimizer kept state "
-                    "for frozen base weights")
+        say(f"optimizer_state_bytes is {record.optimizer_state_bytes:,} B after phase optimizer_step, above "
+            f"the {bound:,} B that {trainable:,} trainable parameters can hold: the optimizer kept state "
+            "for frozen base weights")

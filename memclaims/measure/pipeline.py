@@ -190,6 +190,8 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         seed_everything(options.seed)  # the recipe's model starts as without it
     with probe.phase("load"):
         model, weights = engine.build()
+        if recipe.quantize_base:  # qlora: the base's linear layers in 4 bits, before the adapters go on
+            model = lora.quantize(model, recipe.workload, options.device)
         if recipe.lora:  # frozen base weights, adapters and head trainable: before the optimizer sees them
             model = lora.apply(model, recipe.workload)
         # Counted before setup: FSDP's parameters are this rank's flat shards afterwards.

@@ -43,7 +43,11 @@ def test_case(tier: str, techniques: tuple[str, ...], record_cache: RecordCache,
     assert record.batch_size == recipe.batch_size and record.accumulation_steps == recipe.accumulation_steps
     # Parameters are stored in the recipe's parameter dtype: 2 bytes for true half, else 4.
     bytes_per_param = 2 if recipe.precision in TRUE_HALF_PRECISIONS else 4
-    assert record.param_bytes == record.param_count * bytes_per_param
+    # qlora's 4-bit base weights are packed in uint8, one element a byte (their own active check); the rest in
+    # the recipe's dtype.
+    quantized = record.quantized_parameter_bytes or 0
+    assert record.param_bytes - quantized == (record.param_count - quantized) * bytes_per_param if quantized \
+        else record.param_bytes == record.param_count * bytes_per_param
     # One gradient per parameter, same dtype; none left after a backward that applied and freed each.
     # With LoRA, gradients for the trainable parameters only (the frozen base weights get none).
     trained_bytes = record.trainable_parameters * bytes_per_param if recipe.lora and record.trainable_parameters \

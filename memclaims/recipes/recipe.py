@@ -65,6 +65,7 @@ class Recipe:
     offload_activations: bool = False  # save_on_cpu around the forward pass (memclaims.measure.offload)
     optimizer_in_backward: bool = False  # per-parameter steps in backward (memclaims.measure.in_backward)
     lora: bool = False  # peft's LoRA adapters put on the model as it is built (memclaims.measure.lora)
+    quantize_base: str | None = None  # qlora: the base's linear layers in bitsandbytes 4-bit ("nf4")
     sizes: Sizes = Sizes()
 
     @property
@@ -164,6 +165,7 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         offload_activations=any(t.offloads_activations for t in chosen),
         optimizer_in_backward=any(t.optimizer_in_backward for t in chosen),
         lora=any(t.lora for t in chosen),
+        quantize_base=next((t.quantize_base for t in chosen if t.quantize_base), None),
         sizes=sizes,
     )
 

@@ -770,7 +770,10 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
 
 
 # Recipe flags the sim cannot replay, with the reason.
-_UNSUPPORTED_FLAGS: dict[str, str] = {}
+_UNSUPPORTED_FLAGS: dict[str, str] = {
+    "quantize_base": "qlora's 4-bit base is quantized by bitsandbytes from the weights' values (NF4, a block-wise "
+                     "absmax), which fake tensors do not have; run it on --device cpu or cuda",
+}
 # Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
 # real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit.
 _OPTIMIZERS = ("adam", "sgd", "adamw", "adafactor", *optimizers.EIGHT_BIT)

@@ -59,7 +59,8 @@ def test_a_run_that_saw_no_adapted_model_is_named() -> None:
 def test_parameter_fields_count_what_requires_a_gradient() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     model[0].requires_grad_(False)
-    assert lora.parameter_fields(model) == {"trainable_parameters": 10, "total_parameters": 30}
+    assert lora.parameter_fields(model) == {"trainable_parameters": 10, "total_parameters": 30,
+                                            "quantized_parameter_bytes": None}
 
 
 def test_the_sims_module_to_converts_only_a_changed_dtype_and_is_restored() -> None:
