@@ -245,12 +245,34 @@ def single_process() -> tuple[Technique, ...]:
     return tuple(t for t in TECHNIQUES if t.name not in ranked and not t.needs & ranked)
 
 
+def _never_valid(chosen: list[Technique]) -> bool:
+    """Whether ``chosen`` breaks a rule no further technique can mend (alone, a conflict, two of a group);
+    ``needs`` can be met by adding the technique needed, so it is not one of them."""
+    names = {t.name for t in chosen}
+    groups = [t.group for t in chosen if t.group]
+    return (len(groups) != len(set(groups)) or any(t.alone for t in chosen) and len(chosen) > 1
+            or any(other in names for t in chosen for other, _ in t.conflicts))
+
+
+def _valid_of_size(pool: tuple[Technique, ...], size: int, start: int,
+                   chosen: list[Technique]) -> Iterator[tuple[str, ...]]:
+    """The valid combinations of ``size`` that extend ``chosen`` with techniques from ``pool[start:]``, in
+    ``itertools.combinations`` order; a prefix no technique can mend is not extended (the registry's 2^n
+    subsets stay affordable as it grows)."""
+    if len(chosen) == size:
+        if violation(chosen) is None:
+            yield tuple(t.name for t in chosen)
+        return
+    for index in range(start, len(pool) - (size - len(chosen)) + 1):
+        extended = [*chosen, pool[index]]
+        if not _never_valid(extended):
+            yield from _valid_of_size(pool, size, index + 1, extended)
+
+
 def valid_combinations(pool: tuple[Technique, ...] = TECHNIQUES) -> Iterator[tuple[str, ...]]:
     """Every valid non-empty combination of ``pool``, in a stable order (by size, then registry order)."""
     for size in range(1, len(pool) + 1):
-        for combo in combinations(pool, size):
-            if violation(list(combo)) is None:
-                yield tuple(t.name for t in combo)
+        yield from _valid_of_size(pool, size, 0, [])
 
 
 def compatible_pairs(pool: tuple[Technique, ...]) -> set[frozenset[str]]:
