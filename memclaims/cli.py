@@ -237,10 +237,10 @@ def _print_summary(record: dict[str, Any]) -> None:
 def cmd_benchmark(args: Settings) -> int:
     """Wall time of each CPU case of a selection, and the total: the tier's time budget, measured."""
     from memclaims.recipes.options import RunOptions
-    from memclaims.recipes.recipe import resolve
+    from memclaims.recipes.recipe import for_workload, resolve
     from memclaims.run import measure
 
-    selection = registry.selection(args.matrix)
+    selection = for_workload(args.workload, registry.selection(args.matrix))
     total = 0.0
     print(f"{'case':<60} {'seconds':>8}")
     for techniques in selection:

@@ -48,7 +48,9 @@ def _params() -> list[Any]:
 # Claims whose Records cost too much for CI's 15 minutes on 2 cores; the nightly checks them.
 # batch-1-further-75 on the sim replays micro-batch 1 of the article chain (about 30 s) for a verdict
 # that is an expected failure (the sim predicts a few percent, not 75 %).
-NIGHTLY_CLAIMS = {("sim", "batch-1-further-75")}
+# lora-few-trainable-parameters on the cpu tier trains and scores DistilBERT smoke with and without the adapters
+# (about 10 s); its sim case, suite/test_lora.py's cpu baseline and sim injection run in CI.
+NIGHTLY_CLAIMS = {("sim", "batch-1-further-75"), ("cpu", "lora-few-trainable-parameters")}
 
 
 @pytest.mark.parametrize(("tier", "claim"), _params())

@@ -17,6 +17,7 @@ changes nothing and a changed version string, must stay green.
 | ``save_on_cpu``'s hooks never pushed: saved tensors stay where autograd made them | a saved-tensor hook outranked or disabled (torch.utils.checkpoint's own hooks take precedence inside a checkpointed region) | active (offloaded_activation_bytes, phase forward) |
 | the post-accumulate-grad hooks lost: the loop's own step trains the ordinary way | a wrapper that replaces the parameters after the hooks were registered (FSDP1's flat parameters) | backward_optimizer_steps, grad_bytes, phases.optimizer_step.*, active |
 | FSDP's sharding strategy lost on its way to the wrapper: SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD run as FULL_SHARD (or SHARD_GRAD_OP, FULL_SHARD as NO_SHARD); on the sim, suite/test_sim_sharding_strategies.py | a keyword a wrapper stops forwarding (Lightning's FSDPStrategy passes ``sharding_strategy`` through its kwargs) | active (forward_unsharded_params, phase forward; param_bytes, optimizer_state_bytes, phase optimizer_step), every model-state metric |
+| peft's ``get_peft_model`` returns the model unchanged: no adapters, every base weight trained | a LoRA target-module rule that matches nothing where the model is left as it was | optimizer_state_bytes, grad_bytes, active (trainable_parameters, phase load; optimizer_state_bytes, phase optimizer_step) |
 | 3,000 small objects kept per optimizer step | FSDP2/DTensor and foreach paths leaking Python objects per step (pytorch#178276, #181761, #188174) | host_steady.leak on python_blocks, phase optimizer_step |
 | a 4 MiB C buffer kept per optimizer step | host RAM growing by tens of GB over long runs (the same issues) | host_steady.leak on malloc_bytes, phase optimizer_step |
 """
@@ -50,14 +51,17 @@ RECIPES: dict[str, tuple[tuple[str, ...], str]] = {
     "init-module": (("bf16-true", "init-module"), "smoke"),
     "activation-offload": (("activation-offload",), "smoke"),
     "optimizer-in-backward": (("optimizer-in-backward",), "smoke"),
+    "lora": (("lora",), "smoke"),
     "converged": (("fabric",), CONVERGED),
 }
 WITH_ACCURACY = {"converged"}
+# The recipes of another workload than the ViT (lora runs on the text models only).
+WORKLOADS = {"lora": "distilbert"}
 
 
 def _recipe(name: str) -> Recipe:
     techniques, scale = RECIPES[name]
-    return resolve("vit", scale, techniques)
+    return resolve(WORKLOADS.get(name, "vit"), scale, techniques)
 
 
 def _measure(name: str) -> Record:
@@ -69,10 +73,21 @@ def _measure(name: str) -> Record:
 NO_BITSANDBYTES = requirements.reason(requirements.needs(bitsandbytes="cpu"))
 
 
+# Measured on first use by a selected injection, not up front: the nightly's ones (lora) cost CI nothing.
+LAZY = {"lora"}
+
+
+class _Clean(dict[str, Record]):
+    def __missing__(self, name: str) -> Record:
+        self[name] = _measure(name)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def clean() -> dict[str, Record]:
     """One clean Record per recipe, shared by every injection of the module."""
-    return {name: _measure(name) for name in RECIPES if not (name == "adam8bit" and NO_BITSANDBYTES)}
+    return _Clean({name: _measure(name) for name in RECIPES
+                   if name not in LAZY and not (name == "adam8bit" and NO_BITSANDBYTES)})
 
 
 class Verdict:
@@ -236,6 +251,14 @@ def inject_buffers_kept(monkeypatch: pytest.MonkeyPatch, size: int = 4 * 2**20) 
     return kept
 
 
+def inject_lora_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """peft's ``get_peft_model`` that returns the model as it was: no adapters, no frozen base weights,
+    everything trained (a target-module rule that silently matches nothing, with the model left as is)."""
+    import peft
+
+    monkeypatch.setattr(peft, "get_peft_model", lambda model, config, *args, **kwargs: model)
+
+
 def inject_version_string(monkeypatch: pytest.MonkeyPatch) -> None:
     """Control: only the recorded torch version changes (a rebuild, a local tag)."""
     from memclaims.core import tested_versions
@@ -307,6 +330,18 @@ def test_step_in_backward_whose_hooks_are_lost_is_caught(clean, monkeypatch) -> 
     _assert_named(verdict, "vit-smoke/optimizer-in-backward", "backward_optimizer_steps", "backward")
     _assert_named(verdict, "vit-smoke/optimizer-in-backward", "phases.optimizer_step.allocated_bytes",
                   "optimizer_step")
+
+
+@pytest.mark.slow  # 7 s on CI's 2 cores (a clean and an injected DistilBERT run); suite/test_lora.py's sim injection runs in CI
+def test_peft_that_puts_no_adapters_on_is_caught(clean, monkeypatch) -> None:
+    assert clean["lora"].trainable_parameters  # the clean run (LAZY: measured here), before the injection
+    inject_lora_not_applied(monkeypatch)
+    verdict = _judge("lora", clean)
+    # Every parameter trains: Adam keeps state for the base weights and their gradients return.
+    assert {"optimizer_state_bytes", "grad_bytes"} <= verdict.failing_metrics, verdict.message
+    assert any("lora is not active" in line for line in verdict.inactive), verdict.inactive
+    _assert_named(verdict, "distilbert-smoke/lora", "trainable_parameters", "load")
+    _assert_named(verdict, "distilbert-smoke/lora", "optimizer_state_bytes", "phases.optimizer_step.allocated_bytes")
 
 
 def test_loss_kept_every_step_is_caught_as_a_leak(clean, monkeypatch) -> None:

@@ -160,6 +160,12 @@ class Record:
     # after the first measured forward pass: every parameter under SHARD_GRAD_OP, only the root's (which
     # FSDP keeps for the backward) under FULL_SHARD. None: not a sharded run, or made before the field.
     forward_unsharded_params: int | None = None
+    # lora: parameter elements that require a gradient (the adapters and the trained head) and all of
+    # them (frozen base weights included), counted on the model as the load phase left it.
+    trainable_parameters: int | None = None
+    total_parameters: int | None = None
+    # qlora: bytes of the parameters stored quantized (bitsandbytes' 4-bit weights, packed in uint8).
+    quantized_parameter_bytes: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
     # Model state kept on the host while the model trains on a device (CPU offload), by category of

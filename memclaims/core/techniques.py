@@ -52,6 +52,13 @@ class Technique:
     # variant. A recipe of such techniques alone trains no accuracy phase: its accuracy is the one of
     # the recipe with these in their place (memclaims.recipes.options.evaluates). None: its own numerics.
     computes_as: str | None = None
+    # peft's LoRA adapters (issue #27): base weights frozen, only the adapters and the head trained.
+    lora: bool = False
+    # QLoRA: the base's linear layers stored in bitsandbytes 4-bit ("nf4"), frozen, under the adapters.
+    quantize_base: str | None = None
+    # A technique only some workloads take: (the Workload attribute a workload sets to take it, why the
+    # others cannot). memclaims.recipes.recipe refuses the rest with the reason; the tiers leave them out.
+    workload_needs: tuple[str, str] | None = None
     # Techniques it does not combine with, each with the reason: (technique name, why not).
     conflicts: tuple[tuple[str, str], ...] = ()
     # Whether it joins the default selection's pairwise cover. The techniques added after the article's
@@ -109,6 +116,25 @@ _IN_BACKWARD_CONFLICTS: tuple[tuple[str, str], ...] = (
 # A memclaims limitation, not torch's: the ranks' engines (memclaims.measure.distributed,
 # memclaims.sim.sharded, memclaims.sim.zero) run their own forward passes without save_on_cpu.
 _RANKS_DO_NOT_OFFLOAD = "the multi-rank engines of memclaims do not wrap their forward pass in save_on_cpu"
+# Also memclaims' own: the adapters are put on the model in the one-device load (memclaims.measure.pipeline,
+# memclaims.sim.replay); the ranks' engines build theirs without them.
+_RANKS_DO_NOT_ADAPT = "memclaims applies the LoRA adapters in the one-device engines only; the multi-rank engines build the model without them"
+_LORA_CONFLICTS: tuple[tuple[str, str], ...] = (
+    *((s, _RANKS_DO_NOT_ADAPT) for s in ("fsdp", "ddp", "deepspeed-zero2")),
+    ("optimizer-in-backward", "memclaims' in-backward step counts one step per parameter per backward; the frozen "
+                              "base weights get no gradient, so their post-accumulate hooks never fire"),
+)
+# memclaims' own: it quantizes the base once, in fp32 compute, from the weights as built on the host.
+_QLORA_CONFLICTS: tuple[tuple[str, str], ...] = (
+    *((half, "Fabric's true-precision setup converts every floating parameter to the half dtype; memclaims "
+             "quantizes the base in fp32 compute and does not set Linear4bit's compute dtype from the recipe")
+      for half in TRUE_HALF_PRECISIONS),
+    ("init-module", "memclaims quantizes the base from the fp32 weights as built; init_module would build them "
+                    "on the device in the recipe's dtype first, which it does not replay"),
+)
+_LORA_WORKLOADS = ("lora_targets", "peft's LoRA adapters go on the attention projections of the text workloads "
+                   "(distilbert, distilbert-cased, bigbird: q_lin/v_lin, query/value) and of hf: models (peft's "
+                   "default target modules for their model type); this workload names no modules to adapt")
 
 
 TECHNIQUES: tuple[Technique, ...] = (
@@ -197,6 +223,17 @@ TECHNIQUES: tuple[Technique, ...] = (
               "stream and pool that grows by mapping pages, instead of a segment per large request",
               "torch docs: CUDA semantics, expandable_segments", expandable_segments=True, in_cover=False,
               requires=frozenset({"cuda"}), computes_as="fabric"),
+    # peft.get_peft_model(model, LoraConfig(r=8, lora_alpha=16, ...)) right after the model is built: the base
+    # weights frozen, rank-8 adapters on the workload's attention projections, its head trained (modules_to_save).
+    Technique("lora", "peft LoRA: base weights frozen, rank-8 adapters on the attention's query and value "
+              "projections, the classification head trained", "peft docs: LoRA", group="adapter", lora=True,
+              in_cover=False, conflicts=_LORA_CONFLICTS, workload_needs=_LORA_WORKLOADS),
+    # QLoRA: each nn.Linear of the base (not the head) replaced by bitsandbytes' Linear4bit (NF4, fp32 compute)
+    # before the same adapters go on; the sim refuses it (bitsandbytes quantizes from the weights' values).
+    Technique("qlora", "QLoRA: the base's linear layers in bitsandbytes 4-bit NF4 (fp32 compute), frozen, under "
+              "the lora technique's adapters", "peft docs: QLoRA (bitsandbytes 4-bit)", group="adapter", lora=True,
+              quantize_base="nf4", in_cover=False, requires=frozenset({"bitsandbytes"}),
+              conflicts=_LORA_CONFLICTS + _QLORA_CONFLICTS, workload_needs=_LORA_WORKLOADS),
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}
@@ -269,12 +306,34 @@ def single_process() -> tuple[Technique, ...]:
     return tuple(t for t in TECHNIQUES if t.name not in ranked and not t.needs & ranked)
 
 
+def _never_valid(chosen: list[Technique]) -> bool:
+    """Whether ``chosen`` breaks a rule no further technique can mend (alone, a conflict, two of a group);
+    ``needs`` can be met by adding the technique needed, so it is not one of them."""
+    names = {t.name for t in chosen}
+    groups = [t.group for t in chosen if t.group]
+    return (len(groups) != len(set(groups)) or any(t.alone for t in chosen) and len(chosen) > 1
+            or any(other in names for t in chosen for other, _ in t.conflicts))
+
+
+def _valid_of_size(pool: tuple[Technique, ...], size: int, start: int,
+                   chosen: list[Technique]) -> Iterator[tuple[str, ...]]:
+    """The valid combinations of ``size`` that extend ``chosen`` with techniques from ``pool[start:]``, in
+    ``itertools.combinations`` order; a prefix no technique can mend is not extended (the registry's 2^n
+    subsets stay affordable as it grows)."""
+    if len(chosen) == size:
+        if violation(chosen) is None:
+            yield tuple(t.name for t in chosen)
+        return
+    for index in range(start, len(pool) - (size - len(chosen)) + 1):
+        extended = [*chosen, pool[index]]
+        if not _never_valid(extended):
+            yield from _valid_of_size(pool, size, index + 1, extended)
+
+
 def valid_combinations(pool: tuple[Technique, ...] = TECHNIQUES) -> Iterator[tuple[str, ...]]:
     """Every valid non-empty combination of ``pool``, in a stable order (by size, then registry order)."""
     for size in range(1, len(pool) + 1):
-        for combo in combinations(pool, size):
-            if violation(list(combo)) is None:
-                yield tuple(t.name for t in combo)
+        yield from _valid_of_size(pool, size, 0, [])
 
 
 def compatible_pairs(pool: tuple[Technique, ...]) -> set[frozenset[str]]:

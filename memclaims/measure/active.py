@@ -74,6 +74,11 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
                                f"{PAGED_MIN_NUMEL:,} elements or more)")
     if recipe.sharding is not None and record.devices > 1:
         _fsdp_sharding(recipe, record, say)
+    if recipe.lora:
+        _lora(record, lambda text: say("qlora" if recipe.quantize_base else "lora", text))
+    if recipe.quantize_base and not record.quantized_parameter_bytes:
+        say("qlora", f"quantized_parameter_bytes is {record.quantized_parameter_bytes} after phase load: no base "
+                     "weight was stored in 4 bits (bitsandbytes' Linear4bit)")
     if "ddp" in names and record.devices > 1:
         full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
         if record.param_bytes != full:
@@ -172,6 +177,11 @@ def _precision(recipe: Recipe, record: Record, single: bool,
         if single and record.param_bytes != 2 * record.param_count:
             say(recipe.precision, f"param_bytes {record.param_bytes:,} B is not 2 B x {record.param_count:,} "
                                   "parameters: the parameters are not half precision")
+    elif record.quantized_parameter_bytes:  # qlora: 4-bit base weights among fp32 ones (their own check)
+        floating = record.param_bytes - record.quantized_parameter_bytes
+        if single and floating % 4:
+            say(recipe.precision, f"param_bytes less the 4-bit weights' {record.quantized_parameter_bytes:,} B is "
+                                  f"{floating:,} B, not a whole number of float32 parameters")
     elif single and record.param_bytes != 4 * record.param_count:
         say(recipe.precision, f"param_bytes {record.param_bytes:,} B is not 4 B x {record.param_count:,} "
                               "parameters: the parameters are not float32")
@@ -254,3 +264,28 @@ def _in_backward(record: Record, say: Callable[[str, str], None]) -> None:
     if peak is None or peak >= record.param_bytes:
         say("optimizer-in-backward", f"backward_grad_peak_bytes is {peak} B in phase backward, not below the "
                                      f"{record.param_bytes:,} B of all gradients: they all lived at once")
+
+
+# lora: at most this fraction of the parameters trainable (rank-8 adapters on two projections per layer
+# and the head: 5.6 % of the 2-layer, 64-wide smoke DistilBERT, whose head is a large share of it; 1.1 % of
+# the article one; everything trainable, when the base weights were not frozen, is 100 %), and per
+# trainable parameter at most Adam's two moments in fp32, plus one 8-byte step count per parameter tensor.
+LORA_MAX_TRAINABLE = 0.10
+LORA_STATE_BYTES_PER_TRAINABLE = 8
+LORA_STEP_BYTES_PER_TENSOR = 8
+
+
+def _lora(record: Record, say: Callable[[str], None]) -> None:
+    trainable, total = record.trainable_parameters, record.total_parameters
+    if trainable is None or not total:
+        say(f"trainable_parameters is {trainable}, total_parameters {total} after phase load: the run "
+            "saw no adapted model")
+        return
+    if trainable / total >= LORA_MAX_TRAINABLE:
+        say(f"trainable_parameters is {trainable:,} of {total:,} ({trainable / total:.1%}) after phase load, "
+            f"not below {LORA_MAX_TRAINABLE:.0%}: the base weights were not frozen")
+    bound = LORA_STATE_BYTES_PER_TRAINABLE * trainable + LORA_STEP_BYTES_PER_TENSOR * record.param_tensor_count
+    if record.optimizer_state_bytes > bound:
+        say(f"optimizer_state_bytes is {record.optimizer_state_bytes:,} B after phase optimizer_step, above "
+            f"the {bound:,} B that {trainable:,} trainable parameters can hold: the optimizer kept state "
+            "for frozen base weights")

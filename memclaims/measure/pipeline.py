@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record, environment_facts
-from memclaims.measure import allocator_setting, optimizers, tensors
+from memclaims.measure import allocator_setting, lora, optimizers, tensors
 from memclaims.measure import probes as probe_module
 from memclaims.measure.host import HostSteps
 from memclaims.measure.loop import TrainingLoop
@@ -124,6 +124,7 @@ def observed_fields(engine: Engine, model: nn.Module, optimizer: Any) -> dict[st
         param_bytes_by_device=tensors.bytes_by((local(p) for p in model.parameters()),
                                                     tensors.device_type),
         host_state_bytes=host_state_bytes(engine, model, optimizer),
+        **(lora.parameter_fields(model) if recipe.lora else {}),
         min_8bit_size=(recipe.scale.min_8bit_size or _bnb_default_min_8bit_size())
         if recipe.optimizer in optimizers.EIGHT_BIT else None,
         paged_state_bytes=optimizers.paged_state_bytes(tensors.optimizer_state_tensors(optimizer))
@@ -191,6 +192,10 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         seed_everything(options.seed)  # the recipe's model starts as without it
     with probe.phase("load"):
         model, weights = engine.build()
+        if recipe.quantize_base:  # qlora: the base's linear layers in 4 bits, before the adapters go on
+            model = lora.quantize(model, recipe.workload, options.device)
+        if recipe.lora:  # frozen base weights, adapters and head trainable: before the optimizer sees them
+            model = lora.apply(model, recipe.workload)
         # Counted before setup: FSDP's parameters are this rank's flat shards afterwards.
         param_count = sum(p.numel() for p in model.parameters())
         param_tensor_count = len(list(model.parameters()))

@@ -230,15 +230,38 @@ def _breakdown(snapshot: dict[Any, int]) -> dict[str, int]:
     return result
 
 
+class _NoHook:
+    """A hook handle with nothing to remove."""
+
+    def remove(self) -> None:
+        pass
+
+
+def _frozen_aware_tracker() -> type[Any]:
+    """torch's MemTracker, except that a frozen parameter (lora's base weights) gets no gradient hooks:
+    MemTracker installs them on every parameter a forward pass meets, and ``register_hook`` refuses a
+    tensor that does not require a gradient. A frozen parameter is marked as hooked already; it gets
+    no gradient to track."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class FrozenAwareTracker(MemTracker):
+        def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> Any:
+            if install_grad_hooks:
+                for param in module.parameters():
+                    if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                        self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    return FrozenAwareTracker
+
+
 class CpuProbe:
     """Counts every tensor storage alive on the CPU, exactly; deterministic run to run."""
 
     name = "cpu-exact"
 
     def __init__(self) -> None:
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        self._tracker_class = MemTracker
+        self._tracker_class = _frozen_aware_tracker()
         self._tracker: Any = None
         self._recorder = PhaseRecorder(self._read, self._reset_peak)
         self.phases: dict[str, PhasePeak] = self._recorder.phases

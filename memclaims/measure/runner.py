@@ -104,6 +104,10 @@ class FabricEngine(pipeline.Engine):
             return None
         with probe.phase("load-reference"):
             model, _ = self.recipe.workload.build_model(self.recipe.scale)
+            if self.recipe.lora:  # the same model as the recipe's: with its adapters
+                from memclaims.measure import lora
+
+                model = lora.apply(model, self.recipe.workload)
             model.to(self.device).to(precision(self.recipe.precision).param_dtype)
             del model
         return probe.phases["load-reference"].allocated_bytes

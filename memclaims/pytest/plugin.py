@@ -138,7 +138,9 @@ def gpu_budget_line(config: pytest.Config) -> str:
                 "(memclaims.report.budget's per-case model covers the vit workload only)")
     cifar = chosen.data_dir is not None
     cases = []
-    for techniques in selection(config):
+    from memclaims.recipes.recipe import for_workload
+
+    for techniques in for_workload("vit", selection(config)):
         recipe = resolve("vit", tier_scale(config, "gpu", "vit"), techniques)
         cases.append((recipe, RunOptions(device="cuda", memory_steps=chosen.steps,
                                           accuracy_epochs=chosen.accuracy_epochs,
@@ -159,11 +161,12 @@ def gpu_budget_line(config: pytest.Config) -> str:
 
 def case_params(config: pytest.Config, workload: str = "vit") -> list[Any]:
     """One pytest param per (tier, combination), with the tier's marker and a readable id."""
+    from memclaims.recipes.recipe import for_workload
     from memclaims.run import case_needs
 
     params = []
     for tier in TIERS:
-        for techniques in selection(config):
+        for techniques in for_workload(workload, selection(config)):
             recipe = resolve(workload, tier_scale(config, tier, workload), techniques)
             marks = [getattr(pytest.mark, tier), pytest.mark.requires(case_needs(recipe, tier))]
             params.append(pytest.param(tier, techniques, id=f"{tier}:{recipe.id}", marks=marks))

@@ -67,6 +67,8 @@ class Recipe:
     optimizer_in_backward: bool = False  # per-parameter steps in backward (memclaims.measure.in_backward)
     expandable_segments: bool = False  # the CUDA allocator's setting (memclaims.measure.allocator_setting)
     numerics_neutral: bool = False  # only techniques that compute as others do (Technique.computes_as)
+    lora: bool = False  # peft's LoRA adapters put on the model as it is built (memclaims.measure.lora)
+    quantize_base: str | None = None  # qlora: the base's linear layers in bitsandbytes 4-bit ("nf4")
     sizes: Sizes = Sizes()
 
     @property
@@ -112,10 +114,29 @@ def sized_scale(work: Workload, scale: Scale, sizes: Sizes, accumulates: bool) -
     return sized
 
 
+def workload_refusal(work: Workload, names: Iterable[str]) -> str | None:
+    """Why ``work`` cannot take one of the techniques ``names`` (the registry's ``workload_needs``), or None."""
+    for name in names:
+        needed = registry.technique(name).workload_needs
+        if needed is not None and getattr(work, needed[0]) is None:
+            return f"technique {name!r} does not run on workload {work.name!r}: {needed[1]}"
+    return None
+
+
+def for_workload(workload_name: str, selection: Iterable[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The combinations of ``selection`` that workload ``workload_name`` takes: a tier's cases leave out
+    the techniques a workload cannot take (``lora`` on a ViT), as ``resolve`` refuses them."""
+    work = find_workload(workload_name)
+    return [combo for combo in selection if workload_refusal(work, combo) is None]
+
+
 def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str], sizes: Sizes = Sizes()) -> Recipe:
     work = find_workload(workload_name)
     names = registry.canonical(technique_names)
     chosen = [registry.BY_NAME[n] for n in names]
+    refused = workload_refusal(work, names)
+    if refused:
+        raise UsageError(refused)
     scale = sized_scale(work, work.scale(scale_name), sizes, any(t.accumulates for t in chosen))
 
     batch_size = scale.batch_size
@@ -149,6 +170,8 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         optimizer_in_backward=any(t.optimizer_in_backward for t in chosen),
         expandable_segments=any(t.expandable_segments for t in chosen),
         numerics_neutral=bool(chosen) and all(t.computes_as is not None for t in chosen),
+        lora=any(t.lora for t in chosen),
+        quantize_base=next((t.quantize_base for t in chosen if t.quantize_base), None),
         sizes=sizes,
     )
 

@@ -31,7 +31,7 @@ from memclaims.core.errors import MemclaimsError
 from memclaims.core.names import CONVERGED
 from memclaims.recipes import requirements
 from memclaims.recipes.options import RunOptions
-from memclaims.recipes.recipe import Recipe, resolve
+from memclaims.recipes.recipe import Recipe, for_workload, resolve
 from memclaims.run import case_needs
 from memclaims.run import needs as run_needs
 
@@ -51,13 +51,13 @@ DIST_RANKS = 2
 def cases(tier: str) -> Iterator[tuple[Recipe, RunOptions]]:
     """Each case of ``tier``: its recipe and how it runs."""
     if tier == "cpu":
-        for techniques in registry.default_selection():
+        for techniques in for_workload("vit", registry.default_selection()):
             yield resolve("vit", "smoke", techniques), RunOptions(device="cpu")
     elif tier == "converged":
         for techniques in accuracy.CONVERGED_CASES:
             yield resolve("vit", CONVERGED, techniques), RunOptions(device="cpu")
     elif tier == "sim":
-        for techniques in registry.default_selection():
+        for techniques in for_workload("vit", registry.default_selection()):
             yield resolve("vit", "article", techniques), RunOptions(device="sim", profile="article")
     elif tier == "dist":
         for work, techniques in DIST_RUNS:

@@ -44,6 +44,7 @@ from memclaims.core.precision import precision as precision_spec
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record
 from memclaims.measure import checkpointing, optimizers
 from memclaims.measure.loop import TrainingLoop
+from memclaims.measure.lora import parameter_fields as lora_fields
 from memclaims.measure.probes import PhaseRecorder, Reading
 from memclaims.measure.record_builder import SIM_PHASES, build_record, failed_phase
 from memclaims.measure.tensors import optimizer_state_tensors
@@ -51,6 +52,7 @@ from memclaims.recipes.options import memory_steps as resolve_steps
 from memclaims.sim.allocator import CachingAllocator, DeviceFull, TraceEvent
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.fake_build import naming_the_module, same_mode_copies
+from memclaims.sim.lora import apply as adapt
 from memclaims.sim.offload import SimulatedOffload
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
@@ -324,13 +326,22 @@ def _load(session: _Session, recipe: Recipe, build: Callable[[Any, int | None], 
     if recipe.init_on_device:
         # fabric.init_module(): built on the device, in the half dtype for true precisions.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
-            return build(recipe.scale, classes)
+            return _adapted(recipe, build(recipe.scale, classes))
     with session.host():
         # Fabric converts true precisions on the CPU (convert_module) before moving.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
-            model = build(recipe.scale, classes)
+            model = _adapted(recipe, build(recipe.scale, classes))
     _move(model)
     return model
+
+
+def _adapted(recipe: Recipe, model: nn.Module) -> nn.Module:
+    """The model with the lora technique's adapters where the recipe has it (the real pipeline's order:
+    built, then adapted, then set up)."""
+    if not recipe.lora:
+        return model
+    with naming_the_module(recipe.workload.name):
+        return adapt(model, recipe.workload, lambda module, dtype: _move(module, dtype))
 
 
 def _load_only(session: _Session, mode: str, scale: Any, num_classes: int | None,
@@ -347,19 +358,34 @@ def _load_only(session: _Session, mode: str, scale: Any, num_classes: int | None
 
 
 def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit", scale: Any = "article",
-                  num_classes: int | None = None, precision: str = "16-true") -> LoadResult:
+                  num_classes: int | None = None, precision: str = "16-true", lora: bool = False) -> LoadResult:
     """Replay a model-load-only script on the simulated GPU.
 
     ``mode``: ``build-then-convert`` (07_01: built on the CPU in fp32, then
     ``.to("cuda").to(dtype)``) or ``init-module`` (07_03: built inside ``fabric.init_module()``).
     ``num_classes=None`` keeps the stock head (1000 classes for ``vit_l_16``, as the 07 scripts).
+    ``lora``: the model with the lora technique's adapters (the reference load of an init-module+lora recipe).
     """
-    result, _, _ = _replay_load(mode, find_profile(profile), workload, scale, num_classes, precision, _Session)
+    result, _, _ = _replay_load(mode, find_profile(profile), workload, scale, num_classes, precision, _Session, lora)
     return result
 
 
+def _adapting(build: Callable[[Any, int | None], nn.Module], workload_name: str) -> Callable[[Any, int | None], nn.Module]:
+    """``build`` followed by the lora technique's adapters, as the real engines' load puts them on."""
+    from memclaims.workloads.registry import workload as find_workload
+
+    work = find_workload(workload_name)
+
+    def adapted(scale: Any, num_classes: int | None) -> nn.Module:
+        model = build(scale, num_classes)
+        with naming_the_module(work.name):
+            return adapt(model, work, lambda module, dtype: _move(module, dtype))
+
+    return adapted
+
+
 def _replay_load(mode: str, chosen: Profile, workload: str, scale: Any, num_classes: int | None, precision: str,
-                 session_of: Callable[[Profile], _Session]) -> tuple[LoadResult, _Session, int]:
+                 session_of: Callable[[Profile], _Session], lora: bool = False) -> tuple[LoadResult, _Session, int]:
     """``simulate_load``'s replay in a session ``session_of`` opens; also the session and the parameter tensors."""
     if mode not in LOAD_MODES:
         raise UsageError(f"unknown load mode {mode!r}; valid modes: {', '.join(LOAD_MODES)}")
@@ -376,6 +402,8 @@ def _replay_load(mode: str, chosen: Profile, workload: str, scale: Any, num_clas
                              f"{', '.join(_models())} and the text and hf: workloads") from None
         build = fns[0]
         scale = found.scale(scale) if isinstance(scale, str) else scale
+    if lora:
+        build = _adapting(build, workload)
     session = session_of(chosen)
     results: dict[str, PhaseResult] = {}
     with session.active():
@@ -542,7 +570,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     optimizer, scheduler = _optimizer(recipe, model, memory)
     for p in model.parameters():
         memory.tag(p, PARAMETERS)
-        p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, GRADIENTS))
+        if p.requires_grad:  # lora's frozen base weights get no gradient (and take no hook)
+            p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, GRADIENTS))
     loop = _SimLoop(session, recipe)
     if recipe.optimizer_in_backward:  # after the tagging hooks: a gradient is tagged before its step frees it
         loop.fuse(optimizer)
@@ -556,6 +585,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     states.update(loop.measured_fields())
     if recipe.optimizer in optimizers.PAGED:  # unified memory: the state tensors the device does not hold
         states["paged_state_bytes"] = memory.host_bytes(optimizer_state_tensors(optimizer))
+    if recipe.lora:
+        states.update(lora_fields(model))
     loop.logits = None
     return states
 
@@ -626,7 +657,8 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     if recipe.init_on_device:
         reference = simulate_load("build-then-convert", profile=chosen.name, workload=recipe.workload.name,
                                   scale=recipe.scale, num_classes=recipe.workload.num_classes,
-                                  precision=recipe.precision if recipe.precision.endswith("-true") else "32-true")
+                                  precision=recipe.precision if recipe.precision.endswith("-true") else "32-true",
+                                  lora=recipe.lora)
 
     if recipe.strategy == "ddp":
         notes.append("DDP rank (memclaims.sim.ddp): the whole model, gradients and optimizer state, plus "
@@ -755,7 +787,10 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
 
 
 # Recipe flags the sim cannot replay, with the reason.
-_UNSUPPORTED_FLAGS: dict[str, str] = {}
+_UNSUPPORTED_FLAGS: dict[str, str] = {
+    "quantize_base": "qlora's 4-bit base is quantized by bitsandbytes from the weights' values (NF4, a block-wise "
+                     "absmax), which fake tensors do not have; run it on --device cpu or cuda",
+}
 # Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
 # real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit.
 _OPTIMIZERS = ("adam", "sgd", "adamw", "adafactor", *optimizers.EIGHT_BIT)

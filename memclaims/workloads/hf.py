@@ -36,7 +36,7 @@ from memclaims.core.errors import DataError, UsageError
 from memclaims.core.names import DATA_DIR_ENV, HF_PREFIX
 from memclaims.workloads import data, hf_values
 from memclaims.workloads.hf_values import format_value, parse_value
-from memclaims.workloads.types import Scale, Workload
+from memclaims.workloads.types import LoraTargets, Scale, Workload
 
 HEADS = ("causal-lm", "classification")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -423,6 +423,9 @@ def _workload(canonical: str) -> Workload:
         architecture=lambda s, _classes: architecture(chosen, s),
         fake_inputs=lambda s, batch: fake_inputs(chosen, s, batch),
         logits_fn=causal_logits if causal else None,
+        # peft's default target modules for the model type (memclaims.measure.lora refuses a type it has
+        # none for); a classification head ("classifier" or "score" by architecture) trained in full.
+        lora_targets=LoraTargets(None, () if causal else ("classifier", "score")),
     )
 
 

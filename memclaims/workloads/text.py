@@ -21,7 +21,7 @@ from torch import nn
 from memclaims.core.errors import DataError, UsageError
 from memclaims.core.names import DATA_DIR_ENV
 from memclaims.workloads import data
-from memclaims.workloads.types import Scale, Workload
+from memclaims.workloads.types import LoraTargets, Scale, Workload
 
 # The article's era: no SDPA / flash attention in these models' code paths.
 ATTENTION = "eager"
@@ -203,6 +203,14 @@ TEXT_MODELS: dict[str, TextModel] = {
     "distilbert-cased": _distilbert_model("distilbert-base-cased"),
     "bigbird": BIGBIRD_MODEL,
 }
+# The lora technique: the attention's query and value projections (the LoRA paper's choice and peft's
+# default for BERT-like types), the 2-label head trained in full (DistilBERT's pre_classifier too: peft
+# matches "classifier" as a suffix).
+LORA_TARGETS = {
+    "distilbert": LoraTargets(("q_lin", "v_lin"), ("classifier",)),
+    "distilbert-cased": LoraTargets(("q_lin", "v_lin"), ("classifier",)),
+    "bigbird": LoraTargets(("query", "value"), ("classifier",)),
+}
 ARTICLE_BATCH = 12  # bonus scripts: 12 per GPU (DistilBERT before/after: 3 x 4 with grad-accum; BigBird after: 1 x 12)
 
 
@@ -237,6 +245,7 @@ def text_workloads() -> dict[str, Workload]:
             fsdp_auto_wrap=name != "bigbird",
             # BigBirdForSequenceClassification builds BigBirdModel with its pooler and never calls it.
             unused_parameters=name == "bigbird",
+            lora_targets=LORA_TARGETS[name],
         )
 
     sources = {"distilbert": "bonus_distilbert-before / -after",

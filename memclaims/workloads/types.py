@@ -57,6 +57,17 @@ class Scale:
 
 
 @dataclass(frozen=True)
+class LoraTargets:
+    """Where the ``lora`` technique puts peft's adapters on a workload's model (``peft.LoraConfig``)."""
+
+    # Module names (suffixes) that get adapters; None: peft's default for the model's type.
+    target_modules: tuple[str, ...] | None
+    # Modules trained in full beside the adapters (the freshly initialised classification head);
+    # peft matches them by suffix, so DistilBERT's "classifier" also keeps its pre_classifier.
+    modules_to_save: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Workload:
     name: str
     summary: str
@@ -85,6 +96,9 @@ class Workload:
     # (model, inputs) -> logits of shape (N, classes), when not ``model(**inputs).logits`` /
     # ``model(inputs)`` (a causal LM flattens its next-token logits).
     logits_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
+    # Where the ``lora`` technique's adapters go; None: the workload does not take it (the registry's
+    # ``workload_needs`` names this attribute and the reason).
+    lora_targets: LoraTargets | None = None
 
     def scale(self, name: str) -> Scale:
         try:

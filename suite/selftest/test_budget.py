@@ -9,7 +9,7 @@ import pytest
 from memclaims.core import techniques as registry
 from memclaims.measure.runner import run
 from memclaims.recipes.options import RunOptions, accuracy_schedule
-from memclaims.recipes.recipe import resolve
+from memclaims.recipes.recipe import for_workload, resolve
 from memclaims.report import budget
 
 
@@ -51,7 +51,7 @@ def test_a_budgeted_run_trains_its_steps_scores_its_examples_and_declares_them(m
 def test_nightly_selection_fits_thirty_h100_minutes_and_weekly_does_not() -> None:
     def minutes(**options) -> float:
         cases = [(resolve("vit", "article", t), RunOptions(device="cuda", **options))
-                 for t in registry.default_selection()]
+                 for t in for_workload("vit", registry.default_selection())]
         return budget.total_minutes(cases, cifar=True)
 
     nightly, weekly = minutes(), minutes(accuracy_full_epochs=True)

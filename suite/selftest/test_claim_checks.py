@@ -115,7 +115,7 @@ def _record(key: Key, tier: str) -> Record:
         if key.load_only:
             return load_record(key.techniques)
         return _memory(_article(key.techniques, tier), BATCH_ONE_FRACTION)  # a smaller micro-batch
-    if key in (claims.OFFLOAD, claims.IN_BACKWARD, claims.EXPANDABLE, claims.PAGED):
+    if key in (claims.OFFLOAD, claims.IN_BACKWARD, claims.EXPANDABLE, claims.PAGED, claims.LORA):
         return _beyond(key, tier)
     if key in SHARDED_08:
         return _sharded(key, tier)
@@ -142,6 +142,10 @@ def _beyond(key: Key, tier: str) -> Record:
     if key == claims.EXPANDABLE:  # the same tensors; the reserved memory less the default's rests
         reserved = plain.peak_allocated_bytes + UNUSED_BY_DEFAULT // 3
         return dataclasses.replace(plain, **names, peak_reserved_total_bytes=reserved, expandable_segment_bytes=reserved)
+    if key == claims.LORA:  # 2 % of the parameters trainable (adapters and head), Adam's state for them only
+        trainable = N // 50
+        return dataclasses.replace(plain, **names, trainable_parameters=trainable, total_parameters=N + trainable,
+                                   optimizer_state_bytes=8 * trainable + 4 * TENSORS)
     if key == claims.IN_BACKWARD:
         return dataclasses.replace(plain, **names, grad_bytes=0,
                                    peak_allocated_bytes=plain.peak_allocated_bytes - int(0.95 * plain.grad_bytes),
@@ -225,6 +229,10 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         plain = records[("fabric",)]
         records[claims.IN_BACKWARD] = dataclasses.replace(records[claims.IN_BACKWARD], grad_bytes=plain.grad_bytes,
                                                           peak_allocated_bytes=plain.peak_allocated_bytes)
+    elif name == "lora-few-trainable-parameters":  # adapters silently not applied: everything trains
+        adapted = records[claims.LORA]
+        records[claims.LORA] = dataclasses.replace(adapted, trainable_parameters=adapted.total_parameters,
+                                                   optimizer_state_bytes=records[("fabric",)].optimizer_state_bytes)
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
         records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
     elif name == "paged-optimizer-unified-memory":  # the states stayed in the caching allocator

@@ -42,7 +42,7 @@ def test_claims_filtered_by_source(capsys: pytest.CaptureFixture[str], tmp_path:
     out = capsys.readouterr().out
     assert "-- course: Course 'Efficient AI Model Training" in out and "fabric-memory" not in out
     assert main(["claims", "--source", "nope"]) == 2
-    assert "--source nope: no such source; valid: article, bitsandbytes-docs, course, pytorch-docs" in capsys.readouterr().err
+    assert "--source nope: no such source; valid: article, bitsandbytes-docs, course, peft-docs, pytorch-docs" in capsys.readouterr().err
 
 
 def test_list_text_shows_the_same(capsys: pytest.CaptureFixture[str]) -> None:

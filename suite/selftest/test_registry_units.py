@@ -111,7 +111,8 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     # The cover is of the techniques in it: the ones added after the article keep out (their singles only).
     covered = tuple(t for t in pool if t.in_cover)
     assert {t.name for t in pool} - {t.name for t in covered} == {"activation-offload", "optimizer-in-backward",
-                                                                        "expandable-segments", "paged-adamw8bit"}
+                                                                        "expandable-segments", "paged-adamw8bit",
+                                                                        "lora", "qlora"}
     cover = [c for c in registry.pairwise_cover(covered) if c not in singles and c not in chain_steps]
     assert rest[len(chain_steps):] == cover
     assert registry.default_selection(pool) == selection
@@ -145,3 +146,18 @@ def test_violation_and_technique_lookup() -> None:
     assert registry.canonical(["grad-accum", "bf16-true", "grad-accum"]) == ("bf16-true", "grad-accum")
     assert registry.canonical(("fsdp", "activation-checkpointing")) == ("fsdp", "activation-checkpointing")
     assert registry.canonical(()) == ("fabric",)
+
+
+def test_a_technique_a_workload_cannot_take_is_refused_with_the_reason_and_left_out_of_its_cases() -> None:
+    from memclaims.core.errors import UsageError
+    from memclaims.recipes.recipe import for_workload, resolve
+
+    needed = registry.BY_NAME["lora"].workload_needs
+    assert needed is not None and needed[0] == "lora_targets"
+    with pytest.raises(UsageError, match="technique 'lora' does not run on workload 'vit': peft's LoRA adapters"):
+        resolve("vit", "smoke", ("lora",))
+    assert resolve("distilbert", "smoke", ("lora",)).lora
+    default = registry.default_selection()
+    assert ("lora",) in default and ("lora",) not in for_workload("vit", default)
+    assert for_workload("distilbert", default) == default  # the text workloads take every technique of it
+    assert [c for c in default if c not in for_workload("vit", default)] == [("lora",), ("qlora",)]
