@@ -261,6 +261,8 @@ def cmd_reproduce(args: Settings) -> int:
     from memclaims.report.reproduce import reproduce
 
     every = args.all
+    if args.source:
+        return _reproduce_source(args)
     if every and args.device == "sim":
         return _reproduce_all(args)
     assert args.out is not None  # the command's default: reproduce/
@@ -268,6 +270,27 @@ def cmd_reproduce(args: Settings) -> int:
     rows = reproduce(args.device, out, store=BaselineStore(args.baselines_dir), series=every)
     print((out / "reproduce.md").read_text())
     print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.json'}, {out / 'reproduce.png'}", file=sys.stderr)
+    return EXIT_FAILED_RUN if any(r.verdict == "does not hold" for r in rows) else 0
+
+
+def _reproduce_source(args: Settings) -> int:
+    """One source's claims predicted on the sim (memclaims.report.source_claims)."""
+    from pathlib import Path
+
+    from memclaims.report import source_claims
+
+    if args.device != "sim":
+        raise UsageError(f"--source predicts on the sim only, got --device {args.device!r}; use --device sim "
+                         "(the other tiers check a source's claims in pytest: memclaims claims --source NAME)")
+    rows = source_claims.predict(args.source, args.sim_profile)
+    assert args.out is not None  # the command's default: reproduce/
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = source_claims.markdown(args.source, rows)
+    (out / f"source-{args.source}.md").write_text(text + "\n")
+    (out / f"source-{args.source}.json").write_text(source_claims.to_json(rows) + "\n")
+    print(text)
+    print(f"wrote {out / f'source-{args.source}.md'}, {out / f'source-{args.source}.json'}", file=sys.stderr)
     return EXIT_FAILED_RUN if any(r.verdict == "does not hold" for r in rows) else 0
 
 

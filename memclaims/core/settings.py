@@ -191,7 +191,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("recipe", "text", "recipe id, e.g. vit-smoke/bf16-true", default="",
            cli={"baselines calibrate": Use(positional=True)}),
     Option("source", "text", "only the claims of this source (a document name of memclaims claims: "
-           "article, course, pytorch-docs...)", default="", metavar="NAME", cli=_flags("claims")),
+           "article, course, pytorch-docs...)", default="", metavar="NAME",
+           cli={"claims": USE, "reproduce": Use(help="with --device sim: predict this source's claims on the sim, "
+                                                     "published beside predicted (source-NAME.md, .json)")}),
     Option("environment", "text", "the environment id the failing cases printed, e.g. cpu-x86_64-avx2-cu130",
            default="", cli={"baselines accept": Use(positional=True)}),
     Option("spec", "list", "requirements of the candidate, e.g. torch==2.15.0 lightning==2.6.6", default=(),

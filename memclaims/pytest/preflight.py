@@ -30,6 +30,7 @@ from collections.abc import Iterable
 
 from memclaims.core.machine import STACK, StackProblem, stack_problem
 from memclaims.core.names import workload_packages
+from memclaims.core.techniques import TECHNIQUES
 
 __all__ = ["STACK", "StackProblem", "message", "note", "problems", "stopping"]
 
@@ -40,7 +41,8 @@ EVERY_RUN = ("torch", "lightning", "torchmetrics")
 # Who needs a package, for the header line of a failure that does not stop the session.
 USED_BY = {"torchvision": "the ViT workloads (vit, vit-h14)",
            "transformers": "the text workloads (distilbert, distilbert-cased, bigbird, hf:<model_type>)",
-           "bitsandbytes": "the 8-bit optimizer techniques (adam8bit, adamw8bit, paged-adamw8bit)"}
+           "bitsandbytes": "the techniques that need it (" + ", ".join(
+               t.name for t in TECHNIQUES if "bitsandbytes" in t.requires) + ")"}
 
 
 def problems(packages: Iterable[str] = STACK) -> list[StackProblem]:

@@ -71,10 +71,10 @@ def state_after_one_step(model: nn.Module, name: str) -> tuple[int, int]:
 def test_registry_order_and_requirements() -> None:
     names = [t.name for t in techniques.TECHNIQUES]
     i = names.index("sgd")
-    assert names[i + 1:i + 5] == ["adamw", "adam8bit", "adamw8bit", "adafactor"]
-    for name in ("adamw", "adam8bit", "adamw8bit", "adafactor"):
+    assert names[i + 1:i + 6] == ["adamw", "adam8bit", "adamw8bit", "paged-adamw8bit", "adafactor"]
+    for name in ("adamw", "adam8bit", "adamw8bit", "paged-adamw8bit", "adafactor"):
         t = techniques.BY_NAME[name]
-        assert t.group == "optimizer" and t.optimizer == name
+        assert t.group == "optimizer" and t.optimizer == name.replace("-", "_")
         assert t.requires == (frozenset({"bitsandbytes"}) if "8bit" in name else frozenset())
     with pytest.raises(UsageError, match="at most one optimizer"):
         techniques.canonical(["adamw", "adam8bit"])
