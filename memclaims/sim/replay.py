@@ -299,12 +299,8 @@ class _Session:
     @contextmanager
     def host(self) -> Iterator[None]:
         """Work that a GPU run does on the CPU: not device memory, so initial values are skipped too."""
-        self.memory.counting = False
-        try:
-            with _no_init():
-                yield
-        finally:
-            self.memory.counting = True
+        with self.memory.outside(), _no_init():
+            yield
 
 
 def _attention_context(profile: Profile, dtype: torch.dtype) -> Any:

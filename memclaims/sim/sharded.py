@@ -233,11 +233,8 @@ class _Unit:
             self.shard = nn.Parameter(shard)
             return
         del shard  # flat_param_to(cpu): the shard moves to (pinned) host memory
-        self.memory.counting = False
-        try:
+        with self.memory.outside():
             self.shard = nn.Parameter(torch.empty(self.padded // self.world, dtype=self.shard_dtype))
-        finally:
-            self.memory.counting = True
 
     def unshard(self) -> None:
         if self.full is not None:
@@ -282,10 +279,7 @@ class _Unit:
             # _reduce_grad_no_shard: the flat gradient is all-reduced in place and kept whole, in the shard's dtype.
             if flat.dtype != self.shard_dtype:
                 flat = flat.to(self.shard_dtype)
-            if self.shard.grad is None:
-                self.shard.grad = flat
-            else:
-                self.shard.grad.add_(flat)
+            self.shard.grad = _summed(self.shard.grad, flat)
             del flat
             self.reshard()
             return
@@ -299,27 +293,27 @@ class _Unit:
             # _post_backward_hook keeps the sharded gradient on the device as ``_saved_grad_shard`` (to
             # accumulate into) and copies it to the pinned host gradient; prepare_gradient_for_optim
             # deletes it at the end of the backward (end_backward).
-            if self.saved_grad_shard is None:
-                self.saved_grad_shard = reduced
-            else:
-                self.saved_grad_shard.add_(reduced)
+            self.saved_grad_shard = _summed(self.saved_grad_shard, reduced)
             del reduced
-            self.memory.counting = False
-            try:
+            with self.memory.outside():  # the pinned host gradient
                 if self.shard.grad is None:
                     self.shard.grad = torch.empty_like(self.shard)
-            finally:
-                self.memory.counting = True
-        elif self.shard.grad is None:
-            self.shard.grad = reduced
         else:
-            self.shard.grad.add_(reduced)
+            self.shard.grad = _summed(self.shard.grad, reduced)
             del reduced
         self.reshard()
 
     def end_backward(self) -> None:
         """``_post_backward_final_callback``: the device's ``_saved_grad_shard`` goes (offload)."""
         self.saved_grad_shard = None
+
+
+def _summed(held: torch.Tensor | None, arrived: torch.Tensor) -> torch.Tensor:
+    """A gradient slot after a gradient arrives: the arrival itself the first time, else added in place."""
+    if held is None:
+        return arrived
+    held.add_(arrived)
+    return held
 
 
 class _PreBackward(torch.autograd.Function):
@@ -520,13 +514,10 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
             continue
         grad_bytes = memory.device_bytes(s.grad for s in shards if s.grad is not None)
         memory.in_optimizer = True
-        if offload:  # the step runs on the host, over host shards and host state
-            memory.counting = False
-        try:
-            with optimizer_era(session.profile.optimizer_era):
+        try:  # with offload the step runs on the host, over host shards and host state
+            with memory.outside() if offload else nullcontext(), optimizer_era(session.profile.optimizer_era):
                 optimizer.step()
         finally:
-            memory.counting = True
             memory.in_optimizer = False
         for value in optimizer_state_tensors(optimizer):
             memory.tag(value, OPTIMIZER_STATE)
