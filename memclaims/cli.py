@@ -491,8 +491,8 @@ COMMANDS: tuple[tuple[str, str, Callable[[Settings], int]], ...] = (
     ("run", "run one recipe and print its Record", cmd_run),
     ("benchmark", "time each CPU case of a selection", cmd_benchmark),
     ("reproduce", "the article's chain on this machine beside the published numbers", cmd_reproduce),
-    ("claims", "every claim of both documents: tiers that check it, or why not, and the verdict of the last "
-     "pytest run", cmd_claims),
+    ("claims", "every claim of every source (the article, the course, the techniques' own documentation): tiers "
+     "that check it, or why not, and the verdict of the last pytest run", cmd_claims),
     ("fit", "which technique combinations fit a memory budget (predicted on the sim)", cmd_fit),
     ("fidelity", "predictions vs published / measured peaks, beside the model-states-only estimate "
      "(accelerate, DeepSpeed)", cmd_fidelity),

@@ -1,4 +1,4 @@
-"""The claims of both documents as relations over Records: the catalogue and its checks, what a check
+"""The claims of every source as relations over Records: the catalogue and its checks, what a check
 looks up (``lookup``: Records by key, measured by the caller through ``memclaims.run.measure``), the
 "keeps accuracy" pairs and their mutations, the published accuracies, and the verdicts of the last run.
 

@@ -1,4 +1,5 @@
-"""The claims of both documents, checked as relations over Records of the same session.
+"""The claims of every source (the seed documents and the techniques' own documentation), checked as
+relations over Records of the same session.
 
 The catalogue (every claim, its source phrase, kind, published numbers, the tiers that check it and
 why the others do not) is ``memclaims/resources/sources/``, one file per source; this module adds the checks. A check takes
