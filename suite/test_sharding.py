@@ -30,7 +30,7 @@ from memclaims.measure.runner import run
 from memclaims.pytest.plugin import settings
 from memclaims.recipes.named import NAMED_RECIPES
 from memclaims.recipes.options import RunOptions
-from memclaims.recipes.recipe import parse_id, resolve
+from memclaims.recipes.recipe import Recipe, parse_id, resolve
 from memclaims.report.candidate import DIST_RANKS, DIST_RUNS
 from memclaims.workloads.registry import gpu_tier_scale
 
@@ -540,6 +540,18 @@ def test_gpu_every_rank_against_its_baseline(gpu_sharded, techniques, baseline_c
         baseline_check.check(f"dist-gpu:{record.baseline_key}", record, record_property)
 
 
+def _named_on_gpus(name: str, gpu_scale: str, request: pytest.FixtureRequest,
+                   record_property: Callable[[str, object], None]) -> tuple[Recipe, DistributedResult]:
+    """A named recipe of the LLM bonus on this machine's GPUs, at the tier's scale, its rank 0 reported."""
+    named = NAMED_RECIPES[name]
+    recipe = resolve(named.workload, _at(named.workload, gpu_scale), named.techniques)
+    data_dir = settings(request.config).data_dir  # IMDb, when the user has it
+    result = run_distributed(recipe, RunOptions(device="cuda", evaluate=False, data_dir=data_dir), GPUS,
+                             timeout_s=600)
+    _report(record_property, result, named.published.peak_gb)
+    return recipe, result
+
+
 # The LLM bonus "after" recipes. Their "before" recipes need DeepSpeed or DDP, so each "after" is
 # held to the article's own claim at article scale: DistilBERT below the "before" peak (3.99 GB),
 # BigBird within 4.03 GB per GPU (claim 13), +10 % for another GPU and software generation.
@@ -553,11 +565,7 @@ BONUS_AFTER = {"distilbert-after": NAMED_RECIPES["distilbert-before"].published.
 @pytest.mark.parametrize("name", list(BONUS_AFTER), ids=[f"gpu:{n}@{GPUS}gpu" for n in BONUS_AFTER])
 def test_gpu_bonus_after_recipe(name, gpu_scale, request, baseline_check, record_property) -> None:
     named = NAMED_RECIPES[name]
-    recipe = resolve(named.workload, _at(named.workload, gpu_scale), named.techniques)
-    data_dir = settings(request.config).data_dir  # IMDb, when the user has it
-    result = run_distributed(recipe, RunOptions(device="cuda", evaluate=False, data_dir=data_dir), GPUS,
-                             timeout_s=600)
-    _report(record_property, result, named.published.peak_gb)
+    _, result = _named_on_gpus(name, gpu_scale, request, record_property)
     for record in result.records:
         assert not record.nan_loss, f"{who(record)}: loss diverged at step {record.nan_step}"
         if gpu_scale == "article":
@@ -583,11 +591,7 @@ BONUS_BEFORE = [pytest.param("distilbert-before", marks=pytest.mark.requires(cud
 @pytest.mark.parametrize("name", BONUS_BEFORE)
 def test_gpu_bonus_before_recipe(name, gpu_scale, request, baseline_check, record_property) -> None:
     named = NAMED_RECIPES[name]
-    recipe = resolve(named.workload, _at(named.workload, gpu_scale), named.techniques)
-    data_dir = settings(request.config).data_dir  # IMDb, when the user has it
-    result = run_distributed(recipe, RunOptions(device="cuda", evaluate=False, data_dir=data_dir), GPUS,
-                             timeout_s=600)
-    _report(record_property, result, named.published.peak_gb)
+    recipe, result = _named_on_gpus(name, gpu_scale, request, record_property)
     bound = 1.10 * named.published.peak_gb
     for record in result.records:
         assert not record.nan_loss, f"{who(record)}: loss diverged at step {record.nan_step}"
