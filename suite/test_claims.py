@@ -50,7 +50,10 @@ def _params() -> list[Any]:
 # that is an expected failure (the sim predicts a few percent, not 75 %).
 # lora-few-trainable-parameters on the cpu tier trains and scores DistilBERT smoke with and without the adapters
 # (about 10 s); its sim case, suite/test_lora.py's cpu baseline and sim injection run in CI.
-NIGHTLY_CLAIMS = {("sim", "batch-1-further-75"), ("cpu", "lora-few-trainable-parameters")}
+# fused-linear-ce-logits-never-whole on the cpu tier trains GPT-2 smoke with and without the fused loss (about
+# 10 s); its sim case and suite/test_fused_loss.py's cpu baseline and sim injection run in CI.
+NIGHTLY_CLAIMS = {("sim", "batch-1-further-75"), ("cpu", "lora-few-trainable-parameters"),
+                  ("cpu", "fused-linear-ce-logits-never-whole")}
 
 
 @pytest.mark.parametrize(("tier", "claim"), _params())

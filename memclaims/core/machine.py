@@ -224,6 +224,17 @@ def package_problem(name: str) -> str | None:
     return None
 
 
+@cache
+def torch_feature_problem(name: str) -> str | None:
+    """Why the installed torch cannot run the operation ``name`` (memclaims.recipes.requirements.TORCH_FEATURES),
+    or None; each checked by running it once per process."""
+    if name == "linear_cross_entropy":
+        from memclaims.measure.fused_loss import available
+
+        return available()
+    raise ValueError(f"unknown torch feature {name!r}")
+
+
 class Machine:
     """What this process has. Each probe runs only when a need asks for it (the bitsandbytes step
     and a package import are not free); the module's functions are looked up at call time, so a
@@ -241,6 +252,9 @@ class Machine:
 
     def package(self, name: str) -> str | None:
         return package_problem(name)
+
+    def torch_feature(self, name: str) -> str | None:
+        return torch_feature_problem(name)
 
     def has_path(self, path: str) -> bool:
         return Path(path).exists()

@@ -166,6 +166,15 @@ class Record:
     total_parameters: int | None = None
     # qlora: bytes of the parameters stored quantized (bitsandbytes' 4-bit weights, packed in uint8).
     quantized_parameter_bytes: int | None = None
+    # fused-linear-ce: calls of the chunked linear + cross-entropy over the measured steps, the tokens of
+    # the last call, its classes (the vocabulary) and the rows of one chunk of the tokens (the op's resolved
+    # batch_chunk_size: the logits buffer is chunk x vocabulary), and calls in which the op ignored its
+    # options and materialized the logits whole (its fallback warning).
+    fused_loss_calls: int | None = None
+    fused_loss_rows: int | None = None
+    fused_loss_classes: int | None = None
+    fused_loss_chunk_rows: int | None = None
+    fused_loss_fallbacks: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
     # Model state kept on the host while the model trains on a device (CPU offload), by category of

@@ -56,6 +56,9 @@ class Technique:
     lora: bool = False
     # QLoRA: the base's linear layers stored in bitsandbytes 4-bit ("nf4"), frozen, under the adapters.
     quantize_base: str | None = None
+    # The causal-LM loss from the last hidden states and the vocabulary projection's weight in one chunked
+    # op (torch.nn.functional.linear_cross_entropy): the (tokens x vocabulary) logits never exist whole.
+    fused_loss: bool = False
     # A technique only some workloads take: (the Workload attribute a workload sets to take it, why the
     # others cannot). memclaims.recipes.recipe refuses the rest with the reason; the tiers leave them out.
     workload_needs: tuple[str, str] | None = None
@@ -132,6 +135,16 @@ _QLORA_CONFLICTS: tuple[tuple[str, str], ...] = (
     ("init-module", "memclaims quantizes the base from the fp32 weights as built; init_module would build them "
                     "on the device in the recipe's dtype first, which it does not replay"),
 )
+# The strategies shard or wrap the vocabulary projection; memclaims' fused loss reads its weight outside the
+# model's forward, which FSDP frees (resharded) and the ranks' engines compute the loss from logits.
+_FUSED_LOSS_CONFLICTS: tuple[tuple[str, str], ...] = (
+    *((s, "memclaims computes the fused loss in the one-device engines only: it reads the vocabulary "
+          "projection's weight after the forward, which FSDP has resharded, and the multi-rank engines compute "
+          "the loss from logits") for s in ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2")),
+)
+_FUSED_LOSS_WORKLOADS = ("fused_loss_head", "the fused linear + cross-entropy replaces a causal LM's vocabulary "
+                         "projection and its loss (hf: workloads with the causal-lm head whose logits are the plain "
+                         "projection, without soft-capping or scaling); this workload has none")
 _LORA_WORKLOADS = ("lora_targets", "peft's LoRA adapters go on the attention projections of the text workloads "
                    "(distilbert, distilbert-cased, bigbird: q_lin/v_lin, query/value) and of hf: models (peft's "
                    "default target modules for their model type); this workload names no modules to adapt")
@@ -234,6 +247,13 @@ TECHNIQUES: tuple[Technique, ...] = (
               "the lora technique's adapters", "peft docs: QLoRA (bitsandbytes 4-bit)", group="adapter", lora=True,
               quantize_base="nf4", in_cover=False, requires=frozenset({"bitsandbytes"}),
               conflicts=_LORA_CONFLICTS + _QLORA_CONFLICTS, workload_needs=_LORA_WORKLOADS),
+    # torch.nn.functional.linear_cross_entropy(hidden, head.weight, targets, options=LinearCrossEntropyOptions()):
+    # chunked over the tokens (memclaims.measure.fused_loss); in eval mode the head computes logits as before.
+    Technique("fused-linear-ce", "the causal LM's vocabulary projection and cross-entropy fused and chunked over "
+              "the tokens (torch.nn.functional.linear_cross_entropy with LinearCrossEntropyOptions): the logits "
+              "are never materialized whole", "torch docs: linear_cross_entropy", fused_loss=True, in_cover=False,
+              requires=frozenset({"linear_cross_entropy"}), conflicts=_FUSED_LOSS_CONFLICTS,
+              workload_needs=_FUSED_LOSS_WORKLOADS),
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}

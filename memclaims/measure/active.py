@@ -79,6 +79,8 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
     if recipe.quantize_base and not record.quantized_parameter_bytes:
         say("qlora", f"quantized_parameter_bytes is {record.quantized_parameter_bytes} after phase load: no base "
                      "weight was stored in 4 bits (bitsandbytes' Linear4bit)")
+    if recipe.fused_loss:
+        _fused_loss(record, lambda text: say("fused-linear-ce", text))
     if "ddp" in names and record.devices > 1:
         full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
         if record.param_bytes != full:
@@ -89,6 +91,22 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
     if "deepspeed-zero2" in names and record.devices > 1:
         _zero2_partitioned(record, say)
     return found
+
+
+def _fused_loss(record: Record, say: Callable[[str], None]) -> None:
+    """The chunked op ran for every micro-batch, on its chunked path, in chunks smaller than the tokens
+    (one chunk of all of them would be the reference's logits buffer again)."""
+    calls, rows, chunk = record.fused_loss_calls, record.fused_loss_rows, record.fused_loss_chunk_rows
+    micro_batches = (record.step_micro_batches or 1) * record.memory_steps
+    if not calls or calls < micro_batches:
+        say(f"fused_loss_calls is {calls} after phase train for {micro_batches} micro-batches: the loss was "
+            "computed from materialized logits (F.cross_entropy), not by linear_cross_entropy")
+    elif record.fused_loss_fallbacks:
+        say(f"fused_loss_fallbacks is {record.fused_loss_fallbacks} after phase train: linear_cross_entropy "
+            "ignored its options and ran the reference path, logits whole")
+    elif rows is None or chunk is None or chunk >= rows:
+        say(f"fused_loss_chunk_rows is {chunk} for {rows} tokens after phase train: one chunk of every token "
+            "materializes the whole logits")
 
 
 # ZeRO stage 2 per rank: the fp32 master copy and Adam's two fp32 states (12 B per parameter) and the

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memclaims.measure.fused_loss import FusedLoss
 from memclaims.measure.in_backward import OptimizerInBackward
 from memclaims.measure.offload import ActivationOffload
 from memclaims.measure.tensors import storage_bytes
@@ -64,6 +65,8 @@ class TrainingLoop:
         self.offload: ActivationOffload | None = None
         # optimizer-in-backward: the per-parameter optimizers stepping inside backward (``fuse``).
         self.fused: OptimizerInBackward | None = None
+        # fused-linear-ce: the loss from the hidden states and the head's weight (the engine's or the sim's).
+        self.fused_loss: FusedLoss | None = None
 
     # --- what a subclass provides -------------------------------------------------------------
 
@@ -126,7 +129,9 @@ class TrainingLoop:
                     loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
             if watch is not None:
                 self.compute_dtypes = watch()
-            examples += int(targets.shape[0])
+                if self.fused_loss is not None and self.fused_loss.calls:  # the head's matmul, inside the loss
+                    self.compute_dtypes = sorted({*self.compute_dtypes, dtype_name(self.fused_loss.compute_dtype)})
+            examples += batch_examples(inputs, targets)
             micro_batches += 1
             if accumulation == 1:
                 with phase("zero_grad"):
@@ -165,11 +170,12 @@ class TrainingLoop:
     def measured_fields(self) -> dict[str, Any]:
         """The Record's fields of what the loop observed (batch, accumulation, compute dtype)."""
         fused = self.fused.measured_fields() if self.fused is not None else {}
+        fused_loss = self.fused_loss.measured_fields() if self.fused_loss is not None else {}
         return dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
                     compute_dtypes=list(self.compute_dtypes), grad_digest=self.grad_digest,
                     recomputed_linear_calls=self.recomputed_linear_calls,
                     offloaded_activation_bytes=self.offload.host_bytes if self.offload is not None else None,
-                    **fused)
+                    **fused, **fused_loss)
 
     def loss_fields(self, memory_losses: list[float]) -> dict[str, Any]:
         """The Record's loss fields: the last loss, where it diverged, and the measured steps' losses."""
@@ -193,13 +199,24 @@ def gradient_digest(gradients: Iterator[torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def batch_examples(inputs: Any, targets: torch.Tensor) -> int:
+    """Examples in a micro-batch: the inputs' leading dimension (a causal LM's targets are its tokens,
+    one per position), the targets' where the inputs are no tensor or mapping of tensors."""
+    first = next(iter(inputs.values()), None) if isinstance(inputs, dict) else inputs
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) else int(targets.shape[0])
+
+
 def watch_linear_outputs(model: nn.Module) -> Callable[[], list[str]]:
     """Hooks every ``nn.Linear``; the returned function removes them and names the output dtypes seen."""
     seen: dict[str, None] = {}
 
     def hook(module: nn.Module, args: Any, output: Any) -> None:
         if isinstance(output, torch.Tensor):
-            seen[str(output.dtype).removeprefix("torch.")] = None
+            seen[dtype_name(output.dtype)] = None
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
 

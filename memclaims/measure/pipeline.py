@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record, environment_facts
-from memclaims.measure import allocator_setting, lora, optimizers, tensors
+from memclaims.measure import allocator_setting, fused_loss, lora, optimizers, tensors
 from memclaims.measure import probes as probe_module
 from memclaims.measure.host import HostSteps
 from memclaims.measure.loop import TrainingLoop
@@ -102,6 +102,12 @@ def cycle(batches: Callable[[], Iterator[Any]]) -> Iterator[Any]:
             yield batch
         if not yielded:
             return
+
+
+def _fused_loss_head(recipe: Recipe) -> Callable[[nn.Module], nn.Module]:
+    head = recipe.workload.fused_loss_head
+    assert head is not None, "recipe.resolve refuses fused-linear-ce on a workload without a vocabulary projection"
+    return head
 
 
 def never_reset_reserved(phases: dict[str, probe_module.PhasePeak]) -> int | None:
@@ -192,6 +198,8 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         seed_everything(options.seed)  # the recipe's model starts as without it
     with probe.phase("load"):
         model, weights = engine.build()
+        if recipe.fused_loss:  # the head bypassed in training; the loss takes its weight (before any adapters)
+            model = fused_loss.apply(model, _fused_loss_head(recipe))
         if recipe.quantize_base:  # qlora: the base's linear layers in 4 bits, before the adapters go on
             model = lora.quantize(model, recipe.workload, options.device)
         if recipe.lora:  # frozen base weights, adapters and head trainable: before the optimizer sees them

@@ -18,11 +18,12 @@ from torch.utils.data import DataLoader
 
 from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.names import CONVERGED
-from memclaims.core.precision import precision
+from memclaims.core.precision import PRECISIONS, precision
 from memclaims.core.record import Record, device_name
 from memclaims.core.techniques import FP32
 from memclaims.measure import checkpointing, evaluation, pipeline
 from memclaims.measure import probes as probe_module
+from memclaims.measure.fused_loss import FusedLoss
 from memclaims.measure.record_builder import failed_phase
 from memclaims.recipes.options import RunOptions, check_device, resolve_memory_steps
 
@@ -61,6 +62,8 @@ class FabricEngine(pipeline.Engine):
             torch.set_float32_matmul_precision("high")  # as the scripts from 02 on
         if self.precision_ran != recipe.precision:
             self.notes.append(f"Lightning ran {recipe.precision} as {self.precision_ran} on {options.device}")
+        if recipe.fused_loss:  # the head's compute dtype under what Lightning ran
+            self.fused_loss = FusedLoss(PRECISIONS[self.precision_ran].compute_dtype)
 
     @property
     def precision_ran(self) -> str:
@@ -128,7 +131,10 @@ class FabricEngine(pipeline.Engine):
             yield inputs, targets
 
     def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.recipe.workload.logits(model, inputs), targets)
+        logits = self.recipe.workload.logits(model, inputs)
+        if self.fused_loss is not None:  # fused-linear-ce: the "logits" are the hidden states
+            return self.fused_loss(model, logits, targets)
+        return F.cross_entropy(logits, targets)
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.fabric is None:

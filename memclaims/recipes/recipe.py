@@ -68,6 +68,7 @@ class Recipe:
     expandable_segments: bool = False  # the CUDA allocator's setting (memclaims.measure.allocator_setting)
     numerics_neutral: bool = False  # only techniques that compute as others do (Technique.computes_as)
     lora: bool = False  # peft's LoRA adapters put on the model as it is built (memclaims.measure.lora)
+    fused_loss: bool = False  # fused-linear-ce: the loss from hidden states and head weight (memclaims.measure.fused_loss)
     quantize_base: str | None = None  # qlora: the base's linear layers in bitsandbytes 4-bit ("nf4")
     sizes: Sizes = Sizes()
 
@@ -171,6 +172,7 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         expandable_segments=any(t.expandable_segments for t in chosen),
         numerics_neutral=bool(chosen) and all(t.computes_as is not None for t in chosen),
         lora=any(t.lora for t in chosen),
+        fused_loss=any(t.fused_loss for t in chosen),
         quantize_base=next((t.quantize_base for t in chosen if t.quantize_base), None),
         sizes=sizes,
     )

@@ -31,6 +31,9 @@ INSTALL = {"bitsandbytes": "pip install 'bitsandbytes>=0.45'",  # pyproject.toml
            "transformers": "pip install transformers",
            "deepspeed": "pip install 'memclaims[deepspeed]'", "xdist": "pip install pytest-xdist",
            "mkdocs": "pip install -e '.[docs]'", "material": "pip install -e '.[docs]'"}
+# Registry capabilities that are an operation of the installed torch (the technique's ``requires``), each
+# checked by running it (memclaims.core.machine.torch_feature_problem).
+TORCH_FEATURES = frozenset({"linear_cross_entropy"})
 # Lightning Fabric's DeepSpeedStrategy refuses every accelerator but CUDA (lightning 2.6,
 # fabric/strategies/deepspeed.py: "only supported on CUDA GPUs"), whatever DeepSpeed's own CPU accelerator does.
 DEEPSPEED_ON_CPU = "Lightning's DeepSpeedStrategy runs on CUDA GPUs only (it refuses Fabric's CPU accelerator)"
@@ -53,6 +56,7 @@ class Needs:
     packages: frozenset[str] = frozenset()  # importable packages (deepspeed, xdist)
     options: frozenset[str] = frozenset()  # opt-in memclaims options, without --memclaims-
     paths: frozenset[str] = frozenset()  # files the operating system must provide
+    torch_features: frozenset[str] = frozenset()  # operations of the installed torch (TORCH_FEATURES)
     # What no install changes: the case cannot run in this configuration (the catalogue's
     # "not on this tier", a recipe the sim cannot replay). Kept in order; the reason starts with them.
     unsupported: tuple[str, ...] = field(default=())
@@ -61,6 +65,7 @@ class Needs:
         return Needs(cuda_devices=max(self.cuda_devices, other.cuda_devices),
                      bitsandbytes=self.bitsandbytes | other.bitsandbytes, packages=self.packages | other.packages,
                      options=self.options | other.options, paths=self.paths | other.paths,
+                     torch_features=self.torch_features | other.torch_features,
                      unsupported=tuple(dict.fromkeys(self.unsupported + other.unsupported)))
 
 
@@ -94,14 +99,15 @@ def for_techniques(techniques: Iterable[str], tier: str) -> Needs:
     bitsandbytes working on the device the run uses. The sim needs no device (see :func:`memclaims.run.needs`)."""
     names = tuple(techniques)
     unregistered = tuple(f"technique {t!r} is not registered yet" for t in names if t not in registry.BY_NAME)
-    result = Needs(unsupported=unregistered)
-    if tier == "sim":
-        return result
     capabilities: set[str] = set()
     for name in names:
         if name in registry.BY_NAME:
             capabilities |= registry.BY_NAME[name].requires
-    unknown = capabilities - {"cuda", "bitsandbytes", *PACKAGE_CAPABILITIES}
+    # The sim replays torch's own operations on fake tensors: it needs them as much as a device does.
+    result = Needs(unsupported=unregistered, torch_features=frozenset(capabilities & TORCH_FEATURES))
+    if tier == "sim":
+        return result
+    unknown = capabilities - {"cuda", "bitsandbytes", *PACKAGE_CAPABILITIES, *TORCH_FEATURES}
     if unknown:  # a new capability in the registry must be mapped here, not silently ignored
         raise UsageError(f"memclaims.recipes.requirements does not know the capabilities {sorted(unknown)}")
     device = "cuda" if "cuda" in capabilities else tier_device(tier)
@@ -145,6 +151,10 @@ def unmet(required: Needs, machine: Machine | None = None) -> list[str]:
         if not here.opted_in(name):
             why = f" ({OPT_IN_WHY[name]})" if name in OPT_IN_WHY else ""
             reasons.append(f"runs only when asked: add --memclaims-{name}{why}")
+    for feature in sorted(required.torch_features):
+        problem = here.torch_feature(feature)
+        if problem:
+            reasons.append(f"needs {problem}")
     for path in sorted(required.paths):
         if not here.has_path(path):
             reasons.append(f"needs {path}, which this machine does not have")

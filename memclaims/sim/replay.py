@@ -43,6 +43,7 @@ from memclaims.core.precision import PRECISIONS
 from memclaims.core.precision import precision as precision_spec
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record
 from memclaims.measure import checkpointing, optimizers
+from memclaims.measure.fused_loss import apply as bypass_head
 from memclaims.measure.loop import TrainingLoop
 from memclaims.measure.lora import parameter_fields as lora_fields
 from memclaims.measure.probes import PhaseRecorder, Reading
@@ -52,6 +53,7 @@ from memclaims.recipes.options import memory_steps as resolve_steps
 from memclaims.sim.allocator import CachingAllocator, DeviceFull, TraceEvent
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.fake_build import naming_the_module, same_mode_copies
+from memclaims.sim.fused_loss import SimulatedFusedLoss
 from memclaims.sim.lora import apply as adapt
 from memclaims.sim.offload import SimulatedOffload
 from memclaims.sim.profiles import Profile
@@ -332,8 +334,10 @@ def _load(session: _Session, recipe: Recipe, build: Callable[[Any, int | None], 
 
 
 def _adapted(recipe: Recipe, model: nn.Module) -> nn.Module:
-    """The model with the lora technique's adapters where the recipe has it (the real pipeline's order:
-    built, then adapted, then set up)."""
+    """The model with the fused loss's head bypass and the lora technique's adapters where the recipe has
+    them (the real pipeline's order: built, then bypassed and adapted, then set up)."""
+    if recipe.fused_loss and recipe.workload.fused_loss_head is not None:
+        model = bypass_head(model, recipe.workload.fused_loss_head)
     if not recipe.lora:
         return model
     with naming_the_module(recipe.workload.name):
@@ -508,6 +512,8 @@ class _SimLoop(TrainingLoop):
         self.logits: torch.Tensor | None = None
         if recipe.offload_activations:
             self.offload = SimulatedOffload(session.memory)
+        if recipe.fused_loss:
+            self.fused_loss = SimulatedFusedLoss(self.precision.compute)
 
     def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         with self.attention:
@@ -520,6 +526,8 @@ class _SimLoop(TrainingLoop):
                 del x
                 self.logits = self.precision.convert_output(out)
                 del out
+        if self.fused_loss is not None:  # fused-linear-ce: the "logits" are the hidden states
+            return self.fused_loss(model, self.logits, targets)
         return F.cross_entropy(self.logits, targets)
 
     def backward(self, loss: torch.Tensor) -> None:

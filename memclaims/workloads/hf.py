@@ -232,6 +232,24 @@ def architecture(spec_: HfSpec, scale: Scale) -> nn.Module:
     return cast(nn.Module, model)  # from_config is unannotated: a PreTrainedModel, an nn.Module
 
 
+# Config attributes with which a causal LM's logits are more than its vocabulary projection (gemma2's
+# tanh soft-capping, cohere's logit_scale, granite's logits_scaling): the fused loss would drop them.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def fused_loss_head(spec_: HfSpec, config: Any) -> Callable[[nn.Module], nn.Module] | None:
+    """The vocabulary projection of a causal LM whose logits are that projection alone (for the
+    ``fused-linear-ce`` technique); None for classification heads and transformed logits."""
+    if spec_.head != "causal-lm" or any(getattr(config, key, None) not in (None, 1, 1.0) for key in LOGIT_TRANSFORMS):
+        return None
+    return _output_embeddings
+
+
+def _output_embeddings(model: nn.Module) -> nn.Module:
+    head: nn.Module = model.get_output_embeddings()  # type: ignore[operator]  # a PreTrainedModel's
+    return head
+
+
 def causal_logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """(B*L, vocab) next-token logits: a view of the model's output, no copy (see ``CausalBatch``)."""
     logits: torch.Tensor = model(**inputs).logits
@@ -403,7 +421,8 @@ def _workload(canonical: str) -> Workload:
                      learning_rate=LEARNING_RATE[scale_name], sgd_learning_rate=LEARNING_RATE[scale_name] * 10,
                      memory_steps=3, accuracy_epochs=1)
 
-    vocab = int(chosen.config(scale("article")).vocab_size)
+    article_config = chosen.config(scale("article"))
+    vocab = int(article_config.vocab_size)
     smoke_vocab = int(chosen.config(scale("smoke")).vocab_size)
     causal = chosen.head == "causal-lm"
     return Workload(
@@ -426,6 +445,7 @@ def _workload(canonical: str) -> Workload:
         # peft's default target modules for the model type (memclaims.measure.lora refuses a type it has
         # none for); a classification head ("classifier" or "score" by architecture) trained in full.
         lora_targets=LoraTargets(None, () if causal else ("classifier", "score")),
+        fused_loss_head=fused_loss_head(chosen, article_config),
     )
 
 

@@ -99,6 +99,10 @@ class Workload:
     # Where the ``lora`` technique's adapters go; None: the workload does not take it (the registry's
     # ``workload_needs`` names this attribute and the reason).
     lora_targets: LoraTargets | None = None
+    # A causal LM's vocabulary projection (model -> its nn.Linear), which the ``fused-linear-ce`` technique
+    # takes out of the forward to compute the loss from the hidden states; None: the workload has none
+    # (the registry's ``workload_needs`` names this attribute and the reason).
+    fused_loss_head: Callable[[nn.Module], nn.Module] | None = None
 
     def scale(self, name: str) -> Scale:
         try:
