@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from memclaims.baselines.compare import compare
 from memclaims.core.errors import UsageError
+from memclaims.core.machine import linear_cross_entropy_problem
 from memclaims.core.record import Record
 from memclaims.measure import active, fused_loss
 from memclaims.pytest.records import RecordCache
@@ -80,7 +81,7 @@ def test_eval_mode_computes_the_logits() -> None:
 @pytest.mark.cpu
 def test_a_torch_without_the_op_skips_with_the_reason(monkeypatch) -> None:
     monkeypatch.delattr(F, "linear_cross_entropy")
-    reason = fused_loss.available()
+    reason = linear_cross_entropy_problem()
     assert reason is not None and "torch.nn.functional.linear_cross_entropy" in reason and "upgrade torch" in reason
     for tier in ("cpu", "sim", "gpu"):  # the sim replays the op on fake tensors: it needs it too
         assert requirements.for_techniques(FUSED, tier).torch_features == {"linear_cross_entropy"}

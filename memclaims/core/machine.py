@@ -224,14 +224,38 @@ def package_problem(name: str) -> str | None:
     return None
 
 
+def linear_cross_entropy_problem() -> str | None:
+    """What the fused-linear-ce technique needs that the installed torch lacks, or None: a tiny chunked call on the CPU that must
+    equal the reference loss (running it, not reading the version)."""
+    import torch
+    import torch.nn.functional as F
+
+    fused = getattr(F, "linear_cross_entropy", None)
+    options = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+    if fused is None or options is None:
+        return (f"torch.nn.functional.linear_cross_entropy with LinearCrossEntropyOptions, which torch "
+                f"{torch.__version__} lacks (torch 2.14.1 has it: upgrade torch)")
+    generator = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(16, 4, generator=generator), torch.randn(32, 4, generator=generator)
+    targets = torch.randint(0, 32, (16,), generator=generator)
+    try:
+        chunked = fused(hidden, weight, targets, options=options(batch_chunk_size=4, chunking_method=None))
+    except Exception as error:  # any failure of the op is the reason
+        return (f"a working torch.nn.functional.linear_cross_entropy; in torch {torch.__version__} it fails: "
+                f"{type(error).__name__}: {error}")
+    reference = F.cross_entropy(hidden @ weight.T, targets)
+    if not torch.allclose(chunked, reference, rtol=1e-5, atol=1e-6):
+        return (f"a correct torch.nn.functional.linear_cross_entropy; in torch {torch.__version__} its chunked "
+                f"path gives {float(chunked)} where the reference gives {float(reference)}")
+    return None
+
+
 @cache
 def torch_feature_problem(name: str) -> str | None:
     """Why the installed torch cannot run the operation ``name`` (memclaims.recipes.requirements.TORCH_FEATURES),
     or None; each checked by running it once per process."""
     if name == "linear_cross_entropy":
-        from memclaims.measure.fused_loss import available
-
-        return available()
+        return linear_cross_entropy_problem()
     raise ValueError(f"unknown torch feature {name!r}")
 
 

@@ -121,26 +121,3 @@ class FusedLoss:
         """The Record's fused-loss fields."""
         return {"fused_loss_calls": self.calls, "fused_loss_rows": self.rows, "fused_loss_classes": self.classes,
                 "fused_loss_chunk_rows": self.chunk_rows, "fused_loss_fallbacks": len(self.fallbacks)}
-
-
-def available() -> str | None:
-    """What the technique needs that the installed torch lacks, or None: a tiny chunked call on the CPU that must
-    equal the reference loss (running it, not reading the version)."""
-    fused = getattr(F, "linear_cross_entropy", None)
-    options = getattr(nn, "LinearCrossEntropyOptions", None)
-    if fused is None or options is None:
-        return (f"torch.nn.functional.linear_cross_entropy with LinearCrossEntropyOptions, which torch "
-                f"{torch.__version__} lacks (torch 2.14.1 has it: upgrade torch)")
-    generator = torch.Generator().manual_seed(0)
-    hidden, weight = torch.randn(16, 4, generator=generator), torch.randn(32, 4, generator=generator)
-    targets = torch.randint(0, 32, (16,), generator=generator)
-    try:
-        chunked = fused(hidden, weight, targets, options=options(batch_chunk_size=4, chunking_method=None))
-    except Exception as error:  # any failure of the op is the reason
-        return (f"a working torch.nn.functional.linear_cross_entropy; in torch {torch.__version__} it fails: "
-                f"{type(error).__name__}: {error}")
-    reference = F.cross_entropy(hidden @ weight.T, targets)
-    if not torch.allclose(chunked, reference, rtol=1e-5, atol=1e-6):
-        return (f"a correct torch.nn.functional.linear_cross_entropy; in torch {torch.__version__} its chunked "
-                f"path gives {float(chunked)} where the reference gives {float(reference)}")
-    return None

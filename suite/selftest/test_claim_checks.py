@@ -115,7 +115,7 @@ def _record(key: Key, tier: str) -> Record:
         if key.load_only:
             return load_record(key.techniques)
         return _memory(_article(key.techniques, tier), BATCH_ONE_FRACTION)  # a smaller micro-batch
-    if key in (claims.OFFLOAD, claims.IN_BACKWARD, claims.EXPANDABLE, claims.PAGED, claims.LORA):
+    if key in (claims.OFFLOAD, claims.IN_BACKWARD, claims.EXPANDABLE, claims.PAGED, claims.LORA, claims.FUSED_LOSS):
         return _beyond(key, tier)
     if key in SHARDED_08:
         return _sharded(key, tier)
@@ -146,6 +146,11 @@ def _beyond(key: Key, tier: str) -> Record:
         trainable = N // 50
         return dataclasses.replace(plain, **names, trainable_parameters=trainable, total_parameters=N + trainable,
                                    optimizer_state_bytes=8 * trainable + 4 * TENSORS)
+    if key == claims.FUSED_LOSS:  # 4,096 tokens x 50,257 classes in chunks of 64: the fp32 logits and their
+        logits = 4 * LOSS_TOKENS * LOSS_CLASSES  # gradient no longer at the peak
+        return dataclasses.replace(plain, **names, peak_allocated_bytes=plain.peak_allocated_bytes - 2 * logits,
+                                   fused_loss_calls=plain.memory_steps, fused_loss_rows=LOSS_TOKENS,
+                                   fused_loss_classes=LOSS_CLASSES, fused_loss_chunk_rows=64, fused_loss_fallbacks=0)
     if key == claims.IN_BACKWARD:
         return dataclasses.replace(plain, **names, grad_bytes=0,
                                    peak_allocated_bytes=plain.peak_allocated_bytes - int(0.95 * plain.grad_bytes),
@@ -153,6 +158,9 @@ def _beyond(key: Key, tier: str) -> Record:
     kept = FORWARD_KEEPS if tier == "cpu" else int(0.03 * FORWARD_KEEPS)
     return dataclasses.replace(plain, **names, phases={"forward": {**plain.phases["forward"], "above_start_bytes": kept}},
                                offloaded_activation_bytes=FORWARD_KEEPS + plain.param_bytes)
+
+
+LOSS_TOKENS, LOSS_CLASSES = 4096, 50257  # GPT-2 at 8 x 512 tokens
 
 
 SHARDED_08 = (claims.FULL_SHARD_08, claims.SHARD_GRAD_OP_08, claims.NO_SHARD_08)
@@ -233,6 +241,10 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         adapted = records[claims.LORA]
         records[claims.LORA] = dataclasses.replace(adapted, trainable_parameters=adapted.total_parameters,
                                                    optimizer_state_bytes=records[("fabric",)].optimizer_state_bytes)
+    elif name == "fused-linear-ce-logits-never-whole":  # one chunk of every token: the whole logits buffer again
+        fused = records[claims.FUSED_LOSS]
+        records[claims.FUSED_LOSS] = dataclasses.replace(fused, fused_loss_chunk_rows=fused.fused_loss_rows,
+                                                         peak_allocated_bytes=records[("fabric",)].peak_allocated_bytes)
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
         records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
     elif name == "paged-optimizer-unified-memory":  # the states stayed in the caching allocator

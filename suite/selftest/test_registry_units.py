@@ -112,7 +112,7 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     covered = tuple(t for t in pool if t.in_cover)
     assert {t.name for t in pool} - {t.name for t in covered} == {"activation-offload", "optimizer-in-backward",
                                                                         "expandable-segments", "paged-adamw8bit",
-                                                                        "lora", "qlora"}
+                                                                        "lora", "qlora", "fused-linear-ce"}
     cover = [c for c in registry.pairwise_cover(covered) if c not in singles and c not in chain_steps]
     assert rest[len(chain_steps):] == cover
     assert registry.default_selection(pool) == selection
@@ -159,5 +159,7 @@ def test_a_technique_a_workload_cannot_take_is_refused_with_the_reason_and_left_
     assert resolve("distilbert", "smoke", ("lora",)).lora
     default = registry.default_selection()
     assert ("lora",) in default and ("lora",) not in for_workload("vit", default)
-    assert for_workload("distilbert", default) == default  # the text workloads take every technique of it
-    assert [c for c in default if c not in for_workload("vit", default)] == [("lora",), ("qlora",)]
+    # The text workloads take every technique of it but the causal LM's fused loss; a ViT neither that nor lora.
+    assert [c for c in default if c not in for_workload("distilbert", default)] == [("fused-linear-ce",)]
+    assert [c for c in default if c not in for_workload("vit", default)] == [("lora",), ("qlora",), ("fused-linear-ce",)]
+    assert for_workload("hf:gpt2", default) == default
