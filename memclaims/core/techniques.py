@@ -40,6 +40,11 @@ class Technique:
     # FSDP's ``ShardingStrategy`` name (torch.distributed.fsdp, Lightning's ``sharding_strategy=``) of a
     # sharded technique: FULL_SHARD for the article's fsdp; the others from issue #27 (``SHARDINGS``).
     sharding: str | None = None
+    # Which FSDP a sharded technique is: FSDP1 (``FullyShardedDataParallel``: one FlatParameter per wrapped
+    # unit; Lightning's FSDPStrategy) or FSDP2 (``fully_shard``: per-parameter dim-0 DTensor shards;
+    # Lightning's ModelParallelStrategy). FSDP2's ``reshard_after_forward`` is its ``sharding``:
+    # FULL_SHARD is True, SHARD_GRAD_OP is False (``reshard_after_forward``).
+    fsdp2: bool = False
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     delayed_init: bool = False
@@ -94,8 +99,16 @@ def shard_group_size(sharding: str | None, world: int) -> int:
     return world
 
 
-# The sharded techniques besides the article's fsdp (FULL_SHARD), by name.
-FSDP_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid")
+def reshard_after_forward(sharding: str | None) -> bool:
+    """FSDP2's ``fully_shard(reshard_after_forward=...)`` for a sharded technique's ``sharding`` (None:
+    FULL_SHARD): False for SHARD_GRAD_OP (the unsharded parameters stay from the forward through the
+    backward), True otherwise."""
+    return sharding != "SHARD_GRAD_OP"
+
+
+# The sharded techniques besides the article's fsdp (FULL_SHARD), by name: FSDP1's other sharding
+# strategies, and FSDP2 (fully_shard) with reshard_after_forward on and off.
+FSDP_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid", "fsdp2", "fsdp2-no-reshard")
 
 # Why the optimizer step cannot move into backward alongside these (PyTorch's tutorial "How to save
 # memory by fusing the optimizer step into the backward pass" names grad-accum and the strategies).
@@ -190,6 +203,17 @@ TECHNIQUES: tuple[Technique, ...] = (
               f"1/{HYBRID_NODES} of the ranks, replicated across them (device mesh (replicate {HYBRID_NODES}, "
               f"shard N/{HYBRID_NODES}))", "torch docs: ShardingStrategy.HYBRID_SHARD", group="strategy",
               strategy="fsdp", sharded=True, sharding="HYBRID_SHARD", in_cover=False),
+    # FSDP2 (issue #27): fully_shard on each block, then the root (Lightning's ModelParallelStrategy on CUDA,
+    # the same calls over gloo on CPU ranks); outside the default selection (its sim and CPU-rank cases run in
+    # CI and the nightly; on CUDA it needs several GPUs, which the nightly's single-GPU budget does not have).
+    Technique("fsdp2", "FSDP2 fully_shard (reshard_after_forward=True): parameters sharded per parameter on "
+              "dim 0, each block all-gathered before its forward and freed after it, re-all-gathered in "
+              "backward", "torch docs: fully_shard (reshard_after_forward=True)", group="strategy",
+              strategy="fsdp", sharded=True, sharding="FULL_SHARD", fsdp2=True, in_cover=False),
+    Technique("fsdp2-no-reshard", "FSDP2 fully_shard (reshard_after_forward=False): the unsharded parameters "
+              "kept from the forward through the backward (no all-gather in backward)",
+              "torch docs: fully_shard (reshard_after_forward=False)", group="strategy", strategy="fsdp",
+              sharded=True, sharding="SHARD_GRAD_OP", fsdp2=True, in_cover=False),
     # The LLM bonus "before" scripts: the whole model on every rank, gradients all-reduced in buckets
     # (Lightning's DDPStrategy passes no DDP options: torch's 25 MiB buckets, no bucket views).
     Technique("ddp", "distributed data parallel: the whole model, gradients and optimizer state on every "
