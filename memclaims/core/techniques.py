@@ -108,7 +108,9 @@ def reshard_after_forward(sharding: str | None) -> bool:
 
 # The sharded techniques besides the article's fsdp (FULL_SHARD), by name: FSDP1's other sharding
 # strategies, and FSDP2 (fully_shard) with reshard_after_forward on and off.
-FSDP_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid", "fsdp2", "fsdp2-no-reshard")
+FSDP1_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid")
+FSDP2_TECHNIQUES = ("fsdp2", "fsdp2-no-reshard")
+FSDP_SHARDINGS = (*FSDP1_SHARDINGS, *FSDP2_TECHNIQUES)
 
 # Why the optimizer step cannot move into backward alongside these (PyTorch's tutorial "How to save
 # memory by fusing the optimizer step into the backward pass" names grad-accum and the strategies).
@@ -121,7 +123,12 @@ _IN_BACKWARD_CONFLICTS: tuple[tuple[str, str], ...] = (
                   "bitsandbytes keeps its 8-bit settings (min_8bit_size, optim_bits) outside them")
       for eight_bit in ("adam8bit", "adamw8bit", "paged-adamw8bit")),
     *((fsdp, "FSDP flattens the parameters into shards: hooks on the original parameters never fire, and a "
-             "shard's gradient exists only after the reduce-scatter") for fsdp in ("fsdp", *FSDP_SHARDINGS)),
+             "shard's gradient exists only after the reduce-scatter") for fsdp in ("fsdp", *FSDP1_SHARDINGS)),
+    # memclaims' own: FSDP2 runs the sharded parameters' post-accumulate-grad hooks after each reduce-scatter
+    # (torch's foreach_reduce), but memclaims' ranks engines step the optimizer after the backward only.
+    *((fsdp2, "memclaims' multi-rank engines step the optimizer after the backward; FSDP2 would call the hook "
+              "on each sharded parameter after its group's reduce-scatter, which memclaims does not replay")
+      for fsdp2 in FSDP2_TECHNIQUES),
     ("ddp", "DDP all-reduces gradients in buckets from its own hooks; a step in the post-accumulate hook "
             "would apply the rank's local gradient before the all-reduce"),
     ("deepspeed-zero2", "DeepSpeed owns the optimizer step (partitioned fp32 master weights and states)"),
@@ -133,7 +140,7 @@ _RANKS_DO_NOT_OFFLOAD = "the multi-rank engines of memclaims do not wrap their f
 # memclaims.sim.replay); the ranks' engines build theirs without them.
 _RANKS_DO_NOT_ADAPT = "memclaims applies the LoRA adapters in the one-device engines only; the multi-rank engines build the model without them"
 _LORA_CONFLICTS: tuple[tuple[str, str], ...] = (
-    *((s, _RANKS_DO_NOT_ADAPT) for s in ("fsdp", "ddp", "deepspeed-zero2")),
+    *((s, _RANKS_DO_NOT_ADAPT) for s in ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2")),
     ("optimizer-in-backward", "memclaims' in-backward step counts one step per parameter per backward; the frozen "
                               "base weights get no gradient, so their post-accumulate hooks never fire"),
 )
@@ -145,6 +152,9 @@ _QLORA_CONFLICTS: tuple[tuple[str, str], ...] = (
     ("init-module", "memclaims quantizes the base from the fp32 weights as built; init_module would build them "
                     "on the device in the recipe's dtype first, which it does not replay"),
 )
+# Lightning's own (its connector): ModelParallelStrategy, which runs FSDP2 on CUDA, refuses this precision.
+_MODEL_PARALLEL_16_MIXED = ("16-mixed", "Lightning's ModelParallelStrategy (FSDP2 on CUDA) refuses precision 16-mixed; "
+                                        "it takes 32-true, bf16-mixed, bf16-true and 16-true")
 _LORA_WORKLOADS = ("lora_targets", "peft's LoRA adapters go on the attention projections of the text workloads "
                    "(distilbert, distilbert-cased, bigbird: q_lin/v_lin, query/value) and of hf: models (peft's "
                    "default target modules for their model type); this workload names no modules to adapt")
@@ -209,11 +219,13 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("fsdp2", "FSDP2 fully_shard (reshard_after_forward=True): parameters sharded per parameter on "
               "dim 0, each block all-gathered before its forward and freed after it, re-all-gathered in "
               "backward", "torch docs: fully_shard (reshard_after_forward=True)", group="strategy",
-              strategy="fsdp", sharded=True, sharding="FULL_SHARD", fsdp2=True, in_cover=False),
+              strategy="fsdp", sharded=True, sharding="FULL_SHARD", fsdp2=True, in_cover=False,
+              conflicts=(_MODEL_PARALLEL_16_MIXED,)),
     Technique("fsdp2-no-reshard", "FSDP2 fully_shard (reshard_after_forward=False): the unsharded parameters "
               "kept from the forward through the backward (no all-gather in backward)",
               "torch docs: fully_shard (reshard_after_forward=False)", group="strategy", strategy="fsdp",
-              sharded=True, sharding="SHARD_GRAD_OP", fsdp2=True, in_cover=False),
+              sharded=True, sharding="SHARD_GRAD_OP", fsdp2=True, in_cover=False,
+              conflicts=(_MODEL_PARALLEL_16_MIXED,)),
     # The LLM bonus "before" scripts: the whole model on every rank, gradients all-reduced in buckets
     # (Lightning's DDPStrategy passes no DDP options: torch's 25 MiB buckets, no bucket views).
     Technique("ddp", "distributed data parallel: the whole model, gradients and optimizer state on every "

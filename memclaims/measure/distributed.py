@@ -138,9 +138,6 @@ def check_distributed(recipe: Recipe, device: str, devices: int, local: bool = T
         raise UsageError(f"--devices must be at least 1 (got {devices})")
     if device == "cuda" and local and devices > torch.cuda.device_count():
         raise UsageError(f"--devices {devices} needs {devices} CUDA devices; torch sees {torch.cuda.device_count()}")
-    if device == "cuda" and recipe.fsdp2 and recipe.precision == "16-mixed":
-        raise UsageError(f"{recipe.id}: Lightning's ModelParallelStrategy (FSDP2) refuses precision 16-mixed "
-                         "(it takes 32-true, bf16-mixed, bf16-true, 16-true)")
     if device == "cpu":
         if recipe.cpu_offload:
             raise UsageError(f"{recipe.id}: cpu-offload moves parameters off a GPU and needs --device cuda")
