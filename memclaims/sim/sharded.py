@@ -77,8 +77,9 @@ source, cited at each step in ``_Fsdp2Group``):
   the reduce-scatter stream) holds the sharded gradients, which are views into it (``torch.as_strided``), or
   are added into the existing ones when accumulating; the root's final callback releases the last input;
 - no ``record_stream`` anywhere: FSDP2 synchronizes its streams with CUDA events (``record_event`` /
-  ``wait_event`` in ``_fsdp_collectives.py`` and ``_fsdp_param_group.py``; the FSDP2 design, pytorch RFC
-  #114299 "FSDP2": "uses CUDA events instead of record_stream for memory-safe stream synchronization"), and
+  ``wait_event`` in ``_fsdp_collectives.py`` and ``_fsdp_param_group.py``; the FSDP2 design, pytorch issue
+  #114299 "Per-Parameter-Sharding FSDP Tracker", section "FSDP, Streams, & Avoiding recordStream": FSDP1,
+  FairScale and DeepSpeed use recordStream, per-parameter-sharding FSDP "uses manual synchronization instead"), and
   the all-gather state above is what keeps the CPU from running ahead: there is no run-ahead of unsharded
   buffers to replay, and the backward's frees are not timing either (``UNMODELLED``'s record_stream bound
   is FSDP1's);
