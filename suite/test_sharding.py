@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from fixtures.messages import differs, not_related, who
 from memclaims.claims.catalogue import peak, peak_metric
@@ -404,6 +405,104 @@ def test_cpu_ranks_refuse_hybrid_on_an_odd_world() -> None:
         run_distributed(resolve("vit", "smoke", ["fsdp-hybrid"]), RunOptions(device="cpu", evaluate=False), 3)
 
 
+# --- FSDP2 (issue #27): fully_shard with reshard_after_forward on and off, nightly ------------
+# The CPU ranks run fully_shard for every FSDP technique; fsdp2 and fsdp2-no-reshard ask for it by name (the
+# same calls as fsdp and fsdp-shard-grad-op there; on CUDA ModelParallelStrategy instead of FSDPStrategy, on the
+# sim FSDP2's replay instead of FSDP1's). One process group of 2 ranks for both (about 50 s on 2 cores).
+
+FSDP2_RUNS: list[tuple[str, tuple[str, ...]]] = [("vit", ("fsdp2",)), ("vit", ("fsdp2-no-reshard",))]
+
+
+@pytest.fixture(scope="module")
+def cpu_fsdp2() -> dict[tuple[str, ...], DistributedResult]:
+    return {t: r for (_, t), r in _group(FSDP2_RUNS).items()}
+
+
+@pytest.mark.parametrize("techniques", [t for _, t in FSDP2_RUNS],
+                         ids=[f"cpu:vit-smoke/{'+'.join(t)}@{WORLD}ranks" for _, t in FSDP2_RUNS])
+@pytest.mark.dist
+@pytest.mark.cpu
+@pytest.mark.slow
+def test_every_fsdp2_rank_against_its_baseline(cpu_fsdp2, techniques, baseline_check, record_property) -> None:
+    """Every rank judged (and, on a first run, stored as obtained) before the case fails."""
+    failures = []
+    for record in cpu_fsdp2[techniques].records:
+        try:
+            baseline_check.check(f"dist-cpu:{record.baseline_key}", record, record_property)
+        except pytest.fail.Exception as failure:
+            failures.append(str(failure))
+    if failures:
+        pytest.fail("\n".join(failures), pytrace=False)
+
+
+@pytest.mark.dist
+@pytest.mark.cpu
+@pytest.mark.slow
+def test_fsdp2_ranks_shard_and_keep_unsharded_as_asked(single, cpu_fsdp2, record_property) -> None:
+    """Claim fsdp2-no-reshard-keeps-unsharded (fully_shard's docstring) on CPU ranks: both hold exactly FSDP2's
+    padded dim-0 shards of the parameters, gradients and Adam state; with reshard_after_forward=False every
+    parameter is still unsharded after the forward (True: the root's only), so the forward's peak is higher;
+    each trains as the single process; the Records say FSDP2 ran, with which setting; and the sim's FSDP2
+    replay of rank 0 holds the same parameter and gradient bytes."""
+    from memclaims.sim import simulate
+
+    shapes = _shapes()
+    resharded, kept = cpu_fsdp2[("fsdp2",)].records, cpu_fsdp2[("fsdp2-no-reshard",)].records
+    for rank in range(WORLD):
+        expected = expected_shard_bytes(shapes, 4, WORLD, rank)
+        for record, setting in ((resharded[rank], True), (kept[rank], False)):
+            measured = {k: getattr(record, k) for k in expected}
+            assert measured == expected, f"{who(record)}: model state {measured} is not {expected} (bytes)"
+            assert active.problems(parse_id(record.recipe), record) == []
+            assert record.fsdp_api == "fsdp2", differs(record, "fsdp_api", "fsdp2")
+            assert any(f"reshard_after_forward={setting}" in note for note in record.notes), record.notes
+            _same_losses(record, single)
+        assert kept[rank].forward_unsharded_params == single.param_count, differs(
+            kept[rank], "forward_unsharded_params", single.param_count, "every parameter, unsharded after phase forward")
+        assert (resharded[rank].forward_unsharded_params or 0) < single.param_count, not_related(
+            resharded[rank], "<", single.param_count, "forward_unsharded_params")
+        forward = [r.phases["forward"]["allocated_bytes"] for r in (kept[rank], resharded[rank])]
+        record_property(f"rank{rank} forward allocated_bytes no-reshard, reshard", forward)
+        record_property(f"rank{rank} peak_allocated_bytes no-reshard, reshard",
+                        [kept[rank].peak_allocated_bytes, resharded[rank].peak_allocated_bytes])
+        assert forward[0] > forward[1], not_related(kept[rank], ">", resharded[rank], "phases.forward.allocated_bytes")
+    for technique, records in ((("fsdp2",), resharded), (("fsdp2-no-reshard",), kept)):
+        replay = simulate(resolve("vit", "smoke", technique), devices=WORLD)
+        for key in ("param_bytes", "grad_bytes"):
+            assert getattr(replay, key) == getattr(records[0], key), differs(replay, key, getattr(records[0], key))
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("technique, reshard", [("fsdp2", True), ("fsdp2-no-reshard", False)])
+def test_cuda_fsdp2_is_model_parallel_strategy_with_fully_shard_per_block(technique, reshard, monkeypatch) -> None:
+    """FSDP2 on CUDA: Lightning's ModelParallelStrategy, every rank data-parallel; its parallelize_fn applies
+    fully_shard to each EncoderBlock (inside its checkpoint wrapper) with the recipe's reshard_after_forward
+    over the mesh's data_parallel dimension, then to the root with FSDP2's default. Only the configuration
+    can be checked without GPUs: the mesh is a stand-in and fully_shard records its calls."""
+    import torch.distributed.fsdp as fsdp
+    from lightning.fabric.strategies.model_parallel import ModelParallelStrategy
+    from torchvision.models.vision_transformer import EncoderBlock
+
+    recipe = resolve("vit", "smoke", (technique, "activation-checkpointing"))
+    strategy = lightning_fsdp.strategy(recipe, 4)
+    assert isinstance(strategy, ModelParallelStrategy)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (4, 1)
+    parallelize = strategy._parallelize_fn
+    assert isinstance(parallelize, lightning_fsdp.Fsdp2Parallelize)
+    assert parallelize.reshard_after_forward is reshard and parallelize.checkpointing
+
+    calls: list[tuple[nn.Module, dict[str, Any]]] = []
+    monkeypatch.setattr(fsdp, "fully_shard", lambda module, **kwargs: calls.append((module, kwargs)) or module)
+    data_parallel = object()
+    model, _ = recipe.workload.build_model(recipe.scale)
+    assert parallelize(model, {"data_parallel": data_parallel}) is model
+    blocks = [m for m in model.modules() if isinstance(m, EncoderBlock)]
+    *wrapped, root = calls
+    assert [getattr(m, "_checkpoint_wrapped_module", None) for m, _ in wrapped] == blocks
+    assert all(kwargs == {"mesh": data_parallel, "reshard_after_forward": reshard} for _, kwargs in wrapped)
+    assert root == (model, {"mesh": data_parallel})
+
+
 # --- GPU: Lightning's FSDPStrategy on every GPU of the machine ------------------------------
 
 GPUS = torch.cuda.device_count()
@@ -677,3 +776,24 @@ def test_cuda_strategy_carries_the_sharding_strategy(technique, sharding, mesh) 
     strategy = lightning_fsdp.fsdp_strategy(resolve("vit", "smoke", (technique,)), 4)
     assert strategy.sharding_strategy.name == sharding
     assert strategy._fsdp_kwargs.get("device_mesh") == mesh
+
+
+@pytest.mark.dist
+@pytest.mark.gpu
+@pytest.mark.requires(cuda_devices=2)
+@pytest.mark.parametrize("devices", gpu_ids("vit"))
+def test_gpu_fsdp2_shards_and_keeps_unsharded_as_asked(gpu_scale, devices, record_property) -> None:
+    """fsdp2 and fsdp2-no-reshard through ModelParallelStrategy on every GPU: each rank reports FSDP2 and about
+    1/N of the model state, and is active; keeping the parameters unsharded after the forward raises the
+    rank's peak."""
+    runs = [("fsdp2", "activation-checkpointing"), ("fsdp2-no-reshard", "activation-checkpointing")]
+    results = run_distributed_many([resolve("vit", _at("vit", gpu_scale), t) for t in runs],
+                                   RunOptions(device="cuda", evaluate=False), devices, timeout_s=600)
+    for result in results:
+        _report(record_property, result)
+        for record in result.records:
+            assert record.fsdp_api == "fsdp2", differs(record, "fsdp_api", "fsdp2")
+            inactive = active.problems(parse_id(record.recipe), record)
+            assert not inactive, "\n".join(inactive)
+    for resharded, kept in zip(results[0].records, results[1].records):
+        assert peak(kept) > peak(resharded), not_related(kept, ">", resharded, peak_metric(kept))

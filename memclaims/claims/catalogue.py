@@ -721,6 +721,32 @@ def _shard_grad_op_shards(tier: str, get: Lookup) -> Verdict:
                    f"parameters gathered after the forward {gathered:,} of {zero2.param_count:,} (FULL_SHARD: "
                    f"{full.forward_unsharded_params}); peak allocated {_mib(zero2.peak_allocated_bytes)} vs "
                    f"FULL_SHARD's {_mib(full.peak_allocated_bytes)}")
+
+
+# FSDP2's reshard_after_forward, as fully_shard's docstring describes it; the 08 recipe with fsdp2 (True) and
+# fsdp2-no-reshard (False), rank 0 of the tier's ranks.
+FSDP2_08: Techniques = ("fsdp2", "activation-checkpointing")
+FSDP2_NO_RESHARD_08: Techniques = ("fsdp2-no-reshard", "activation-checkpointing")
+
+
+def _fsdp2_keeps_unsharded(tier: str, get: Lookup) -> Verdict:
+    """reshard_after_forward=False keeps the unsharded parameters in memory after the forward: every parameter
+    still unsharded after it (True: the root's only, whose own default is False), the same shards as with
+    True, and so a higher peak; both runs FSDP2's (``fsdp_api``). The all-gathers it avoids in backward are
+    not counted: the claim is asserted on memory."""
+    resharded, kept = get(FSDP2_08), get(FSDP2_NO_RESHARD_08)
+    same_state = all(getattr(kept, k) == getattr(resharded, k) for k in _MODEL_STATE)
+    after = kept.forward_unsharded_params or 0
+    kept_all = after >= kept.param_count > (resharded.forward_unsharded_params or 0)
+    above = kept.peak_allocated_bytes > resharded.peak_allocated_bytes
+    apis = (resharded.fsdp_api, kept.fsdp_api)
+    return Verdict(same_state and kept_all and above and apis == ("fsdp2", "fsdp2"),
+                   f"reshard_after_forward=False rank {kept.rank} of {kept.devices} ({kept.fsdp_api}): {_state(kept)}; "
+                   f"True ({resharded.fsdp_api}): {_state(resharded)}; parameters unsharded after the forward "
+                   f"{after:,} of {kept.param_count:,} (True: {resharded.forward_unsharded_params}); peak allocated "
+                   f"{_mib(kept.peak_allocated_bytes)} vs {_mib(resharded.peak_allocated_bytes)} with True")
+
+
 LORA: Techniques = ("lora",)
 # peft's README: "only fine-tune a small number of (extra) model parameters, thereby greatly decreasing the
 # computational and storage costs". Asserted on DistilBERT: at most this share of the parameters trainable
@@ -805,6 +831,8 @@ CHECKS: dict[str, Check] = {
     "fsdp-no-shard-replicates": Check(_no_shard_replicates, frozenset({"sim"}), {"*": (FULL_SHARD_08, NO_SHARD_08)}),
     "fsdp-shard-grad-op-shards-outside-computation": Check(_shard_grad_op_shards, frozenset({"sim"}),
                                                            {"*": (FULL_SHARD_08, SHARD_GRAD_OP_08)}),
+    "fsdp2-no-reshard-keeps-unsharded": Check(_fsdp2_keeps_unsharded, frozenset({"sim"}),
+                                              {"*": (FSDP2_08, FSDP2_NO_RESHARD_08)}),
     "lora-few-trainable-parameters": Check(_lora_state, frozenset({"cpu", "sim"}), {"*": (("fabric",), LORA)},
                                            workload="distilbert"),
     "fused-linear-ce-logits-never-whole": Check(_logits_never_whole, frozenset({"cpu", "sim"}),

@@ -160,6 +160,10 @@ class Record:
     # after the first measured forward pass: every parameter under SHARD_GRAD_OP, only the root's (which
     # FSDP keeps for the backward) under FULL_SHARD. None: not a sharded run, or made before the field.
     forward_unsharded_params: int | None = None
+    # FSDP ranks: which FSDP ran, "fsdp1" (FullyShardedDataParallel's flat parameters: Lightning's FSDPStrategy,
+    # the sim's FSDP1 replay) or "fsdp2" (fully_shard's per-parameter shards: ModelParallelStrategy, the CPU
+    # ranks, the sim's FSDP2 replay). None: not a sharded run, or made before the field.
+    fsdp_api: str | None = None
     # lora: parameter elements that require a gradient (the adapters and the trained head) and all of
     # them (frozen base weights included), counted on the model as the load phase left it.
     trainable_parameters: int | None = None

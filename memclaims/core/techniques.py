@@ -40,6 +40,11 @@ class Technique:
     # FSDP's ``ShardingStrategy`` name (torch.distributed.fsdp, Lightning's ``sharding_strategy=``) of a
     # sharded technique: FULL_SHARD for the article's fsdp; the others from issue #27 (``SHARDINGS``).
     sharding: str | None = None
+    # Which FSDP a sharded technique is: FSDP1 (``FullyShardedDataParallel``: one FlatParameter per wrapped
+    # unit; Lightning's FSDPStrategy) or FSDP2 (``fully_shard``: per-parameter dim-0 DTensor shards;
+    # Lightning's ModelParallelStrategy). FSDP2's ``reshard_after_forward`` is its ``sharding``:
+    # FULL_SHARD is True, SHARD_GRAD_OP is False (``reshard_after_forward``).
+    fsdp2: bool = False
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     delayed_init: bool = False
@@ -97,8 +102,18 @@ def shard_group_size(sharding: str | None, world: int) -> int:
     return world
 
 
-# The sharded techniques besides the article's fsdp (FULL_SHARD), by name.
-FSDP_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid")
+def reshard_after_forward(sharding: str | None) -> bool:
+    """FSDP2's ``fully_shard(reshard_after_forward=...)`` for a sharded technique's ``sharding`` (None:
+    FULL_SHARD): False for SHARD_GRAD_OP (the unsharded parameters stay from the forward through the
+    backward), True otherwise."""
+    return sharding != "SHARD_GRAD_OP"
+
+
+# The sharded techniques besides the article's fsdp (FULL_SHARD), by name: FSDP1's other sharding
+# strategies, and FSDP2 (fully_shard) with reshard_after_forward on and off.
+FSDP1_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid")
+FSDP2_TECHNIQUES = ("fsdp2", "fsdp2-no-reshard")
+FSDP_SHARDINGS = (*FSDP1_SHARDINGS, *FSDP2_TECHNIQUES)
 
 # Why the optimizer step cannot move into backward alongside these (PyTorch's tutorial "How to save
 # memory by fusing the optimizer step into the backward pass" names grad-accum and the strategies).
@@ -111,7 +126,12 @@ _IN_BACKWARD_CONFLICTS: tuple[tuple[str, str], ...] = (
                   "bitsandbytes keeps its 8-bit settings (min_8bit_size, optim_bits) outside them")
       for eight_bit in ("adam8bit", "adamw8bit", "paged-adamw8bit")),
     *((fsdp, "FSDP flattens the parameters into shards: hooks on the original parameters never fire, and a "
-             "shard's gradient exists only after the reduce-scatter") for fsdp in ("fsdp", *FSDP_SHARDINGS)),
+             "shard's gradient exists only after the reduce-scatter") for fsdp in ("fsdp", *FSDP1_SHARDINGS)),
+    # memclaims' own: FSDP2 runs the sharded parameters' post-accumulate-grad hooks after each reduce-scatter
+    # (torch's foreach_reduce), but memclaims' ranks engines step the optimizer after the backward only.
+    *((fsdp2, "memclaims' multi-rank engines step the optimizer after the backward; FSDP2 would call the hook "
+              "on each sharded parameter after its group's reduce-scatter, which memclaims does not replay")
+      for fsdp2 in FSDP2_TECHNIQUES),
     ("ddp", "DDP all-reduces gradients in buckets from its own hooks; a step in the post-accumulate hook "
             "would apply the rank's local gradient before the all-reduce"),
     ("deepspeed-zero2", "DeepSpeed owns the optimizer step (partitioned fp32 master weights and states)"),
@@ -123,7 +143,7 @@ _RANKS_DO_NOT_OFFLOAD = "the multi-rank engines of memclaims do not wrap their f
 # memclaims.sim.replay); the ranks' engines build theirs without them.
 _RANKS_DO_NOT_ADAPT = "memclaims applies the LoRA adapters in the one-device engines only; the multi-rank engines build the model without them"
 _LORA_CONFLICTS: tuple[tuple[str, str], ...] = (
-    *((s, _RANKS_DO_NOT_ADAPT) for s in ("fsdp", "ddp", "deepspeed-zero2")),
+    *((s, _RANKS_DO_NOT_ADAPT) for s in ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2")),
     ("optimizer-in-backward", "memclaims' in-backward step counts one step per parameter per backward; the frozen "
                               "base weights get no gradient, so their post-accumulate hooks never fire"),
 )
@@ -145,6 +165,9 @@ _FUSED_LOSS_CONFLICTS: tuple[tuple[str, str], ...] = (
 _FUSED_LOSS_WORKLOADS = ("fused_loss_head", "the fused linear + cross-entropy replaces a causal LM's vocabulary "
                          "projection and its loss (hf: workloads with the causal-lm head whose logits are the plain "
                          "projection, without soft-capping or scaling); this workload has none")
+# Lightning's own (its connector): ModelParallelStrategy, which runs FSDP2 on CUDA, refuses this precision.
+_MODEL_PARALLEL_16_MIXED = ("16-mixed", "Lightning's ModelParallelStrategy (FSDP2 on CUDA) refuses precision 16-mixed; "
+                                        "it takes 32-true, bf16-mixed, bf16-true and 16-true")
 _LORA_WORKLOADS = ("lora_targets", "peft's LoRA adapters go on the attention projections of the text workloads "
                    "(distilbert, distilbert-cased, bigbird: q_lin/v_lin, query/value) and of hf: models (peft's "
                    "default target modules for their model type); this workload names no modules to adapt")
@@ -203,6 +226,19 @@ TECHNIQUES: tuple[Technique, ...] = (
               f"1/{HYBRID_NODES} of the ranks, replicated across them (device mesh (replicate {HYBRID_NODES}, "
               f"shard N/{HYBRID_NODES}))", "torch docs: ShardingStrategy.HYBRID_SHARD", group="strategy",
               strategy="fsdp", sharded=True, sharding="HYBRID_SHARD", in_cover=False),
+    # FSDP2 (issue #27): fully_shard on each block, then the root (Lightning's ModelParallelStrategy on CUDA,
+    # the same calls over gloo on CPU ranks); outside the default selection (its sim and CPU-rank cases run in
+    # CI and the nightly; on CUDA it needs several GPUs, which the nightly's single-GPU budget does not have).
+    Technique("fsdp2", "FSDP2 fully_shard (reshard_after_forward=True): parameters sharded per parameter on "
+              "dim 0, each block all-gathered before its forward and freed after it, re-all-gathered in "
+              "backward", "torch docs: fully_shard (reshard_after_forward=True)", group="strategy",
+              strategy="fsdp", sharded=True, sharding="FULL_SHARD", fsdp2=True, in_cover=False,
+              conflicts=(_MODEL_PARALLEL_16_MIXED,)),
+    Technique("fsdp2-no-reshard", "FSDP2 fully_shard (reshard_after_forward=False): the unsharded parameters "
+              "kept from the forward through the backward (no all-gather in backward)",
+              "torch docs: fully_shard (reshard_after_forward=False)", group="strategy", strategy="fsdp",
+              sharded=True, sharding="SHARD_GRAD_OP", fsdp2=True, in_cover=False,
+              conflicts=(_MODEL_PARALLEL_16_MIXED,)),
     # The LLM bonus "before" scripts: the whole model on every rank, gradients all-reduced in buckets
     # (Lightning's DDPStrategy passes no DDP options: torch's 25 MiB buckets, no bucket views).
     Technique("ddp", "distributed data parallel: the whole model, gradients and optimizer state on every "

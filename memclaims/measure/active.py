@@ -162,6 +162,14 @@ def _fsdp_sharding(recipe: Recipe, record: Record, say: Callable[[str, str], Non
     if record.grad_bytes > whole / group * FSDP_SHARE_SLACK:
         say(name, f"rank {record.rank} holds grad_bytes {record.grad_bytes:,} B after phase backward, above {what} "
                   f"gradients ({whole / group:,.0f} B): {sharding} over {world} ranks shards them over {group}")
+    # FSDP2 (fsdp2, fsdp2-no-reshard): fully_shard must be what ran, wherever it runs (on CPU ranks every
+    # FSDP technique runs it; the sim and CUDA run FSDP1 for the others).
+    if recipe.fsdp2 and record.fsdp_api != "fsdp2":
+        say(name, f"fsdp_api is {record.fsdp_api!r} after phase load, not 'fsdp2': FSDP2's fully_shard did not "
+                  "shard the model (FSDP1's flat parameters, or no FSDP, ran instead)")
+    # The reshard setting, in the words of the API that runs it.
+    kept, resharded = (("reshard_after_forward=False", "reshard_after_forward=True") if recipe.fsdp2 else
+                       ("SHARD_GRAD_OP", sharding))
     gathered = record.forward_unsharded_params
     if gathered is None:
         if record.device != "cuda":  # Lightning's FSDPStrategy on CUDA ranks is not observed there
@@ -169,11 +177,11 @@ def _fsdp_sharding(recipe: Recipe, record: Record, say: Callable[[str, str], Non
         return
     if sharding == "SHARD_GRAD_OP" and gathered < record.param_count:
         say(name, f"forward_unsharded_params is {gathered:,} of {record.param_count:,} parameters after phase "
-                  "forward: SHARD_GRAD_OP keeps every parameter gathered from the forward through the backward "
-                  "(the units were resharded after their forward, as FULL_SHARD does)")
+                  f"forward: {kept} keeps every parameter gathered from the forward through the backward "
+                  "(the blocks were resharded after their forward, as FULL_SHARD does)")
     if sharding in ("FULL_SHARD", "HYBRID_SHARD") and recipe.workload.fsdp_auto_wrap and gathered >= record.param_count:
         say(name, f"forward_unsharded_params is {gathered:,} of {record.param_count:,} parameters after phase "
-                  f"forward: {sharding} reshards each wrapped block after its forward (only the root stays "
+                  f"forward: {resharded} reshards each wrapped block after its forward (only the root stays "
                   "gathered)")
 
 

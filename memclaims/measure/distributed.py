@@ -5,6 +5,8 @@
   class, ``cpu_offload``), as the article's scripts do.
 - DDP and DeepSpeed (``ddp``, ``deepspeed-zero2``), on CUDA or CPU ranks: the same Fabric engine with
   Lightning's ``DDPStrategy`` / ``DeepSpeedStrategy`` over NCCL or gloo.
+- FSDP2 on CUDA (``fsdp2``, ``fsdp2-no-reshard``): Lightning's ``ModelParallelStrategy`` whose parallelize_fn
+  applies ``fully_shard`` as below (``memclaims.measure.lightning_fsdp.model_parallel_strategy``).
 - FSDP on the CPU: Lightning refuses FSDP on the CPU, so the same smoke model is sharded with PyTorch's FSDP2
   (``fully_shard`` on each block, then the root) over gloo and measured by the exact CPU probe on
   every rank (``CpuShardedEngine`` through ``memclaims.measure.pipeline``). Each rank trains on its slice
@@ -30,7 +32,7 @@ from torch import nn
 from memclaims.core.errors import UsageError
 from memclaims.core.precision import PRECISIONS, precision
 from memclaims.core.record import Record, device_name
-from memclaims.core.techniques import HYBRID_NODES, shard_group_size
+from memclaims.core.techniques import HYBRID_NODES, reshard_after_forward, shard_group_size
 from memclaims.measure import launcher, pipeline
 from memclaims.measure.probes import CpuProbe
 from memclaims.recipes.options import DEFAULT_TIMEOUT_S, RunOptions, check_device, default_devices, resolve_memory_steps
@@ -163,7 +165,13 @@ def _rank_main(rank: int, world: int, recipe_ids: list[str], options: RunOptions
             from memclaims.measure import runner
 
             record = runner.run(recipe, options)
-            record.notes.append(f"rank {rank} of {world}: Lightning strategy={recipe.strategy!r}")
+            if recipe.sharded and recipe.fsdp2:
+                record.fsdp_api = "fsdp2"
+                record.notes.append(f"rank {rank} of {world}: Lightning ModelParallelStrategy (FSDP2 fully_shard, "
+                                    f"reshard_after_forward={reshard_after_forward(recipe.sharding)})")
+            else:
+                record.fsdp_api = "fsdp1" if recipe.sharded else None
+                record.notes.append(f"rank {rank} of {world}: Lightning strategy={recipe.strategy!r}")
         else:
             record = pipeline.run(CpuShardedEngine(recipe, options, rank, world), CpuProbe(),
                                   resolve_memory_steps(recipe, options))
@@ -254,7 +262,10 @@ class CpuShardedEngine(pipeline.Engine):
         self.rank, self.world = rank, world
         self.notes.append(f"rank {rank} of {world}: FSDP2 fully_shard over gloo on the CPU "
                           "(Lightning refuses FSDP on the CPU)")
-        if recipe.sharding not in (None, "FULL_SHARD"):
+        if recipe.fsdp2:
+            self.notes.append(f"FSDP2 as asked (fully_shard, reshard_after_forward={reshard_after_forward(recipe.sharding)} "
+                              "on each block, FSDP2's default, False, on the root)")
+        elif recipe.sharding not in (None, "FULL_SHARD"):
             self.notes.append(f"{recipe.sharding} as FSDP2 runs it: {FSDP2_SHARDINGS[recipe.sharding]}")
         # Parameter elements held unsharded after the first measured forward pass (forward_loss).
         self.forward_unsharded_params: int | None = None
@@ -280,30 +291,14 @@ class CpuShardedEngine(pipeline.Engine):
         return self.shard(model), weights
 
     def shard(self, model: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import fully_shard
+        from memclaims.measure.lightning_fsdp import fully_shard_blocks
 
-        block = self.recipe.workload.block_class()
         options = self.fsdp2_options()
         mesh = {k: v for k, v in options.items() if k == "mesh"}  # the root's reshard_after_forward: FSDP2's own
-        if self.recipe.activation_checkpointing:
-            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-                apply_activation_checkpointing,
-                checkpoint_wrapper,
-            )
-
-            # Non-reentrant torch.utils.checkpoint around each block, as Lightning's policy does.
-            apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
-                                           check_fn=lambda m: isinstance(m, block))
-        if self.recipe.workload.fsdp_auto_wrap:
-            if not any(isinstance(m, block) for m in model.modules()):
-                raise UsageError(f"{self.recipe.workload.name} has no {block.__name__} to shard")
-            for module in model.modules():
-                # The outermost module of each block: the checkpoint wrapper when there is one.
-                inner = getattr(module, "_checkpoint_wrapped_module", module)
-                if isinstance(inner, block) and (module is inner) != self.recipe.activation_checkpointing:
-                    fully_shard(module, **options)
-        fully_shard(model, **mesh)  # the root: embeddings, final norm and head (all of it without auto-wrap)
-        return model
+        return fully_shard_blocks(model, self.recipe.workload.block_class(),
+                                  checkpointing=self.recipe.activation_checkpointing,
+                                  auto_wrap=self.recipe.workload.fsdp_auto_wrap, workload=self.recipe.workload.name,
+                                  block_options=options, root_options=mesh)
 
     def fsdp2_options(self) -> dict[str, Any]:
         """FSDP2's equivalent of the recipe's FSDP1 sharding strategy, as ``fully_shard`` keywords:
@@ -311,7 +306,7 @@ class CpuShardedEngine(pipeline.Engine):
         (replicate, shard) device mesh of (N, 1) and (HYBRID_NODES, N / HYBRID_NODES) (torch lets the CPU
         ranks form one over gloo: HYBRID_SHARD's simulated nodes)."""
         sharding = self.recipe.sharding or "FULL_SHARD"
-        options: dict[str, Any] = {"reshard_after_forward": sharding != "SHARD_GRAD_OP"}
+        options: dict[str, Any] = {"reshard_after_forward": reshard_after_forward(sharding)}
         if sharding in ("NO_SHARD", "HYBRID_SHARD"):
             from torch.distributed.device_mesh import init_device_mesh
 
@@ -345,7 +340,8 @@ class CpuShardedEngine(pipeline.Engine):
         return loss
 
     def measured_fields(self) -> dict[str, Any]:
-        return {**super().measured_fields(), "forward_unsharded_params": self.forward_unsharded_params}
+        return {**super().measured_fields(), "forward_unsharded_params": self.forward_unsharded_params,
+                "fsdp_api": "fsdp2"}
 
     def loss_value(self, loss: torch.Tensor) -> float:
         """The global batch's loss: FSDP averages gradients over ranks, and the shares are equal,

@@ -60,6 +60,7 @@ class Recipe:
     strategy: str | None = None  # Lightning's strategy= name (fsdp, ddp, deepspeed_stage_2); None: one device
     sharded: bool = False
     sharding: str | None = None  # FSDP's ShardingStrategy name of a sharded recipe (FULL_SHARD for fsdp)
+    fsdp2: bool = False  # FSDP2 (fully_shard; ModelParallelStrategy on CUDA) rather than FSDP1 (FSDPStrategy)
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     delayed_init: bool = False
@@ -164,6 +165,7 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         strategy=next((t.strategy for t in chosen if t.strategy), None),
         sharded=any(t.sharded for t in chosen),
         sharding=next((t.sharding for t in chosen if t.sharding), None),
+        fsdp2=any(t.fsdp2 for t in chosen),
         activation_checkpointing=any(t.activation_checkpointing for t in chosen),
         cpu_offload=any(t.cpu_offload for t in chosen),
         delayed_init=any(t.delayed_init for t in chosen),

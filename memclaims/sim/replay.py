@@ -42,6 +42,7 @@ from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.precision import precision as precision_spec
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record
+from memclaims.core.techniques import reshard_after_forward
 from memclaims.measure import checkpointing, optimizers
 from memclaims.measure.fused_loss import apply as bypass_head
 from memclaims.measure.loop import TrainingLoop
@@ -728,20 +729,31 @@ def _simulate_zero2(recipe: Recipe, profile: str, memory_steps: int | None) -> R
 
 def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str],
                       limit_bytes: int | None, devices: int | None) -> Record:
-    """Rank 0 of the recipe's FSDP1 run (memclaims.sim.sharded): per-rank accounting on fake tensors."""
+    """Rank 0 of the recipe's FSDP1 run, or FSDP2's (``recipe.fsdp2``), by memclaims.sim.sharded: per-rank
+    accounting on fake tensors."""
     import memclaims.sim.sharded as sharded
 
     build, inputs_fn = _model_fns(recipe)
     world = devices or sharded.WORLD_SIZE
     shard_dtype = PRECISIONS[recipe.precision].param_dtype
-    param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision, chosen.lightning_era)
-    lightning = "installed" if chosen.lightning_era == "installed" else f"{chosen.lightning_era}-era"
-    notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
-                 f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} ({lightning} Lightning's "
-                 f"FSDPPrecision); not modelled: " + "; ".join(sharded.UNMODELLED.values()))
-    if recipe.sharding not in (None, "FULL_SHARD"):
-        notes.append(f"sharding_strategy {recipe.sharding}: {sharded.SHARDING_NOTES[recipe.sharding]}")
-    if not sharded.limit_all_gathers(chosen.optimizer_era):
+    if recipe.fsdp2:
+        # ModelParallelStrategy with memclaims' parallelize_fn: no MixedPrecisionPolicy, every collective in the
+        # parameters' dtype; reshard_after_forward is the recipe's (memclaims.core.techniques.reshard_after_forward).
+        param_dtype = reduce_dtype = shard_dtype
+        notes.append(f"FSDP2 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): {sharded.FSDP2_NOTE}; "
+                     f"reshard_after_forward={reshard_after_forward(recipe.sharding)} on each block (the root: "
+                     f"False, fully_shard's default for the root); shards, all-gathers and reduce-scatters in "
+                     f"{shard_dtype} (no MixedPrecisionPolicy); not modelled: {sharded.UNMODELLED['nccl']}; "
+                     f"{sharded.UNMODELLED['evaluation']}")
+    else:
+        param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision, chosen.lightning_era)
+        lightning = "installed" if chosen.lightning_era == "installed" else f"{chosen.lightning_era}-era"
+        notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
+                     f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} ({lightning} Lightning's "
+                     f"FSDPPrecision); not modelled: " + "; ".join(sharded.UNMODELLED.values()))
+        if recipe.sharding not in (None, "FULL_SHARD"):
+            notes.append(f"sharding_strategy {recipe.sharding}: {sharded.SHARDING_NOTES[recipe.sharding]}")
+    if not recipe.fsdp2 and not sharded.limit_all_gathers(chosen.optimizer_era):
         notes.append("limit_all_gathers=False (FSDP1's default before pytorch PR #104900): the forward's all-gather "
                      "buffers stay taken until the first pre-backward hook (memclaims.sim.sharded._RunAhead)")
     if recipe.delayed_init:
@@ -756,7 +768,9 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
                 # Fabric converts true precisions on the host; the unsharded (compute) copy is param_dtype.
                 with _default_dtype(shard_dtype):
                     model = build(recipe.scale, recipe.workload.num_classes)
-            moved = not recipe.cpu_offload  # Fabric.setup moves the model before the strategy wraps it
+            # Fabric.setup moves the model before FSDPStrategy wraps it; ModelParallelStrategy's module_to_device
+            # is a no-op: each fully_shard call moves its own group's parameters.
+            moved = not recipe.cpu_offload and not recipe.fsdp2
             if moved:
                 _move(model)
             wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=world,
@@ -764,7 +778,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
                                    offload=recipe.cpu_offload, checkpointing=recipe.activation_checkpointing,
                                    auto_wrap=recipe.workload.fsdp_auto_wrap, moved=moved,
                                    limit_gathers=sharded.limit_all_gathers(chosen.optimizer_era),
-                                   sharding=recipe.sharding or "FULL_SHARD")
+                                   sharding=recipe.sharding or "FULL_SHARD", fsdp2=recipe.fsdp2)
             if param_dtype != shard_dtype:  # the compute copies the units all-gather (host fakes, uncounted)
                 with session.host():
                     _move(model, param_dtype)

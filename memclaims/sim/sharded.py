@@ -47,6 +47,45 @@ gathers nothing (a ``param_dtype`` copy under mixed precision), keeps the whole 
 in place) and whole optimizer state; HYBRID_SHARD shards each unit over one simulated node's ranks
 (``memclaims.core.techniques.shard_group_size``) and all-reduces the shard across nodes in place.
 
+FSDP2 (issue #27; ``fully_shard``, Lightning's ``ModelParallelStrategy``; ``wrap(..., fsdp2=True)``,
+``_Fsdp2Group``), as the installed torch's ``torch/distributed/fsdp/_fully_shard`` does it (verified in its
+source, cited at each step in ``_Fsdp2Group``):
+
+- groups: one ``fully_shard`` call per transformer block, then the root (every other parameter), as
+  memclaims' parallelize_fn and the CPU ranks call it. No flat parameter: each parameter is padded on dim 0
+  to ``ceil(size0 / W) * W`` rows and rank 0 keeps one chunk of ``ceil(size0 / W)`` rows in a storage of its
+  own (``FSDPParam._init_sharded_param``); with nothing moved by Fabric first (ModelParallelStrategy's
+  ``module_to_device`` is a no-op), each call moves its group's parameters to the device whole and shards
+  them there (``_move_states_to_device``), group after group;
+- unshard: one all-gather output buffer per group (``foreach_all_gather``: the group's padded numel, on the
+  all-gather copy-in stream), then the copy-out into per-parameter unsharded tensors
+  (``foreach_all_gather_copy_out``: ``init_all_gather_outputs``/``alloc_all_gather_outputs``, padded sizes,
+  on the current stream): both are live until the copy-out ends. In the backward the output is freed right
+  after its copy-out; in the forward it is kept until the next group's copy-out begins
+  (``FSDPParamGroup.wait_for_unshard``, ``comm_ctx.all_gather_state``; [Note: Overlapping all-gather copy-in
+  and all-gather]), and the root's post-forward frees the last one (``FSDPState._post_forward``);
+- reshard: the unsharded parameters are freed after a group's forward when ``reshard_after_forward`` is
+  True (``FSDPParamGroup.reshard``); with False they stay until the group's post-backward. The root's is
+  False (``fully_shard``'s ``None`` default: False for the root);
+- backward: a group's pre-backward all-gathers it (unless prefetched) and copies out, and all-gathers the
+  group before it in forward order (``_backward_prefetch``: implicit prefetch of one group; its copy-out
+  waits for that group's own pre-backward); the root's pre-backward, on the logits, prefetches the last block;
+- post-backward (``FSDPParamGroup.post_backward``, ``foreach_reduce``): the unsharded parameters are freed
+  (``reshard_after_backward``); the previous group's reduce-scatter input is released (at most
+  ``reduce_scatter_max_input_buffers``, 1 by default, in flight); the unsharded gradients are copied into one
+  padded reduce-scatter input (current stream) and freed; the reduce-scatter output (``W`` times smaller, on
+  the reduce-scatter stream) holds the sharded gradients, which are views into it (``torch.as_strided``), or
+  are added into the existing ones when accumulating; the root's final callback releases the last input;
+- no ``record_stream`` anywhere: FSDP2 synchronizes its streams with CUDA events (``record_event`` /
+  ``wait_event`` in ``_fsdp_collectives.py`` and ``_fsdp_param_group.py``; the FSDP2 design, pytorch issue
+  #114299 "Per-Parameter-Sharding FSDP Tracker", section "FSDP, Streams, & Avoiding recordStream": FSDP1,
+  FairScale and DeepSpeed use recordStream, per-parameter-sharding FSDP "uses manual synchronization instead"), and
+  the all-gather state above is what keeps the CPU from running ahead: there is no run-ahead of unsharded
+  buffers to replay, and the backward's frees are not timing either (``UNMODELLED``'s record_stream bound
+  is FSDP1's);
+- precision: memclaims' parallelize_fn passes no ``MixedPrecisionPolicy``; FSDP2 all-gathers and
+  reduce-scatters in the parameters' own dtype, and mixed precision is autocast's.
+
 Not predicted, and bounded in ``UNMODELLED``: NCCL's own buffers (outside the caching allocator,
 so outside ``max_memory_reserved``: 0 by construction), how far the CPU also runs ahead in the
 backward (timing: the replay frees the backward's unsharded parameters and gradients at once; at
@@ -67,7 +106,7 @@ from torch import nn
 
 from memclaims.core.errors import UsageError
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS
-from memclaims.core.techniques import SHARDINGS, shard_group_size
+from memclaims.core.techniques import SHARDINGS, reshard_after_forward, shard_group_size
 from memclaims.measure import optimizers
 from memclaims.measure.tensors import optimizer_state_tensors
 from memclaims.sim.eras import optimizer_era
@@ -94,6 +133,11 @@ UNMODELLED = {
 
 
 # What each sharding strategy but FULL_SHARD changes in the replay (a sharded recipe's notes).
+FSDP2_NOTE = ("FSDP2 fully_shard (per-parameter dim-0 shards, one all-gather buffer per group copied out into "
+              "per-parameter unsharded tensors, sharded gradients viewing one reduce-scatter output per group; CUDA "
+              "events, no record_stream: no run-ahead)")
+REPLAYS = ("fsdp1", "fsdp2")
+
 SHARDING_NOTES = {
     "SHARD_GRAD_OP": "no reshard after a unit's forward: every unit's flat parameter stays gathered from its "
                      "forward until its post-backward reduce-scatter",
@@ -252,6 +296,27 @@ class _Unit:
             self.full = torch.empty(self.padded, dtype=self.param_dtype)
             del staged
 
+    def sharded_params(self) -> list[nn.Parameter]:
+        """What the optimizer steps over: the unit's flat shard."""
+        return [self.shard] if self.shard is not None else []
+
+    def gathered(self) -> int:
+        """Elements of the unit now held unsharded (gathered, padding included; NO_SHARD gathers nothing)."""
+        return self.padded if self.full is not None and not self.no_shard else 0
+
+    def prefetch(self) -> None:
+        """The backward's prefetch of this unit (FSDP1: the whole unshard)."""
+        self.unshard()
+
+    def pre_backward(self) -> None:
+        """FSDP1's pre-backward hook: unshard, prefetch the next unit (BACKWARD_PRE)."""
+        self.unshard()
+        if self.next_in_backward is not None:
+            self.next_in_backward.unshard()
+        # The GPU is still in the forward when the CPU reaches the first pre-backward hook (its two
+        # all-gathers above took fresh blocks); the replay then lets the forward's buffers go.
+        self.run_ahead.release()
+
     def reshard(self, after_forward: bool = False) -> None:
         """Free the unsharded flat parameter; after a forward without the rate limiter its block stays
         taken until the GPU has run the unit (record_stream on the compute stream), see ``_RunAhead``.
@@ -308,6 +373,147 @@ class _Unit:
         self.saved_grad_shard = None
 
 
+@dataclass(eq=False)
+class _Fsdp2Comm:
+    """FSDP2's ``FSDPCommContext`` as far as memory goes: the forward's last all-gather output (kept until the
+    next group's copy-out) and the reduce-scatter inputs in flight."""
+
+    in_backward: bool = False
+    all_gather_state: torch.Tensor | None = field(default=None, repr=False)
+    reduce_scatter_inputs: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    def end_forward(self) -> None:
+        """The root's post-forward frees the last all-gather result (``FSDPState._post_forward``)."""
+        self.all_gather_state = None
+
+    def end_backward(self) -> None:
+        """The root's final callback releases the reduce-scatter states (``FSDPState._root_post_backward_final_callback``)."""
+        self.in_backward = False
+        self.reduce_scatter_inputs.clear()
+
+
+def _dims(p: torch.Tensor) -> tuple[int, int]:
+    """(dim 0, elements per dim-0 row) of a parameter; a 0-dim one is one row of one."""
+    shape = list(p.shape) or [1]
+    rest = 1
+    for d in shape[1:]:
+        rest *= d
+    return shape[0], rest
+
+
+@dataclass(eq=False)
+class _Fsdp2Group(_Unit):
+    """One FSDP2 parameter group (one ``fully_shard`` call) on rank 0: per-parameter dim-0 shards, no
+    flat parameter; the module docstring says what each step allocates, and where torch does it."""
+
+    comm: _Fsdp2Comm = field(default_factory=_Fsdp2Comm)
+    sharded: list[nn.Parameter] = field(default_factory=list)
+    all_gather_output: torch.Tensor | None = field(default=None, repr=False)
+    unsharded: list[torch.Tensor] | None = field(default=None, repr=False)
+
+    def _rows(self, p: torch.Tensor) -> int:
+        """_fsdp_param.py: ``padded_sharded_size = chunks[0].size()``, ``torch.chunk`` of dim 0 into W: ceil(d0/W)."""
+        return -(-_dims(p)[0] // self.world)
+
+    @property
+    def padded(self) -> int:
+        """The group's all-gather output (and reduce-scatter input) numel: each parameter's dim 0 padded to a
+        multiple of W (``_get_dim0_padded_size``)."""
+        return sum(self._rows(p) * self.world * _dims(p)[1] for p in self.params)
+
+    def shard_up(self, on_device: bool) -> None:
+        """``fully_shard`` on this group: ``_move_states_to_device`` (the parameters on the device whole, unless
+        Fabric moved them already), then ``FSDPParam._init_sharded_param`` per parameter
+        (``param_data.new_zeros(padded_sharded_size)``, the rank's chunk copied in); the whole ones go."""
+        moved_here = [] if on_device else [torch.empty(p.shape, dtype=self.shard_dtype) for p in self.params]
+        self.sharded = [nn.Parameter(torch.empty((self._rows(p), *list(p.shape)[1:]), dtype=self.shard_dtype))
+                        for p in self.params]
+        if on_device:
+            for p in self.params:
+                self.memory.forget(p)
+        del moved_here
+
+    def sharded_params(self) -> list[nn.Parameter]:
+        return list(self.sharded)
+
+    def gathered(self) -> int:
+        """Parameter elements unsharded now: the unsharded parameters are ``as_strided`` views of the padded
+        all-gather outputs with each parameter's own size (``FSDPParam.init_unsharded_param``)."""
+        return sum(p.numel() for p in self.params) if self.unsharded is not None else 0
+
+    def _all_gather(self) -> None:
+        """``foreach_all_gather``: ``all_gather_comm.allocate((all_gather_input_numel * world_size,))`` on the
+        all-gather copy-in stream; the rank's input is a view into it (``all_gather_copy_in``)."""
+        with self._stream(UNSHARD_STREAM):
+            self.all_gather_output = torch.empty(self.padded, dtype=self.param_dtype)
+
+    def prefetch(self) -> None:
+        """``_prefetch_unshard`` in backward: the all-gather only; the copy-out waits for the group's
+        pre-backward."""
+        if self.unsharded is None and self.all_gather_output is None:
+            self._all_gather()
+
+    def unshard(self) -> None:
+        """``unshard`` + ``wait_for_unshard``: in the forward, the previous group's all-gather output is freed
+        first (``comm_ctx.all_gather_state = None``), this one's kept after the copy-out; in the backward
+        this one's is freed right after it."""
+        if self.unsharded is not None:
+            return
+        if self.all_gather_output is None:
+            self._all_gather()
+        if not self.comm.in_backward:
+            self.comm.all_gather_state = None
+        # foreach_all_gather_copy_out: per-parameter padded outputs on the current stream, split_with_sizes_copy.
+        self.unsharded = [torch.empty(self._rows(p) * self.world * _dims(p)[1], dtype=self.param_dtype)
+                          for p in self.params]
+        output, self.all_gather_output = self.all_gather_output, None
+        if not self.comm.in_backward:
+            self.comm.all_gather_state = output
+        del output
+
+    def pre_backward(self) -> None:
+        """``FSDPParamGroup.pre_backward``: unshard (a no-op if kept after forward), prefetch one group."""
+        self.comm.in_backward = True
+        self.unshard()
+        if self.next_in_backward is not None:
+            self.next_in_backward.prefetch()
+
+    def reshard(self, after_forward: bool = False) -> None:
+        """``FSDPParamGroup.reshard``: after the forward only with ``reshard_after_forward``; the unsharded
+        parameters' storages are freed (``free_storage``), no record_stream."""
+        if after_forward and not self.reshard_after_forward:
+            return
+        self.unsharded = None
+
+    def on_grad(self, param: nn.Parameter) -> None:
+        """``post_backward`` when the group's last gradient lands: reshard, release the previous reduce-scatter
+        input, copy the unsharded gradients into this one's and free them, reduce-scatter into one output
+        whose views are the sharded gradients (or which is added into them when they exist)."""
+        self.grads_seen += 1
+        if self.grads_seen < (len(self.params) if self.expected_grads is None else self.expected_grads):
+            return
+        self.grads_seen = 0
+        self.reshard()
+        self.comm.reduce_scatter_inputs.clear()  # at most reduce_scatter_max_input_buffers (1) in flight
+        reduce_scatter_input = torch.empty(self.padded, dtype=self.reduce_dtype)  # foreach_reduce_scatter_copy_in
+        for p in self.params:  # unsharded_grads.clear(): only after the copy-in
+            p.grad = None
+        with self._stream(POST_BACKWARD_STREAM):
+            reduce_output = torch.empty(self.padded // self.world, dtype=self.reduce_dtype)
+        offset = 0
+        for shard in self.sharded:
+            view = reduce_output.narrow(0, offset, shard.numel()).view(shard.shape)
+            offset += shard.numel()
+            if shard.grad is None:
+                shard.grad = view  # fsdp_param.sharded_param.grad = to_sharded_dtensor(new_sharded_grad)
+            else:
+                shard.grad.add_(view)  # sharded_param.grad._local_tensor += new_sharded_grad
+            del view
+        del reduce_output
+        self.comm.reduce_scatter_inputs.append(reduce_scatter_input)
+        del reduce_scatter_input
+
+
 def _summed(held: torch.Tensor | None, arrived: torch.Tensor) -> torch.Tensor:
     """A gradient slot after a gradient arrives: the arrival itself the first time, else added in place."""
     if held is None:
@@ -327,12 +533,7 @@ class _PreBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         unit: _Unit = ctx.unit
-        unit.unshard()
-        if unit.next_in_backward is not None:
-            unit.next_in_backward.unshard()
-        # The GPU is still in the forward when the CPU reaches the first pre-backward hook (its two
-        # all-gathers above took fresh blocks); the replay then lets the forward's buffers go.
-        unit.run_ahead.release()
+        unit.pre_backward()
         return grad, None
 
 
@@ -389,18 +590,32 @@ class ShardedModel:
     root: _Unit
     order: list[_Unit]
     run_ahead: _RunAhead
+    # FSDP2's shared state (``wrap(..., fsdp2=True)``); None: FSDP1's units.
+    comm: _Fsdp2Comm | None = None
+
+    @property
+    def api(self) -> str:
+        """Which FSDP the replay is (the Record's ``fsdp_api``)."""
+        return "fsdp2" if self.comm is not None else "fsdp1"
+
+    def end_forward(self) -> None:
+        if self.comm is not None:
+            self.comm.end_forward()
 
     def end_backward(self) -> None:
         self.run_ahead.release()
         for unit in self.units:
             unit.end_backward()
+        if self.comm is not None:
+            self.comm.end_backward()
 
     def shards(self) -> list[nn.Parameter]:
-        return [u.shard for u in self.units if u.shard is not None]
+        return [p for u in self.units for p in u.sharded_params()]
 
     def unsharded_params(self) -> int:
-        """Elements of the units' flat parameters now held unsharded (gathered, padding included)."""
-        return sum(u.padded for u in self.units if u.full is not None and not u.no_shard)
+        """Parameter elements now held unsharded (FSDP1: the gathered flat parameters, padding included;
+        FSDP2: the unsharded parameters' own sizes)."""
+        return sum(u.gathered() for u in self.units)
 
     def expect_gradients(self, loss: torch.Tensor) -> None:
         """Count, per unit, the parameters ``loss``'s backward will give a gradient (its graph's leaves)."""
@@ -423,21 +638,33 @@ class ShardedModel:
 def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *, world: int,
          shard_dtype: torch.dtype, param_dtype: torch.dtype, reduce_dtype: torch.dtype, offload: bool,
          checkpointing: bool, auto_wrap: bool, moved: bool, limit_gathers: bool = True,
-         sharding: str = "FULL_SHARD") -> ShardedModel:
+         sharding: str = "FULL_SHARD", fsdp2: bool = False) -> ShardedModel:
     """Wrap ``model`` (built on the host) as FSDP1 would; allocate rank 0's shards. ``limit_gathers``:
     FSDP1's ``limit_all_gathers`` (see ``limit_all_gathers``). ``sharding``: FSDP1's ShardingStrategy;
-    a unit is sharded over ``shard_group_size(sharding, world)`` ranks (HYBRID_SHARD: one simulated node's)."""
+    a unit is sharded over ``shard_group_size(sharding, world)`` ranks (HYBRID_SHARD: one simulated node's).
+    ``fsdp2``: FSDP2's ``fully_shard`` groups instead (``_Fsdp2Group``), FULL_SHARD as
+    ``reshard_after_forward=True``, SHARD_GRAD_OP as False; no offload, no other strategy."""
     if sharding not in SHARDINGS:
         raise UsageError(f"unknown sharding strategy {sharding!r}; valid: {', '.join(SHARDINGS)}")
+    if fsdp2 and (sharding not in ("FULL_SHARD", "SHARD_GRAD_OP") or offload):
+        raise UsageError(f"the sim's FSDP2 replay takes reshard_after_forward True or False (FULL_SHARD, SHARD_GRAD_OP) "
+                         f"without offload (got {sharding}{', offload' if offload else ''})")
     world = shard_group_size(sharding, world)
     order: list[_Unit] = []
     units: list[_Unit] = []
-    run_ahead = _RunAhead(limit_gathers)
+    run_ahead = _RunAhead(True if fsdp2 else limit_gathers)  # FSDP2: CUDA events, nothing runs ahead
+    comm = _Fsdp2Comm() if fsdp2 else None
 
     def unit(name: str, params: list[nn.Parameter], root: bool = False) -> _Unit:
-        made = _Unit(name, params, world, shard_dtype, param_dtype, reduce_dtype, offload, memory, root=root,
-                     run_ahead=run_ahead, reshard_after_forward=sharding != "SHARD_GRAD_OP",
-                     no_shard=sharding == "NO_SHARD")
+        # FSDP2's root: reshard_after_forward None -> False for the root (fully_shard's docstring).
+        reshard = reshard_after_forward(sharding) and not (fsdp2 and root)
+        made: _Unit
+        if comm is not None:
+            made = _Fsdp2Group(name, params, world, shard_dtype, param_dtype, reduce_dtype, offload, memory,
+                               root=root, run_ahead=run_ahead, reshard_after_forward=reshard, comm=comm)
+        else:
+            made = _Unit(name, params, world, shard_dtype, param_dtype, reduce_dtype, offload, memory, root=root,
+                         run_ahead=run_ahead, reshard_after_forward=reshard, no_shard=sharding == "NO_SHARD")
         for p in params:
             p.register_post_accumulate_grad_hook(made.on_grad)
         units.append(made)
@@ -456,7 +683,7 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
     # Wrapping is bottom-up (blocks first, the root last), and so is the flatten-and-shard.
     for u in units:
         u.shard_up(on_device=moved)
-    return ShardedModel(model, units, root, order, run_ahead)
+    return ShardedModel(model, units, root, order, run_ahead, comm)
 
 
 def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
@@ -495,9 +722,14 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
                     del x
                     logits = precision.convert_output(out)
                     del out
+                sharded.end_forward()
                 if batch_index == 0:  # backward visits units in reverse forward order; prefetch the next one
                     for later, earlier in zip(sharded.order[1:], sharded.order[:-1]):
                         later.next_in_backward = earlier
+                    if sharded.comm is not None and sharded.order:  # FSDP2's root prefetches the last block
+                        sharded.root.next_in_backward = sharded.order[-1]
+                if sharded.comm is not None:  # FSDP2 registers the root's pre-backward hook on its outputs
+                    logits = cast(torch.Tensor, _PreBackward.apply(logits, sharded.root))
                 if forward_unsharded is None:  # after the first forward pass: what it left gathered
                     forward_unsharded = sharded.unsharded_params()
                 loss = F.cross_entropy(logits, targets)
@@ -538,7 +770,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     del inputs, targets, logits, loss
     return ({"param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
              "optimizer_state_bytes": device_state, "host_state_bytes": host_state,
-             "forward_unsharded_params": forward_unsharded}, repeats.replayed)
+             "forward_unsharded_params": forward_unsharded, "fsdp_api": sharded.api}, repeats.replayed)
 
 
 def check(recipe: Recipe) -> None:

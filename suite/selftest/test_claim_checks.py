@@ -163,7 +163,10 @@ def _beyond(key: Key, tier: str) -> Record:
 LOSS_TOKENS, LOSS_CLASSES = 4096, 50257  # GPT-2 at 8 x 512 tokens
 
 
-SHARDED_08 = (claims.FULL_SHARD_08, claims.SHARD_GRAD_OP_08, claims.NO_SHARD_08)
+SHARDED_08 = (claims.FULL_SHARD_08, claims.SHARD_GRAD_OP_08, claims.NO_SHARD_08, claims.FSDP2_08,
+              claims.FSDP2_NO_RESHARD_08)
+# FSDP2's reshard settings hold what the FSDP1 strategy of the same behaviour holds (a world's shapes alike).
+_AS_FSDP1 = {claims.FSDP2_08: claims.FULL_SHARD_08, claims.FSDP2_NO_RESHARD_08: claims.SHARD_GRAD_OP_08}
 RANKS = 4
 ROOT = N // 100  # the root unit's parameters: what FULL_SHARD leaves gathered after the forward
 SHARDED_PEAK = int(6.59 * GB)  # a FULL_SHARD rank of the 08 recipe
@@ -175,6 +178,10 @@ def _sharded(key: Key, tier: str, as_: Techniques | None = None) -> Record:
     Adam state and leaves the root gathered after the forward; SHARD_GRAD_OP the same shards with every
     parameter gathered (its peak 3/4 of the model higher); NO_SHARD all of it."""
     ran = as_ or tuple(key)  # type: ignore[arg-type]
+    # The API that ran: FSDP2's for its techniques, unless the world has them fall back to an FSDP1 strategy.
+    asked = tuple(key)  # type: ignore[arg-type]
+    api = "fsdp2" if asked in _AS_FSDP1 and as_ not in (claims.FULL_SHARD_08, claims.SHARD_GRAD_OP_08) else "fsdp1"
+    ran = _AS_FSDP1.get(ran, ran)
     whole = 4 * N
     share = whole if ran == claims.NO_SHARD_08 else whole // RANKS
     gathered = N if ran == claims.SHARD_GRAD_OP_08 else 0 if ran == claims.NO_SHARD_08 else ROOT
@@ -183,7 +190,7 @@ def _sharded(key: Key, tier: str, as_: Techniques | None = None) -> Record:
     techniques = tuple(key)  # type: ignore[arg-type]
     return fake_record(f"vit-article/{'+'.join(techniques)}", scale="article", device=tier, techniques=list(techniques),
                        devices=RANKS, rank=0, param_count=N, param_tensor_count=TENSORS, param_bytes=share,
-                       grad_bytes=share, optimizer_state_bytes=2 * share, forward_unsharded_params=gathered,
+                       grad_bytes=share, optimizer_state_bytes=2 * share, forward_unsharded_params=gathered, fsdp_api=api,
                        peak_allocated_bytes=peak, peak_reserved_bytes=peak, peak_reserved_total_bytes=peak)
 
 
@@ -260,6 +267,8 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         records[claims.NO_SHARD_08] = _sharded(claims.NO_SHARD_08, tier, as_=claims.FULL_SHARD_08)
     elif name == "fsdp-shard-grad-op-shards-outside-computation":  # fell back to FULL_SHARD: resharded after forward
         records[claims.SHARD_GRAD_OP_08] = _sharded(claims.SHARD_GRAD_OP_08, tier, as_=claims.FULL_SHARD_08)
+    elif name == "fsdp2-no-reshard-keeps-unsharded":  # reshard_after_forward=False ignored: resharded after forward
+        records[claims.FSDP2_NO_RESHARD_08] = _sharded(claims.FSDP2_NO_RESHARD_08, tier, as_=claims.FSDP2_08)
     elif name == "batch-1-further-75":
         records[claims.MICRO_BATCH_ONE] = _memory(records[CHAIN_05], 0.6)
     elif name == "bf16-supported":

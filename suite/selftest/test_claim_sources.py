@@ -211,3 +211,12 @@ def test_pytorch_docs_phrases_are_the_installed_docstrings_words(claim) -> None:
     doc = _docstring_of(published.claim(claim.name)["where"])
     assert doc is not None, f"{claim.name}: 'where' names no torch object"
     assert " ".join(claim.statement.split()) in doc, f"{claim.name}: {claim.statement!r} is not in the docstring"
+
+
+def test_fully_shard_quote_is_read_from_fully_shards_own_docstring() -> None:
+    """The FSDP2 claim's ``where`` resolves to ``torch.distributed.fsdp.fully_shard`` (FSDP2's entry point, not
+    FSDP1's FullyShardedDataParallel), whose reshard_after_forward paragraph the phrase quotes."""
+    from torch.distributed.fsdp import fully_shard
+
+    doc = _docstring_of(published.claim("fsdp2-no-reshard-keeps-unsharded")["where"])
+    assert doc == " ".join((fully_shard.__doc__ or "").split()) and "reshard_after_forward" in doc
