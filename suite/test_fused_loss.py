@@ -58,6 +58,7 @@ def test_fused_loss_is_active_and_matches_its_baseline(tier, record_cache, basel
 
 
 @pytest.mark.cpu
+@pytest.mark.slow  # trains GPT-2 smoke without the fused loss too (4 s on 2 cores); the nightly checks it
 def test_the_fused_loss_is_the_reference_loss(record_cache) -> None:
     """The same model, data and seed: the chunked op's losses are cross_entropy's to float32 rounding."""
     plain, fused = _get(record_cache, "cpu", ("fabric",)), _get(record_cache, "cpu", FUSED)

@@ -54,7 +54,7 @@ def test_replay_is_active_and_matches_its_baseline(technique, record_cache, base
     baseline_check.check(f"sim:{record.baseline_key}", record, record_property)
 
 
-@pytest.mark.parametrize("scale", ["smoke", "article"])
+@pytest.mark.parametrize("scale", ["smoke", pytest.param("article", marks=pytest.mark.slow)])  # article: 5 s, nightly
 def test_rank_state_is_fsdp2s_per_parameter_dim0_shards(scale, record_cache) -> None:
     """Rank 0 of 4 holds ceil(d0 / 4) rows of every parameter (its own padded storage), gradients of the same
     size (views into one reduce-scatter output per group) and Adam's two moments of them: exactly the
