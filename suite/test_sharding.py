@@ -327,8 +327,14 @@ def cpu_hybrid() -> dict[tuple[str, ...], DistributedResult]:
 def test_every_strategy_rank_against_its_baseline(request, run_key, baseline_check, record_property) -> None:
     """Every rank judged (and, on a first run, stored as obtained) before the case fails."""
     group = request.getfixturevalue("cpu_hybrid" if run_key in HYBRID_RUNS else "cpu_strategies")
+    _judge_every_rank(group[run_key[1]].records, baseline_check, record_property)
+
+
+def _judge_every_rank(records: list[Record], baseline_check, record_property) -> None:
+    """Each rank against its baseline, all of them judged (and, on a first run, stored as obtained) before
+    the case fails with every rank's message."""
     failures = []
-    for record in group[run_key[1]].records:
+    for record in records:
         try:
             baseline_check.check(f"dist-cpu:{record.baseline_key}", record, record_property)
         except pytest.fail.Exception as failure:
@@ -425,14 +431,7 @@ def cpu_fsdp2() -> dict[tuple[str, ...], DistributedResult]:
 @pytest.mark.slow
 def test_every_fsdp2_rank_against_its_baseline(cpu_fsdp2, techniques, baseline_check, record_property) -> None:
     """Every rank judged (and, on a first run, stored as obtained) before the case fails."""
-    failures = []
-    for record in cpu_fsdp2[techniques].records:
-        try:
-            baseline_check.check(f"dist-cpu:{record.baseline_key}", record, record_property)
-        except pytest.fail.Exception as failure:
-            failures.append(str(failure))
-    if failures:
-        pytest.fail("\n".join(failures), pytrace=False)
+    _judge_every_rank(cpu_fsdp2[techniques].records, baseline_check, record_property)
 
 
 @pytest.mark.dist
