@@ -135,3 +135,35 @@ def test_cpu_head_left_in_the_forward_is_caught(monkeypatch) -> None:
     problems = active.problems(recipe, run(recipe, RunOptions(device="cpu", evaluate=False)))
     assert any(line.startswith("hf:gpt2-smoke/fused-linear-ce: fused-linear-ce is not active: fused_loss_calls is 0 "
                                "after phase train") for line in problems), problems
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize(("dtype", "buffers"), [
+    (torch.float32, {((8, 1024), torch.float32), ((8,), torch.float32)}),
+    (torch.bfloat16, {((8, 1024), torch.float32), ((8, 16), torch.float32), ((8, 1024), torch.bfloat16)}),
+])
+def test_the_sim_adds_the_ops_cuda_scratch(dtype, buffers, monkeypatch) -> None:
+    """What the op's registered fake leaves out: the chunk's logits buffer (fp32 under CUDA's compact policy),
+    and for bf16 the fp32 input chunk and the bf16 downcast of the logits; the chunk as CUDA sizes it. On fake
+    tensors, as the sim runs it: there only the fake's outputs and the sim's own scratch are made."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memclaims.sim.fused_loss import SimulatedFusedLoss
+
+    made: set[tuple[tuple[int, ...], torch.dtype]] = set()
+    real_empty = torch.empty
+
+    def empty(*shape, dtype=torch.float32, **kwargs):
+        size = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple) else tuple(shape)
+        made.add((size, dtype))
+        return real_empty(*shape, dtype=dtype, **kwargs)
+
+    loss = SimulatedFusedLoss(dtype)
+    with FakeTensorMode():
+        hidden, weight = torch.randn(512, 16, dtype=dtype), torch.randn(1024, 16, dtype=dtype)
+        targets = torch.randint(0, 1024, (512,))
+        options = loss.options(hidden, 1024)
+        assert options.batch_chunk_size == 8  # next_pow2(512 / ceil(1024 / 16)), under the compact cap
+        monkeypatch.setattr(torch, "empty", empty)
+        loss.run(hidden, weight, targets, None, options)
+    assert buffers <= made, made
