@@ -42,7 +42,8 @@ from memclaims.recipes import requirements
 from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Recipe, resolve
 
-pytestmark = pytest.mark.cpu
+# One worker under -n (--dist loadgroup): the module-scoped clean Records are measured once.
+pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("regressions-clean")]
 
 # One clean run per recipe; the converged reference measures accuracy (for the numerics injection:
 # accuracy is compared only where training reaches its plateau).

@@ -46,6 +46,9 @@ FSDP_AC = ("fsdp", "activation-checkpointing")
 
 cpu_dist = [pytest.mark.dist, pytest.mark.cpu]
 
+# One worker under -n (--dist loadgroup): the module-scoped fixtures run their process groups/recipes once.
+pytestmark = pytest.mark.xdist_group("cpu-sharded")
+
 
 @pytest.fixture(scope="module")
 def single() -> Record:

@@ -164,6 +164,9 @@ class Record:
     # the sim's FSDP1 replay) or "fsdp2" (fully_shard's per-parameter shards: ModelParallelStrategy, the CPU
     # ranks, the sim's FSDP2 replay). None: not a sharded run, or made before the field.
     fsdp_api: str | None = None
+    # The sim's timeline (memclaims.sim.timeline): seconds per optimizer step predicted on the profile's GPU
+    # (the last measured step, synchronised after it). None off the sim, or with fewer than two steps.
+    predicted_step_s: float | None = None
     # lora: parameter elements that require a gradient (the adapters and the trained head) and all of
     # them (frozen base weights included), counted on the model as the load phase left it.
     trainable_parameters: int | None = None

@@ -43,6 +43,7 @@ the bytes asked for (live tensor bytes), the figure a CPU-side tensor count give
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -158,6 +159,8 @@ class CachingAllocator:
         self.events: list[TraceEvent] | None = None
         # expandable_segments: the last mapped block of each pool's one segment, per (stream, small).
         self._tails: dict[tuple[int, bool], Block] = {}
+        # Blocks freed with pending stream uses: (GPU time they are done, handle, block), a heap.
+        self._outstanding: list[tuple[float, int, Block]] = []
 
     # --- public -----------------------------------------------------------------------------
 
@@ -174,6 +177,7 @@ class CachingAllocator:
         elif block is None:
             size = cfg.segment_size(rounded)
             if self.limit_bytes is not None and self.stats.reserved + size > self.limit_bytes:
+                self.process_events(float("inf"))  # synchronize_and_free_events: wait for every pending use
                 self._release_cached()
                 self.stats.alloc_retries += 1
                 if self.stats.reserved + size > self.limit_bytes:
@@ -211,14 +215,28 @@ class CachingAllocator:
             self.events.append(TraceEvent("alloc", self._address(block), nbytes, stream))
         return handle
 
-    def free(self, handle: int) -> None:
+    def free(self, handle: int, ready_at: float | None = None) -> None:
+        """Free ``handle``. ``ready_at``: the block has uses on other streams (``record_stream``); its bytes stop
+        counting as allocated now, but it returns to its pool only at the first ``process_events`` at or after
+        that GPU time (torch's ``insert_events``, then ``process_events`` on a later ``malloc``)."""
         if handle == 0:
             return
         block = self._live.pop(handle)
-        if self.events is not None:
-            self.events.append(TraceEvent("free_completed", self._address(block), block.requested, block.stream))
         self.stats.allocated -= block.size
         self.stats.requested -= block.requested
+        if ready_at is not None:
+            heapq.heappush(self._outstanding, (ready_at, handle, block))
+            return
+        self._return(block)
+
+    def process_events(self, now: float) -> None:
+        """Return every block whose pending stream uses have finished by GPU time ``now`` to its pool."""
+        while self._outstanding and self._outstanding[0][0] <= now:
+            self._return(heapq.heappop(self._outstanding)[2])
+
+    def _return(self, block: Block) -> None:
+        if self.events is not None:
+            self.events.append(TraceEvent("free_completed", self._address(block), block.requested, block.stream))
         block.free, block.requested = True, 0
         for neighbour in (block.prev, block.next):
             if neighbour is not None and neighbour.free:

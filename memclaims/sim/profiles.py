@@ -45,6 +45,10 @@ class Profile:
     # Device memory as torch.cuda.get_device_properties().total_memory reports it (bytes); None
     # for profiles that name no single card. The gpu-tier preflight checks that a case fits.
     total_memory_bytes: int | None = None
+    # The timeline (memclaims.sim.timeline): whose peaks time the kernels (a key of timeline.GPUS), and
+    # whether it runs. Without it, frees across streams happen at once and no step time is predicted.
+    timing_gpu: str = "a100"
+    timeline: bool = True
 
     def kernel(self, dtype_name: str) -> str:
         return self.attention.get(dtype_name, "math")
@@ -75,6 +79,7 @@ def _gpu_tier_profile(name: str, gpu: str, workspace: int, total_memory: int) ->
         attention=dict(_TODAY_ATTENTION),
         cublas_workspace_bytes=(workspace, workspace),
         total_memory_bytes=total_memory,
+        timing_gpu=name,
     )
 
 
@@ -123,6 +128,15 @@ PROFILES: dict[str, Profile] = {
                     "#104900): what changed after the article",
             torch_era="2.1.0 release, cu118/cu121",
             optimizer_era="installed",
+        ),
+        replace(
+            _ARTICLE,
+            name="article-untimed",
+            summary="the article profile without the timeline (memclaims.sim.timeline): frees that wait for other "
+                    "streams happen at once, the forward's unsharded buffers of FSDP1 without the rate limiter stay "
+                    "taken until the first pre-backward hook; the replay before issue #29, whose sharded rows "
+                    "bound the published figures from below",
+            timeline=False,
         ),
         replace(
             _ARTICLE,

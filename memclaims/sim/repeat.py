@@ -93,7 +93,7 @@ class RepeatedMicroBatches:
                 return ("before", before[handle])
             return ("kept", handle)
 
-        return [(kind, ref(handle), *rest) for kind, handle, *rest in events]
+        return [(kind, handle if kind == "launch" else ref(handle), *rest) for kind, handle, *rest in events]
 
     def _tensor_handles(self, batch_index: int) -> list[int]:
         """The tensor allocations of a recorded micro-batch, in order. Not its scratch: micro-batch 0
@@ -144,6 +144,10 @@ class RepeatedMicroBatches:
                     memory.retag(handle(ref), rest[0])
                 elif kind == "free_scratch":
                     memory.free_scratch(handle(ref))
+                elif kind == "release_after":
+                    memory.release_after_uses(handle(ref), rest[0])
+                elif kind == "launch":
+                    memory.launch(ref, rest[0])  # (seconds, stream): no handle
                 else:
                     memory.note_breakdown()
         finally:

@@ -59,6 +59,7 @@ from memclaims.sim.lora import apply as adapt
 from memclaims.sim.offload import SimulatedOffload
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
+from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory
 
 if TYPE_CHECKING:
@@ -255,6 +256,11 @@ def _allocator_observed(session: _Session, recipe: Recipe) -> dict[str, Any]:
     return {"expandable_segment_bytes": session.allocator.expandable_bytes} if recipe.expandable_segments else {}
 
 
+def _tf32_matmul(recipe: Recipe) -> bool:
+    """The article's scripts from 02 on call ``torch.set_float32_matmul_precision("high")``; the fp32 rows do not."""
+    return recipe.precision != "32-true" and not recipe.plain_pytorch
+
+
 class _Session:
     """One simulated device: a fresh allocator, a fake-tensor mode and the tracker."""
 
@@ -264,6 +270,8 @@ class _Session:
         self.profile = profile
         self.allocator = CachingAllocator(profile.allocator, limit_bytes)
         self.memory = DeviceMemory(self.allocator, profile)
+        if profile.timeline:
+            self.memory.clock = Clock(GPUS[profile.timing_gpu])
         self.fake = FakeTensorMode()
         # The probes' nested phases over the allocator model's peak counters.
         self.recorder = PhaseRecorder(self._read, self.memory.reset_peaks)
@@ -511,6 +519,7 @@ class _SimLoop(TrainingLoop):
         self.precision = _Precision(recipe)
         self.attention = _attention_context(session.profile, self.precision.compute)
         self.logits: torch.Tensor | None = None
+        self.step_ends: list[float] = []  # the timeline's time after each optimizer step
         if recipe.offload_activations:
             self.offload = SimulatedOffload(session.memory)
         if recipe.fused_loss:
@@ -536,6 +545,13 @@ class _SimLoop(TrainingLoop):
 
     def watch_loss(self, loss: torch.Tensor) -> None:
         loss.detach().float()  # the real loop reads the value (.item()): a temporary at most
+        if self.session.memory.clock is not None:  # ... and so waits for the GPU
+            self.session.memory.clock.synchronize()
+
+    def synchronize(self) -> None:
+        clock = self.session.memory.clock
+        if clock is not None:
+            self.step_ends.append(clock.synchronize())
 
     def storage_bytes(self, tensors: Iterator[torch.Tensor]) -> int:
         return _storage_bytes(tensors)
@@ -588,6 +604,7 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     states: dict[str, Any] = dict(_state_bytes(model, optimizer))
     states["grad_bytes"] = loop.grad_bytes or 0
     states.update(loop.measured_fields())
+    states["predicted_step_s"] = last_step_seconds(loop.step_ends)
     if recipe.optimizer in optimizers.PAGED:  # unified memory: the state tensors the device does not hold
         states["paged_state_bytes"] = memory.host_bytes(optimizer_state_tensors(optimizer))
     if recipe.lora:
@@ -676,6 +693,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         notes.append("adafactor: transformers' own step on fake tensors, one parameter at a time (it has no "
                      "foreach path): factored second moment for matrices, no first moment")
     session = _Session(chosen, limit_bytes)
+    session.memory.tf32_matmul = _tf32_matmul(recipe)
     session.allocator.events = allocator_events
     phases: dict[str, PhaseResult] = {}
     torch.manual_seed(0)
@@ -754,12 +772,15 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         if recipe.sharding not in (None, "FULL_SHARD"):
             notes.append(f"sharding_strategy {recipe.sharding}: {sharded.SHARDING_NOTES[recipe.sharding]}")
     if not recipe.fsdp2 and not sharded.limit_all_gathers(chosen.optimizer_era):
-        notes.append("limit_all_gathers=False (FSDP1's default before pytorch PR #104900): the forward's all-gather "
-                     "buffers stay taken until the first pre-backward hook (memclaims.sim.sharded._RunAhead)")
+        notes.append("limit_all_gathers=False (FSDP1's default before pytorch PR #104900): " + (
+            "the unsharded buffers freed with record_stream wait for the GPU on the timeline (memclaims.sim.timeline)"
+            if chosen.timeline else "the forward's all-gather buffers stay taken until the first pre-backward hook "
+            "(memclaims.sim.sharded._RunAhead)"))
     if recipe.delayed_init:
         notes.append("init_module(empty_init=False) under FSDPStrategy builds on the host (no device context): "
                      "the load replays as without it")
     session = _Session(chosen, limit_bytes)
+    session.memory.tf32_matmul = _tf32_matmul(recipe)
     phases: dict[str, PhaseResult] = {}
     torch.manual_seed(0)
     with _out_of_memory(recipe, chosen, limit_bytes, phases), session.active():

@@ -111,6 +111,7 @@ from memclaims.measure import optimizers
 from memclaims.measure.tensors import optimizer_state_tensors
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.repeat import RepeatedMicroBatches
+from memclaims.sim.timeline import last_step_seconds, ring_seconds
 from memclaims.sim.tracker import DeviceMemory
 
 if TYPE_CHECKING:
@@ -161,9 +162,17 @@ class _RunAhead:
 
     limit_all_gathers: bool
     pending: list[torch.Tensor] = field(default_factory=list)
+    # With the timeline: the rate limiter's free events (GPU times), at most two all-gathers in flight
+    # (``_FreeEventQueue``, ``_max_num_inflight_all_gathers = 2``).
+    free_events: list[float] = field(default_factory=list)
 
     def release(self) -> None:
         self.pending.clear()
+
+    def before_all_gather(self, memory: DeviceMemory) -> None:
+        """``_unshard`` under the rate limiter: the CPU waits for the oldest free event when two are queued."""
+        if memory.clock is not None and self.limit_all_gathers and len(self.free_events) >= 2:
+            memory.clock.wait_until(self.free_events.pop(0))
 
 
 def backward_run_ahead_bound(param_count: int, param_dtype: torch.dtype) -> int:
@@ -288,13 +297,45 @@ class _Unit:
                 with self._stream(UNSHARD_STREAM):
                     self.full = torch.empty(self.padded, dtype=self.param_dtype)
             return
+        self.run_ahead.before_all_gather(self.memory)
         with self._stream(UNSHARD_STREAM):
             staged = None
             if self.offload or self.param_dtype != self.shard_dtype:
                 # The shard copied to the device (offload) or cast to param_dtype (_mp_shard).
                 staged = torch.empty(self.padded // self.world, dtype=self.param_dtype)
+                self._timed_copy(staged, host=self.offload)
             self.full = torch.empty(self.padded, dtype=self.param_dtype)
+            self._collective(self.full.untyped_storage().nbytes())
             del staged
+        self._wait(DEFAULT_STREAM, UNSHARD_STREAM)  # the unit's computation waits for its all-gather
+
+    # --- the timeline (memclaims.sim.timeline; nothing without a clock) ---------------------------
+
+    def _collective(self, nbytes: int) -> None:
+        """An all-gather (output bytes) or reduce-scatter (input bytes) on the current stream."""
+        if self.memory.clock is not None:
+            self.memory.launch(ring_seconds(nbytes, self.world, self.memory.clock.gpu))
+
+    def _timed_copy(self, tensor: torch.Tensor, host: bool) -> None:
+        """A copy or cast into ``tensor`` on the current stream: over PCIe from or to the host, or on the device."""
+        clock = self.memory.clock
+        if clock is not None:
+            rate = clock.gpu.pcie_gb_s if host else clock.gpu.bandwidth_gb_s / 2  # a cast reads and writes
+            self.memory.launch(tensor.untyped_storage().nbytes() / (rate * 1e9))
+
+    def _wait(self, waiter: int, waited: int) -> None:
+        if self.memory.clock is not None:
+            self.memory.clock.wait_stream(waiter, waited)
+
+    def _free_unsharded(self) -> None:
+        """``_free_unsharded_flat_param``: ``record_stream`` on the compute stream, then the storage freed; with
+        the rate limiter a free event is queued (``_reshard``). Without a clock: freed at once."""
+        full, self.full = self.full, None
+        if full is None or self.memory.clock is None:
+            return
+        self.memory.free_after_uses(full, DEFAULT_STREAM)
+        if self.run_ahead.limit_all_gathers:
+            self.run_ahead.free_events.append(self.memory.clock.event(DEFAULT_STREAM))
 
     def sharded_params(self) -> list[nn.Parameter]:
         """What the optimizer steps over: the unit's flat shard."""
@@ -324,6 +365,9 @@ class _Unit:
         post-backward frees it."""
         if after_forward and not self.reshard_after_forward:
             return
+        if self.memory.clock is not None:
+            self._free_unsharded()
+            return
         if after_forward and not self.run_ahead.limit_all_gathers and self.full is not None:
             self.run_ahead.pending.append(self.full)
         self.full = None
@@ -335,6 +379,7 @@ class _Unit:
             return
         self.grads_seen = 0
         flat = torch.empty(self.padded, dtype=self.param_dtype)  # SplitWithSizesBackward's cat
+        self._timed_copy(flat, host=False)
         for p in self.params:
             p.grad = None
         if self.reduce_dtype != self.param_dtype:
@@ -348,11 +393,17 @@ class _Unit:
             del flat
             self.reshard()
             return
+        self._wait(POST_BACKWARD_STREAM, DEFAULT_STREAM)
         with self._stream(POST_BACKWARD_STREAM):
             reduced = torch.empty(self.padded // self.world, dtype=self.reduce_dtype)
+            self._collective(flat.untyped_storage().nbytes())
+            if self.memory.clock is not None:  # produced on the compute stream, used here: record_stream
+                self.memory.free_after_uses(flat, POST_BACKWARD_STREAM)
             del flat
             if reduced.dtype != self.shard_dtype:
                 reduced = reduced.to(self.shard_dtype)
+            if self.offload:  # _offload_grad: the sharded gradient to the pinned host gradient
+                self._timed_copy(reduced, host=True)
         assert self.shard is not None
         if self.offload:
             # _post_backward_hook keeps the sharded gradient on the device as ``_saved_grad_shard`` (to
@@ -369,7 +420,12 @@ class _Unit:
         self.reshard()
 
     def end_backward(self) -> None:
-        """``_post_backward_final_callback``: the device's ``_saved_grad_shard`` goes (offload)."""
+        """``_post_backward_final_callback``: the compute stream waits for the reduce-scatters; with offload the
+        CPU waits for the host gradient copies (``current_stream().synchronize()``) and the device's
+        ``_saved_grad_shard`` goes."""
+        self._wait(DEFAULT_STREAM, POST_BACKWARD_STREAM)
+        if self.offload and self.memory.clock is not None:
+            self.memory.clock.wait_until(self.memory.clock.event(DEFAULT_STREAM))
         self.saved_grad_shard = None
 
 
@@ -706,6 +762,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     done = 0
     forward_unsharded: int | None = None
     repeats = RepeatedMicroBatches(memory, accumulation)
+    step_ends: list[float] = []  # the timeline's time at the end of each optimizer step
     # 01-2 (08/09/11): zero_grad after the forward pass. With accumulation (the bonus "after"
     # scripts): step at batch 0 and every accum-th batch, zero_grad after the step, and no
     # ``no_backward_sync``, so every micro-batch reduce-scatters into the sharded gradient.
@@ -751,12 +808,18 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
                 optimizer.step()
         finally:
             memory.in_optimizer = False
+        if offload and memory.clock is not None:  # the host step: its passes over the shards' bytes
+            passes = 3 if recipe.optimizer == "sgd" else 7  # SGD: read p, g, write p; Adam: + two states
+            memory.clock.host_work(passes * memory.host_bytes(iter(shards))
+                                   / (memory.clock.timing.host_bandwidth_gb_s * 1e9))
         for value in optimizer_state_tensors(optimizer):
             memory.tag(value, OPTIMIZER_STATE)
         if accumulation > 1:
             optimizer.zero_grad()
         if scheduler is not None:
             scheduler.step()
+        if memory.clock is not None:  # the loop reads a value back once per step (loss.item())
+            step_ends.append(memory.clock.synchronize())
         done += 1
         if done == memory_steps:
             break
@@ -770,7 +833,8 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     del inputs, targets, logits, loss
     return ({"param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
              "optimizer_state_bytes": device_state, "host_state_bytes": host_state,
-             "forward_unsharded_params": forward_unsharded, "fsdp_api": sharded.api}, repeats.replayed)
+             "forward_unsharded_params": forward_unsharded, "fsdp_api": sharded.api,
+             "predicted_step_s": last_step_seconds(step_ends)}, repeats.replayed)
 
 
 def check(recipe: Recipe) -> None:

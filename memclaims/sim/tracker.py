@@ -23,6 +23,7 @@ from memclaims.core.record import ACTIVATIONS, CATEGORIES
 from memclaims.sim.allocator import CachingAllocator
 from memclaims.sim.profiles import Profile
 from memclaims.sim.rnn_workspace import RNN_LAYER, with_workspace
+from memclaims.sim.timeline import Clock, launches_kernel, op_seconds
 
 OTHER = ACTIVATIONS  # what an untagged storage counts as
 
@@ -67,6 +68,9 @@ class DeviceMemory(TorchDispatchMode):
         self.op: object = "?"  # the op running now; named only when it sets a peak
         self.reserved_peak_site: dict[str, object] = {}
         self.trace: list[tuple[Any, ...]] | None = None  # the primitives' events, while recording
+        # The timeline (memclaims.sim.timeline): every kernel-launching op advances it; None: memory only.
+        self.clock: Clock | None = None
+        self.tf32_matmul = False  # set_float32_matmul_precision("high") in the replayed script
 
     # --- phases -----------------------------------------------------------------------------
 
@@ -107,6 +111,8 @@ class DeviceMemory(TorchDispatchMode):
             self._flash2_backward_scratch(args[0])
         for handle in scratch:
             self.free_scratch(handle)
+        if self.clock is not None and launches_kernel(func):
+            self.launch(op_seconds(func, args, kwargs, out, self.clock.gpu, tf32_matmul=self.tf32_matmul).seconds)
         return out
 
     def track(self, tensor: torch.Tensor, category: str = OTHER) -> None:
@@ -155,6 +161,14 @@ class DeviceMemory(TorchDispatchMode):
         finally:
             self.counting = counting
 
+    def free_after_uses(self, tensor: torch.Tensor, *streams: int) -> None:
+        """Free ``tensor``'s storage now, as FSDP1 does after ``record_stream``: its block waits for the work
+        queued on ``streams`` (``release_after_uses``). The caller drops its own reference."""
+        handle = self._handles.pop(tensor.untyped_storage(), None)
+        if handle is not None:
+            self._refs.pop(handle, None)
+            self.release_after_uses(handle, streams)
+
     def forget(self, tensor: torch.Tensor) -> None:
         """Stop counting a storage that a GPU run keeps on the host."""
         handle = self._handles.pop(tensor.untyped_storage(), None)
@@ -168,6 +182,8 @@ class DeviceMemory(TorchDispatchMode):
 
     def count(self, nbytes: int, category: str) -> int:
         """Allocate ``nbytes`` of tensor memory on the current stream; the handle (0 for no bytes)."""
+        if self.clock is not None:
+            self.allocator.process_events(self.clock.cpu)
         reserved_before = self.allocator.stats.reserved
         handle = self.allocator.malloc(nbytes, self.stream)
         if handle == 0:
@@ -196,6 +212,25 @@ class DeviceMemory(TorchDispatchMode):
         if self.trace is not None:
             self.trace.append(("release", handle))
 
+    def release_after_uses(self, handle: int, streams: tuple[int, ...]) -> None:
+        """Free ``handle`` whose block has uses queued on ``streams`` (``record_stream``): it returns to its
+        pool when the GPU has run them (``allocator.free(ready_at=...)``); at once without a clock."""
+        nbytes = self._bytes.pop(handle)
+        self.live[self._category.pop(handle)] -= nbytes
+        self.tensor_bytes -= nbytes
+        self.allocator.free(handle, None if self.clock is None else self.clock.event(*streams))
+        if self.trace is not None:
+            self.trace.append(("release_after", handle, streams))
+
+    def launch(self, seconds: float, stream: int | None = None) -> None:
+        """Issue a kernel of ``seconds`` on ``stream`` (the current one by default) on the clock."""
+        if self.clock is None:
+            return
+        stream = self.stream if stream is None else stream
+        self.clock.launch(seconds, stream)
+        if self.trace is not None:
+            self.trace.append(("launch", seconds, stream))
+
     def retag(self, handle: int, category: str) -> None:
         if self._category[handle] == category:
             return
@@ -208,6 +243,8 @@ class DeviceMemory(TorchDispatchMode):
 
     def scratch(self, nbytes: int) -> int:
         """Allocate memory that is not a tensor's (a cuBLAS workspace, a kernel's scratch)."""
+        if self.clock is not None:
+            self.allocator.process_events(self.clock.cpu)
         handle = self.allocator.malloc(nbytes)
         if self.trace is not None and handle:
             self.trace.append(("scratch", handle, nbytes))
