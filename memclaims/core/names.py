@@ -52,7 +52,8 @@ GPU_SMOKE = "gpusmoke"
 # The simulated GPUs (memclaims.sim.profiles defines each; suite/selftest/test_settings.py keeps the
 # two lists equal): the options' table checks --memclaims-sim-profile / --sim-profile against them
 # before torch is imported.
-SIM_PROFILES = ("article", "current", "torch-2.1", "article-math", "cpu-kernels", "a100", "h100", "h200")
+SIM_PROFILES = ("article", "current", "torch-2.1", "article-untimed", "article-math", "cpu-kernels", "a100", "h100",
+                "h200")
 # Optimizer steps the sim measures where none are asked for, at any scale (a real run measures its
 # scale's memory_steps; memclaims.recipes.options.memory_steps picks). The peak needs the second step:
 # gradients and optimizer state alive during the forward. With accumulation the scripts step at batch

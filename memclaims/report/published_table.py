@@ -9,11 +9,14 @@ row the sim cannot predict yet says why ("pending: ...").
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, cast
+
+from memclaims.core import progress
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
@@ -375,30 +378,60 @@ SPECS: tuple[Spec, ...] = (
 )
 
 
-def build_table(only: set[str] | None = None) -> list[Row]:
-    """Predict every row (``only``: a subset of row names); CPU seconds and peak RSS per row."""
+def _predict(index: int) -> tuple[float | Prediction, float, float]:
+    """SPECS[index]'s prediction, with the CPU seconds it took and this process's peak RSS (MB)."""
+    predict = SPECS[index].predict
+    assert predict is not None
+    started = time.process_time()
+    value = predict()
+    return value, time.process_time() - started, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build_table(only: set[str] | None = None, jobs: int | None = None) -> list[Row]:
+    """Predict every row (``only``: a subset of row names); CPU seconds and peak RSS per row. ``jobs``: worker
+    processes (default: one per CPU, at most one per row); each row is one deterministic replay, so they run
+    apart (``spawn``: a fresh interpreter each, no forked torch state) and come back in the table's order."""
     numbers = published()
+    chosen = [i for i, spec in enumerate(SPECS) if only is None or spec.row in only]
+    predicted = [i for i in chosen if SPECS[i].predict is not None]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(predicted)))
+    results: dict[int, tuple[float | Prediction, float, float]] = {}
+    if jobs == 1:
+        for i in progress.steps(predicted, "published rows"):
+            results[i] = _predict(i)
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        # The costliest rows first (the sharded ones replay twice), so no worker is left with a long one at the end.
+        order = sorted(predicted, key=lambda i: not _is_sharded(SPECS[i]))
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_predict, i): i for i in order}
+            for future in progress.steps(concurrent.futures.as_completed(futures), "published rows", len(futures)):
+                results[futures[future]] = future.result()
     rows = []
-    for spec in SPECS:
-        if only is not None and spec.row not in only:
-            continue
+    for i in chosen:
+        spec = SPECS[i]
         row = Row(spec.document, spec.row, spec.what, spec.unit, numbers.get(spec.key), profile=spec.profile)
-        if spec.predict is None:
+        if i not in results:
             row.residual = spec.residual
         else:
-            started = time.process_time()
-            value = spec.predict()
+            value, cpu_s, rss_mb = results[i]
             if isinstance(value, Prediction):
                 row.predicted, row.lower, row.upper = value.value, value.lower, value.upper
                 row.predicted_step_s, row.published_step_s = value.step_s, value.published_step_s
             else:
                 row.predicted = value
-            row.cpu_s = round(time.process_time() - started, 2)
-            row.rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+            row.cpu_s, row.rss_mb = round(cpu_s, 2), round(rss_mb, 1)
             if not row.inside:
                 row.residual = spec.residual or "outside the band: not explained"
         rows.append(row)
     return rows
+
+
+def _is_sharded(spec: Spec) -> bool:
+    """A row that ``_sim_sharded`` predicts (two replays: timed and untimed)."""
+    return getattr(spec.predict, "__qualname__", "").startswith("_sim_sharded.")
 
 
 def _fmt(value: float | None, unit: str) -> str:
