@@ -308,8 +308,9 @@ _BONUS_AFTER = ("bf16-true", "grad-accum", "fsdp", "cpu-offload", "delayed-init"
 _TEXT_FSDP_RESIDUAL = (
     "FSDP1 rank 0 as for row 09 (no rate limiter, offload's device-side gradient shards), eager attention "
     "as in 2023, 512 tokens (the script pads the whole split to its longest review, truncated at 512), on the "
-    "timeline as row 09. Low by 0.23 with every free already waiting for the GPU: not explained; the untimed "
-    "band's upper end (every cross-stream buffer of the backward taken at once) reaches published")
+    "timeline as row 09, whose loop reads the loss after every micro-batch (a synchronisation): the GPU's 3 x 512 "
+    "tokens run in milliseconds, so little waits for it. Not explained; the untimed band's upper end (every "
+    "cross-stream buffer of the backward taken at once) reaches published")
 _BIGBIRD_RESIDUAL = (
     "over-predicted by the sequence length: the replay runs the tokenizer's maximum, 4,096 tokens; the "
     "script pads the whole split to its longest review (tokenizer padding=True, map(batch_size=None)), a "

@@ -32,6 +32,7 @@ Event = tuple[Any, ...]
 Ref = tuple[str, int]
 
 _ALLOCATING = ("count", "scratch")
+_NO_HANDLE = ("launch", "sync")  # the timeline's events: (seconds, stream) and (None,)
 
 
 class RepeatedMicroBatches:
@@ -93,7 +94,7 @@ class RepeatedMicroBatches:
                 return ("before", before[handle])
             return ("kept", handle)
 
-        return [(kind, handle if kind == "launch" else ref(handle), *rest) for kind, handle, *rest in events]
+        return [(kind, handle if kind in _NO_HANDLE else ref(handle), *rest) for kind, handle, *rest in events]
 
     def _tensor_handles(self, batch_index: int) -> list[int]:
         """The tensor allocations of a recorded micro-batch, in order. Not its scratch: micro-batch 0
@@ -148,6 +149,8 @@ class RepeatedMicroBatches:
                     memory.release_after_uses(handle(ref), rest[0])
                 elif kind == "launch":
                     memory.launch(ref, rest[0])  # (seconds, stream): no handle
+                elif kind == "sync":
+                    memory.synchronize()
                 else:
                     memory.note_breakdown()
         finally:

@@ -545,8 +545,7 @@ class _SimLoop(TrainingLoop):
 
     def watch_loss(self, loss: torch.Tensor) -> None:
         loss.detach().float()  # the real loop reads the value (.item()): a temporary at most
-        if self.session.memory.clock is not None:  # ... and so waits for the GPU
-            self.session.memory.clock.synchronize()
+        self.session.memory.synchronize()  # ... and so waits for the GPU
 
     def synchronize(self) -> None:
         clock = self.session.memory.clock

@@ -799,6 +799,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
                 sharded.end_backward()
                 sharded.root.reshard()
                 loss.detach().float()
+                memory.synchronize()  # the loop reads the loss (.item()): the CPU waits for the GPU
         if batch_index % accumulation != 0:
             continue
         grad_bytes = memory.device_bytes(s.grad for s in shards if s.grad is not None)

@@ -231,6 +231,14 @@ class DeviceMemory(TorchDispatchMode):
         if self.trace is not None:
             self.trace.append(("launch", seconds, stream))
 
+    def synchronize(self) -> None:
+        """The CPU waits for every stream (a value read back); nothing without a clock."""
+        if self.clock is None:
+            return
+        self.clock.synchronize()
+        if self.trace is not None:
+            self.trace.append(("sync", None))
+
     def retag(self, handle: int, category: str) -> None:
         if self._category[handle] == category:
             return
