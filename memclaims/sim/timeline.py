@@ -64,8 +64,8 @@ class Timing:
     # Kernels the CPU may have issued and the GPU not finished before a launch blocks (CUDA's launch queue,
     # the driver's push buffer): NVIDIA documents no depth. None: unbounded, the CPU runs a whole backward
     # ahead. Chosen from the article's own figures, and so a calibration: with 1,024 (a figure often quoted)
-    # the sharded rows come out 0.77-0.94 of published (08 0.939, 09 and 11 0.789, ViT-H/14 FSDP 0.934,
-    # + checkpointing 0.895, + offload 0.850), unbounded 0.89-1.08 (bonus_distilbert-after 0.768 either way).
+    # the sharded rows come out 0.79-0.94 of published (08 0.939, 09 and 11 0.789, ViT-H/14 FSDP 0.934,
+    # + checkpointing 0.884, + offload 0.850), unbounded 0.89-1.03 (bonus_distilbert-after 0.724 either way).
     queue_depth: int | None = None
     # Host memory bandwidth for CPU offload's optimizer step (torch's foreach Adam on the host, one
     # process per GPU): decimal GB/s, an assumption for a 2023 server's one process (not logged).
