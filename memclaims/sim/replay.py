@@ -767,7 +767,8 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         lightning = "installed" if chosen.lightning_era == "installed" else f"{chosen.lightning_era}-era"
         notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
                      f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} ({lightning} Lightning's "
-                     f"FSDPPrecision); not modelled: " + "; ".join(sharded.UNMODELLED.values()))
+                     f"FSDPPrecision); not modelled: " + "; ".join(
+                         v for k, v in sharded.UNMODELLED.items() if not (k == "record_stream" and chosen.timeline)))
         if recipe.sharding not in (None, "FULL_SHARD"):
             notes.append(f"sharding_strategy {recipe.sharding}: {sharded.SHARDING_NOTES[recipe.sharding]}")
     if not recipe.fsdp2 and not sharded.limit_all_gathers(chosen.optimizer_era):

@@ -34,8 +34,12 @@ FSDP1's allocations emulated around the real model's forward and backward (per-r
   issues the forward (a few hundred kernels, well within the launch queue) long before the GPU has run
   its first blocks: every unit's all-gather buffer of the forward is live at once in the unshard
   stream's pool (PR #83917, which added the limiter: "preventing a fast CPU thread from over-allocating
-  blocks to the all-gather stream"). The replay holds them until the first pre-backward hook has
-  all-gathered (so those two take fresh blocks too), then frees them;
+  blocks to the all-gather stream"). On the sim's timeline (memclaims.sim.timeline) each such free, and
+  the backward's (unsharded parameters, and flat gradients freed with ``record_stream`` on the post-backward
+  stream), returns its block when the GPU has run its uses (``DeviceMemory.free_after_uses``); the limiter,
+  where the profile's torch has it, makes the CPU wait for the oldest of two free events. Without the
+  timeline (profile ``article-untimed``) the replay holds the forward's buffers until the first pre-backward
+  hook has all-gathered (so those two take fresh blocks too), then frees them, and frees the backward's at once;
 - streams: all-gathers run on FSDP's unshard stream and reduce-scatters on its post-backward
   stream; the allocator keeps free blocks per stream, which is what makes FSDP reserve more than
   it allocates.
@@ -124,7 +128,7 @@ UNMODELLED = {
     "nccl": "NCCL's communication buffers are cudaMalloc'd outside the caching allocator: not in "
             "max_memory_reserved, so 0 by construction",
     "record_stream": "in the backward, frees across streams (record_stream) wait for the GPU; how far the "
-                     "CPU runs ahead there is timing, not modelled: the replay frees the backward's "
+                     "CPU runs ahead there is timing, which only the timeline models: untimed, the replay frees the backward's "
                      "unsharded parameters and flat gradients at once. Bound: at most every unit's "
                      "unsharded parameter and flat gradient more (backward_run_ahead_bound)",
     "evaluation": "the validation loop (no_grad: no saved activations; its all-gathers, run ahead or not, "
