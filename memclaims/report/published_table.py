@@ -14,7 +14,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from memclaims.core import progress
 
@@ -43,6 +43,7 @@ def published() -> dict[tuple[str, str], Any]:
     numbers: dict[tuple[str, str], Any] = {}
     for entry in data["vit_chain"] + data["multi_gpu"] + data["llm_bonus"]:
         numbers[("peak_reserved_gb", entry["script"])] = entry.get("peak_reserved_gb")
+        numbers[("time_min", entry["script"])] = entry.get("time_min")
     for entry in data["model_loading"]:
         for key in ("load_peak_reserved_gb", "fp32_gb", "fp16_gb"):
             if key in entry:
@@ -151,13 +152,8 @@ def published_step_seconds(record: Record, minutes: float | None) -> float | Non
 
 
 def _minutes(script: str) -> float | None:
-    from memclaims.core import published as published_numbers
-
-    data = published_numbers.data()
-    for entry in data["vit_chain"] + data["multi_gpu"] + data["llm_bonus"]:
-        if entry["script"] == script:
-            return cast(float | None, entry.get("time_min"))
-    return None
+    minutes: float | None = published().get(("time_min", script))
+    return minutes
 
 
 def _sim(workload: str, techniques: tuple[str, ...], profile: str, script: str | None = None) -> Callable[[], Prediction]:

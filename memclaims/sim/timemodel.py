@@ -22,24 +22,10 @@ from typing import Any, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from memclaims.core import techniques as registry
 from memclaims.recipes.recipe import Recipe, resolve
-
-
-@dataclass(frozen=True)
-class GpuPeaks:
-    name: str
-    fp32_tflops: float
-    tf32_tflops: float
-    half_tflops: float  # fp16 and bf16 tensor cores, dense
-    bandwidth_gb_s: float  # decimal GB/s
-    source: str
-
-
-A100_40GB = GpuPeaks("A100-SXM4-40GB", 19.5, 156.0, 312.0, 1555.0, "NVIDIA A100 datasheet (SXM4, dense)")
-GPUS = {"a100": A100_40GB}
+from memclaims.sim.timeline import A100_40GB, GpuPeaks, op_seconds
 
 
 @dataclass(slots=True)  # an accumulator of four sums, updated on every op
@@ -50,46 +36,25 @@ class Tally:
     compute_bound_seconds: float = 0.0
 
 
-def _nbytes(values: Any) -> int:
-    leaves, _ = tree_flatten(values)
-    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
-
-
 class RooflineMode(TorchDispatchMode):
     def __init__(self, gpu: GpuPeaks, *, tf32_matmul: bool, mixed: bool) -> None:
         # TorchDispatchMode.__init__ is unannotated, and mypy's untyped_calls_exclude does not
         # reach calls through super().
         super().__init__()  # type: ignore[no-untyped-call]
-        from torch.utils.flop_counter import flop_registry
-
-        self.registry = flop_registry
         self.gpu, self.tf32_matmul, self.mixed = gpu, tf32_matmul, mixed
         self.tally = Tally()
-
-    def _peak(self, func: Any, dtype: torch.dtype | None) -> float:
-        if self.mixed or dtype in (torch.float16, torch.bfloat16):
-            return self.gpu.half_tflops * 1e12
-        conv = func.overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
-        return (self.gpu.tf32_tflops if (self.tf32_matmul or conv) else self.gpu.fp32_tflops) * 1e12
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
             return out  # a view: no data moves
-        moved: float = _nbytes((args, kwargs)) + _nbytes(out)  # halved below under mixed precision
-        flops = 0.0
-        if func.overloadpacket in self.registry:
-            flops = float(self.registry[func.overloadpacket](*args, **kwargs, out_val=out))
-            if self.mixed:
-                moved /= 2  # operands cast to 16 bits
-        first = next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)), None)
-        compute = flops / self._peak(func, first.dtype if first is not None else None) if flops else 0.0
-        memory = moved / (self.gpu.bandwidth_gb_s * 1e9)
-        self.tally.seconds += max(compute, memory)
-        self.tally.compute_bound_seconds += compute if compute >= memory else 0.0
-        self.tally.flops += flops
-        self.tally.bytes += moved
+        # The sim's timeline times each op with the same roofline (memclaims.sim.timeline.op_seconds).
+        cost = op_seconds(func, args, kwargs, out, self.gpu, tf32_matmul=self.tf32_matmul, mixed=self.mixed)
+        self.tally.seconds += cost.seconds
+        self.tally.compute_bound_seconds += cost.seconds if cost.compute_bound else 0.0
+        self.tally.flops += cost.flops
+        self.tally.bytes += cost.bytes
         return out
 
 

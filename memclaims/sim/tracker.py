@@ -164,17 +164,22 @@ class DeviceMemory(TorchDispatchMode):
     def free_after_uses(self, tensor: torch.Tensor, *streams: int) -> None:
         """Free ``tensor``'s storage now, as FSDP1 does after ``record_stream``: its block waits for the work
         queued on ``streams`` (``release_after_uses``). The caller drops its own reference."""
-        handle = self._handles.pop(tensor.untyped_storage(), None)
+        handle = self._untrack(tensor)
         if handle is not None:
-            self._refs.pop(handle, None)
             self.release_after_uses(handle, streams)
 
     def forget(self, tensor: torch.Tensor) -> None:
         """Stop counting a storage that a GPU run keeps on the host."""
-        handle = self._handles.pop(tensor.untyped_storage(), None)
+        handle = self._untrack(tensor)
+        if handle is not None:
+            self.release(handle)
+
+    def _untrack(self, tensor: torch.Tensor) -> int | None:
+        """Take ``tensor``'s storage off its handle (its death no longer releases it); the handle, if any."""
+        handle: int | None = self._handles.pop(tensor.untyped_storage(), None)
         if handle is not None:
             self._refs.pop(handle, None)
-            self.release(handle)
+        return handle
 
     # --- the primitives: every change to the device's memory is one of these -----------------
     # While ``trace`` is a list each appends an event; memclaims.sim.repeat replays the events of a
@@ -205,22 +210,22 @@ class DeviceMemory(TorchDispatchMode):
 
     def release(self, handle: int) -> None:
         """Free the tensor memory behind ``handle``."""
-        nbytes = self._bytes.pop(handle)
-        self.live[self._category.pop(handle)] -= nbytes
-        self.tensor_bytes -= nbytes
-        self.allocator.free(handle)
+        self._free(handle, None)
         if self.trace is not None:
             self.trace.append(("release", handle))
 
     def release_after_uses(self, handle: int, streams: tuple[int, ...]) -> None:
         """Free ``handle`` whose block has uses queued on ``streams`` (``record_stream``): it returns to its
         pool when the GPU has run them (``allocator.free(ready_at=...)``); at once without a clock."""
+        self._free(handle, None if self.clock is None else self.clock.event(*streams))
+        if self.trace is not None:
+            self.trace.append(("release_after", handle, streams))
+
+    def _free(self, handle: int, ready_at: float | None) -> None:
         nbytes = self._bytes.pop(handle)
         self.live[self._category.pop(handle)] -= nbytes
         self.tensor_bytes -= nbytes
-        self.allocator.free(handle, None if self.clock is None else self.clock.event(*streams))
-        if self.trace is not None:
-            self.trace.append(("release_after", handle, streams))
+        self.allocator.free(handle, ready_at)
 
     def launch(self, seconds: float, stream: int | None = None) -> None:
         """Issue a kernel of ``seconds`` on ``stream`` (the current one by default) on the clock."""
