@@ -384,6 +384,18 @@ def _predict(index: int) -> tuple[float | Prediction, float, float]:
     return value, time.process_time() - started, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _import_stack() -> None:
+    """What every row's replay imports (torch, the fake-tensor mode and the dynamo it pulls in, Lightning,
+    the model libraries), imported before any row runs, so that a row's ``cpu_s`` is its own replay and
+    not the interpreter's start-up, whichever row a worker happens to run first."""
+    import torch._subclasses.fake_tensor  # noqa: F401
+    import torchvision  # noqa: F401
+    import transformers  # noqa: F401
+
+    import memclaims.run  # noqa: F401
+    import memclaims.sim.replay  # noqa: F401
+
+
 def build_table(only: set[str] | None = None, jobs: int | None = None) -> list[Row]:
     """Predict every row (``only``: a subset of row names); CPU seconds and peak RSS per row. ``jobs``: worker
     processes (default: one per CPU, at most one per row); each row is one deterministic replay, so they run
@@ -394,6 +406,7 @@ def build_table(only: set[str] | None = None, jobs: int | None = None) -> list[R
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(predicted)))
     results: dict[int, tuple[float | Prediction, float, float]] = {}
     if jobs == 1:
+        _import_stack()
         for i in progress.steps(predicted, "published rows"):
             results[i] = _predict(i)
     else:
@@ -402,7 +415,8 @@ def build_table(only: set[str] | None = None, jobs: int | None = None) -> list[R
 
         # The costliest rows first (the sharded ones replay twice), so no worker is left with a long one at the end.
         order = sorted(predicted, key=lambda i: not _is_sharded(SPECS[i]))
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                        initializer=_import_stack) as pool:
             futures = {pool.submit(_predict, i): i for i in order}
             for future in progress.steps(concurrent.futures.as_completed(futures), "published rows", len(futures)):
                 results[futures[future]] = future.result()

@@ -60,7 +60,7 @@ from memclaims.sim.offload import SimulatedOffload
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
-from memclaims.sim.tracker import DeviceMemory
+from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -262,17 +262,15 @@ def _tf32_matmul(recipe: Recipe) -> bool:
 
 
 class _Session:
-    """One simulated device: a fresh allocator, a fake-tensor mode and the tracker."""
+    """One simulated device: a fresh allocator, the tracker, and the fake-tensor mode that feeds it."""
 
     def __init__(self, profile: Profile, limit_bytes: int | None = None) -> None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
         self.profile = profile
         self.allocator = CachingAllocator(profile.allocator, limit_bytes)
         self.memory = DeviceMemory(self.allocator, profile)
         if profile.timeline:
             self.memory.clock = Clock(GPUS[profile.timing_gpu])
-        self.fake = FakeTensorMode()
+        self.fake = tracked_fake_mode(self.memory)
         # The probes' nested phases over the allocator model's peak counters.
         self.recorder = PhaseRecorder(self._read, self.memory.reset_peaks)
 
@@ -294,7 +292,7 @@ class _Session:
         gc.disable()
         try:
             # same_mode_copies: modules that deep-copy a layer (nn.Transformer's) keep it in this mode.
-            with _era_init(), self.fake, self.memory, same_mode_copies():
+            with _era_init(), self.fake, same_mode_copies():
                 yield self
         finally:
             if was_enabled:

@@ -23,12 +23,13 @@ published beside predicted).
 
 from __future__ import annotations
 
+import functools
 import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,22 @@ def calibrate(repeats: int = 5, steps: int = 50) -> float:
     return statistics.median(samples)
 
 
+def op_tensors(values: Any) -> Iterator[torch.Tensor]:
+    """The tensors among an aten op's arguments or results: tensors, and tuples, lists and dicts of them.
+    By hand, not ``tree_flatten``: it runs once per op and the pytree machinery, general over
+    registered containers, cost BigBird's replay more than the roofline arithmetic."""
+    if isinstance(values, torch.Tensor):
+        yield values
+    elif isinstance(values, (tuple, list)):
+        for value in values:
+            yield from op_tensors(value)
+    elif isinstance(values, dict):
+        for value in values.values():
+            yield from op_tensors(value)
+
+
 def _nbytes(values: Any) -> int:
-    leaves, _ = tree_flatten(values)
-    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in op_tensors(values))
 
 
 # Ops that allocate and launch nothing (their memory is the tracker's business, not the clock's).
@@ -126,6 +140,7 @@ _NO_KERNEL = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.d
               torch.ops.aten.empty_like.default, torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
 
 
+@functools.cache  # asked once per op dispatched; the schema does not change
 def launches_kernel(func: Any) -> bool:
     """False for views (no data moves) and allocation-only ops."""
     if func in _NO_KERNEL:
@@ -156,7 +171,7 @@ def op_seconds(func: Any, args: Any, kwargs: Any, out: Any, gpu: GpuPeaks, *, tf
         flops = float(flop_registry[func.overloadpacket](*args, **(kwargs or {}), out_val=out))
         if mixed:
             moved /= 2
-    first = next((t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)), None)
+    first = next(op_tensors(args), None)
     dtype = first.dtype if first is not None else None
     if mixed or dtype in (torch.float16, torch.bfloat16):
         peak = gpu.half_tflops

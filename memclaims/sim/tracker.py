@@ -16,14 +16,13 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memclaims.core.record import ACTIVATIONS, CATEGORIES
 from memclaims.sim.allocator import CachingAllocator
 from memclaims.sim.profiles import Profile
 from memclaims.sim.rnn_workspace import RNN_LAYER, with_workspace
-from memclaims.sim.timeline import Clock, launches_kernel, op_seconds
+from memclaims.sim.timeline import Clock, launches_kernel, op_seconds, op_tensors
 
 OTHER = ACTIVATIONS  # what an untagged storage counts as
 
@@ -84,6 +83,9 @@ class DeviceMemory(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is _DEVICE or not self.counting:
             return func(*args, **(kwargs or {}))
+        return self.dispatch(func, args, kwargs, lambda: func(*args, **(kwargs or {})))
+
+    def dispatch(self, func: Any, args: Any, kwargs: Any, run: Callable[[], Any]) -> Any:
         if func in _GEMMS:
             self._ensure_workspace()
         kernel = None
@@ -94,7 +96,7 @@ class DeviceMemory(TorchDispatchMode):
             kernel = self.profile.kernel(_dtype_name(args[0].dtype))
             scratch = self._attention_copies(func, kernel, args)
         self.op = func
-        out = func(*args, **(kwargs or {}))
+        out = run()
         if func is RNN_LAYER:
             out = with_workspace(args, out)
         if kernel in _BLHD_KERNELS:
@@ -104,9 +106,8 @@ class DeviceMemory(TorchDispatchMode):
         # or one ``forget`` dropped) a new allocation for as long as that storage lives.
         aliases = _aliased_returns(func)
         for value, alias in zip(out if len(aliases) > 1 else (out,), aliases):
-            for leaf in () if alias else tree_leaves(value):
-                if isinstance(leaf, torch.Tensor):
-                    self.track(leaf)
+            for leaf in () if alias else op_tensors(value):
+                self.track(leaf)
         if func is _FLASH_BACKWARD and kernel == "flash":
             self._flash2_backward_scratch(args[0])
         for handle in scratch:
@@ -368,3 +369,39 @@ def _aliased_returns(func: Any) -> tuple[bool, ...]:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def tracked_fake_mode(memory: DeviceMemory) -> Any:
+    """A ``FakeTensorMode`` that feeds every op it runs into ``memory``. One mode instead of ``memory``
+    stacked above a fake mode: each op crosses Python's dispatch once, not twice (BigBird's micro-batch
+    dispatches about 36,000 ops, two thirds of them ``.device`` queries from the autograd engine). Ops the
+    fake mode runs inside another op (decompositions, the tracker's own arithmetic) are not the device's
+    allocations, exactly as when the stacked tracker was popped during its op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class TrackedFakeMode(FakeTensorMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.memory = memory
+            self.inside = False
+            self.no_device: bool = FakeTensorMode.avoid_device_init.fget(self)  # type: ignore[attr-defined]
+
+        @property
+        def avoid_device_init(self) -> bool:
+            # Asked once, not per constant tensor (4,000 times in a BigBird replay): Lightning sets
+            # PYTORCH_NVML_BASED_CUDA_CHECK=1 on import, and then every torch.cuda.is_available() loads NVML
+            # through ctypes. Whether this machine has a GPU does not change during a replay.
+            return self.no_device
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            # ``dispatch`` is what FakeTensorMode's own ``__torch_dispatch__`` calls, less its wrappers
+            # (an op counter and a second dynamo guard: this method already has one).
+            if self.inside or func is _DEVICE or not memory.counting:
+                return self.dispatch(func, types, args, kwargs or {})
+            self.inside = True
+            try:
+                return memory.dispatch(func, args, kwargs, lambda: self.dispatch(func, types, args, kwargs or {}))
+            finally:
+                self.inside = False
+
+    return TrackedFakeMode()
