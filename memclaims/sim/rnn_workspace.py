@@ -48,10 +48,12 @@ def _workspace_bytes(key: tuple[Any, ...]) -> int:
 
 def with_workspace(args: Any, out: Any) -> Any:
     """``mkldnn_rnn_layer``'s fake outputs with a workspace of the real kernel's size (made in the
-    running fake mode, so that it lives, and is counted, as long as autograd keeps it)."""
+    running fake mode, so that it lives, and is counted, as long as autograd keeps it). ``new_empty`` on
+    a fake output, not ``torch.empty``: this runs inside the fake mode's own dispatch, where the mode is
+    off and a factory function would make a real tensor."""
     size = _workspace_bytes(_key(tuple(args)))
     empty = out[_WORKSPACE]
     if empty.untyped_storage().nbytes() >= size:
         return out
-    workspace = torch.empty(size // empty.element_size(), dtype=empty.dtype)
+    workspace = empty.new_empty(size // empty.element_size())
     return (*out[:_WORKSPACE], workspace, *out[_WORKSPACE + 1:])

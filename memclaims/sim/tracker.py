@@ -1,7 +1,8 @@
 """Feeds every tensor storage created on the simulated device into the allocator model.
 
-A ``TorchDispatchMode`` sees each aten op below autograd, so it sees every new storage: outputs,
-saved activations, gradients, optimizer state, temporaries. A storage is allocated when an op
+A dispatch mode sees each aten op below autograd, so it sees every new storage: outputs,
+saved activations, gradients, optimizer state, temporaries. ``DeviceMemory`` is such a mode (stacked
+above a ``FakeTensorMode`` in tests); the sim runs it inside its fake mode (``tracked_fake_mode``). A storage is allocated when an op
 first returns it and freed when its last reference dies (a weakref callback, as torch's
 MemTracker does), which is exactly when the CUDA allocator would get the block back.
 """
@@ -376,7 +377,9 @@ def tracked_fake_mode(memory: DeviceMemory) -> Any:
     stacked above a fake mode: each op crosses Python's dispatch once, not twice (BigBird's micro-batch
     dispatches about 36,000 ops, two thirds of them ``.device`` queries from the autograd engine). Ops the
     fake mode runs inside another op (decompositions, the tracker's own arithmetic) are not the device's
-    allocations, exactly as when the stacked tracker was popped during its op."""
+    allocations, exactly as when the stacked tracker was popped during its op. The tracker's code runs
+    inside the mode's dispatch, where the mode is off: it makes tensors from fake ones (``new_empty``),
+    never with a factory function (which would make a real tensor)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     class TrackedFakeMode(FakeTensorMode):
