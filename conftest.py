@@ -1,9 +1,43 @@
 """This repository's pytest wiring.
 
 memclaims' plugin (options, markers, hooks, fixtures, the environment preflight) loads through its
-``pytest11`` entry point once the project is installed (``pip install -e ".[test]"``, as CI does).
-Run from a checkout that is not installed (``PYTHONPATH=. pytest``), the hook below registers it
-under the entry point's name; installed, it does nothing, so the plugin is never registered twice.
+``pytest11`` entry point once the project is installed (``pip install -e ".[test]" -c locks/ci.txt``,
+as CI does). Run from a checkout that is not installed (``PYTHONPATH=. pytest``), the hook below
+registers it under the entry point's name; installed, it does nothing, so the plugin is never
+registered twice.
+
+What only this repository's own suite needs lives here, not in the plugin users install: the header
+line naming the lock the stack was installed from, and the ``reads_versions`` marker, which runs a
+self-test once per installed stack of fixtures.stacks (real, each tested package one release newer,
+all newer, all older).
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
 from memclaims.pytest.testing import register_unless_installed as pytest_addhooks  # noqa: F401
+
+pytest_plugins = ["fixtures.stacks"]
+LOCK = Path(__file__).parent / "locks" / "ci.txt"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "reads_versions: a self-test of what memclaims reads as installed; runs once "
+                                       "per stack of fixtures.stacks.STACKS (fixture installed_stack)")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from memclaims.core.tested_versions import PACKAGES
+    from memclaims.report.lock import header
+
+    return [header(LOCK.relative_to(Path.cwd()) if LOCK.is_relative_to(Path.cwd()) else LOCK, (*PACKAGES, "peft"))]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("reads_versions"):
+        from fixtures.stacks import STACKS
+
+        metafunc.parametrize("installed_stack", list(STACKS), indirect=True, ids=[f"stack={s}" for s in STACKS])

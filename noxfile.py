@@ -2,6 +2,7 @@
 
     nox                         # every combination below, one `memclaims upgrade` each
     nox -s matrix -- --tiers cpu,sim   # extra arguments for memclaims upgrade
+    nox -s newest               # the newest release of each tested package against the lock, recorded as tested
 
 Each combination is a `memclaims upgrade SPEC...` (memclaims.report.upgrade): it builds the
 candidate's environment with uv (a torchvision is matched to its torch there), measures the cpu,
@@ -26,5 +27,12 @@ COMBINATIONS = {
 @nox.session(python=False)
 @nox.parametrize("name", list(COMBINATIONS))
 def matrix(session: nox.Session, name: str) -> None:
-    session.run("memclaims", "upgrade", *COMBINATIONS[name], "--out", f"memclaims-results/matrix/{name}",
-                *session.posargs, success_codes=[0, 1], external=True)
+    session.run("memclaims", "upgrade", *COMBINATIONS[name], "--lock", "locks/ci.txt", "--out",
+                f"memclaims-results/matrix/{name}", *session.posargs, success_codes=[0, 1], external=True)
+
+
+@nox.session(python=False)
+def newest(session: nox.Session) -> None:
+    """The newest release of each tested package, beside the lock; recorded as tested when nothing regressed."""
+    session.run("memclaims", "upgrade", "--newest", "--lock", "locks/ci.txt", "--record", "--out",
+                "memclaims-results/newest", *session.posargs, external=True)

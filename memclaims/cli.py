@@ -442,7 +442,11 @@ def cmd_upgrade(args: Settings) -> int:
     from memclaims.baselines.store import BaselineStore
     from memclaims.report import upgrade
 
-    specs = upgrade.parse_specs(args.spec)
+    specs = upgrade.parse_specs(args.spec) if args.spec or not args.newest else []
+    if args.newest:
+        specs += [s for s in upgrade.newest() if s.name not in {named.name for named in specs}]
+    if args.accept and args.lock is None:
+        raise UsageError("--accept bumps a lock: give it with --lock FILE (e.g. --lock locks/ci.txt)")
     tiers = [t for t in args.tiers.split(",") if t]
     from memclaims.report.candidate import TIERS
 
@@ -453,11 +457,34 @@ def cmd_upgrade(args: Settings) -> int:
     out = Path(args.out)
     report = upgrade.upgrade(specs, out, BaselineStore(args.baselines_dir), tiers=tiers,
                              env_dir=Path(args.env_dir) if args.env_dir else None,
+                             lock_file=Path(args.lock) if args.lock else None,
                              progress=lambda text: print(f"memclaims upgrade: {text}", file=sys.stderr, flush=True))
     print("\n".join(upgrade.summary_lines(report)))
     print(f"wrote {out / 'upgrade.md'}, {out / 'upgrade.json'} and the candidate's Records {out / 'records.jsonl'}",
           file=sys.stderr)
-    return EXIT_FAILED_RUN if report.regressions else 0
+    if not report.passed:
+        if args.record or args.accept:
+            print("memclaims upgrade: not recorded as tested: " + ("a number regressed" if report.regressions else
+                  "a case failed to run" if report.errors else "nothing was compared"), file=sys.stderr)
+        return EXIT_FAILED_RUN
+    if args.accept:
+        assert args.lock is not None
+        if report.improvements:
+            print(f"memclaims upgrade: the lock is not bumped: {len(report.improvements)} numbers improved past their "
+                  "tolerance, so CI under the new lock would fail them as stale; refresh their baselines under the "
+                  "candidate first (pytest --update-baselines in its --env-dir), then run this again", file=sys.stderr)
+            return EXIT_FAILED_RUN
+        import shutil
+
+        shutil.copyfile(out / "lock.txt", args.lock)
+        print(f"memclaims upgrade: wrote the candidate's lock over {args.lock}", file=sys.stderr)
+    if args.record or args.accept:
+        from memclaims.report import tested_release
+
+        where = tested_release.record(report.stack, upgrade.moved(report))
+        print(f"memclaims upgrade: recorded {', '.join(f'{p} {v}' for p, v in report.stack.items() if v)} as tested "
+              f"in {where}", file=sys.stderr)
+    return 0
 
 
 def cmd_report(args: Settings) -> int:

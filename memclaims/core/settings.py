@@ -257,6 +257,17 @@ OPTIONS: tuple[Option, ...] = (
            default="cpu,converged,dist,sim", cli=_flags("upgrade")),
     Option("env-dir", "path", "keep (and reuse) the candidate environment here", metavar="DIR",
            cli=_flags("upgrade")),
+    Option("newest", "flag", "also each tested package (torch, torchvision, lightning, torchmetrics, transformers, "
+           "bitsandbytes) at its newest release that installs beside the rest", default=False, cli=_flags("upgrade")),
+    Option("lock", "path", "the candidate is this lock (e.g. locks/ci.txt) with the specs applied, compiled by uv "
+           "beside it (OUT/lock.txt), instead of the specs beside this environment's releases", metavar="FILE",
+           cli=_flags("upgrade")),
+    Option("record", "flag", "when no number regressed and every case ran, record the candidate's releases as "
+           "tested, with what they moved (memclaims/resources/tested_versions.json; a checkout only)", default=False,
+           cli=_flags("upgrade")),
+    Option("accept", "flag", "bump the lock: with --lock, when no number regressed or went stale and every case "
+           "ran, write the candidate's lock over FILE and record its releases as tested", default=False,
+           cli=_flags("upgrade")),
     Option("runs", "count", "runs whose spread gives the tolerances", default=3, metavar="N",
            cli=_flags("baselines calibrate")),
     Option("seeds", "text", "seeds besides the article's 123", default="1,2,3,4", cli=_flags("baselines spread")),
@@ -445,6 +456,10 @@ class Settings:
     out: Path | None = None
     tiers: str = "cpu,converged,dist,sim"
     env_dir: Path | None = None
+    newest: bool = False
+    lock: Path | None = None
+    record: bool = False
+    accept: bool = False
     runs: int = 3
     seeds: str = "1,2,3,4"
     classes: str = "default"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from itertools import combinations
 
 from memclaims.core.errors import UsageError
@@ -434,8 +435,13 @@ def default_selection(pool: tuple[Technique, ...] | None = None) -> list[tuple[s
 
 
 def full_matrix(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ...]]:
-    pool = single_process() if pool is None else pool
-    return [canonical(c) for c in valid_combinations(pool)]
+    return list(_full_matrix(single_process() if pool is None else pool))
+
+
+@cache
+def _full_matrix(pool: tuple[Technique, ...]) -> tuple[tuple[str, ...], ...]:
+    # Cached: about 11,000 combinations, seconds to enumerate, asked by every pytest session's header.
+    return tuple(canonical(c) for c in valid_combinations(pool))
 
 
 # The named selections of technique combinations (pytest's --memclaims-matrix, ``memclaims

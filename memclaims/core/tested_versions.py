@@ -29,7 +29,7 @@ def table() -> dict[str, tuple[str, str]]:
     return {name: (entry["lowest"], entry["highest"]) for name, entry in data["packages"].items()}
 
 
-def _release(version: str) -> tuple[int, ...] | None:
+def release(version: str) -> tuple[int, ...] | None:
     """The release numbers of a version: ``2.15.0+cu128`` and ``2.15.0rc1`` are 2.15.0 (a local
     build or a candidate of a tested release is that release), ``2.16.0.dev20250101`` is 2.16.0."""
     found = re.match(r"\d+(?:\.\d+)*", version.strip())
@@ -43,13 +43,13 @@ def position(package: str, version: str | None) -> str:
     """Where ``version`` of ``package`` lies: inside, newer, older, or unknown (not installed, not
     a version number, or a package without a tested range)."""
     bounds = table().get(package)
-    release = _release(version) if version else None
-    if bounds is None or release is None:
+    numbers = release(version) if version else None
+    if bounds is None or numbers is None:
         return UNKNOWN
-    lowest, highest = (_release(bound) for bound in bounds)
-    if highest is not None and release > highest:
+    lowest, highest = (release(bound) for bound in bounds)
+    if highest is not None and numbers > highest:
         return NEWER
-    if lowest is not None and release < lowest:
+    if lowest is not None and numbers < lowest:
         return OLDER
     return INSIDE
 

@@ -112,7 +112,7 @@ def fsdp_strategy(recipe: Recipe, world: int | None = None) -> Any:
     )
 
 
-def strategy(recipe: Recipe, world: int | None = None) -> Any:
+def strategy(recipe: Recipe, world: int | None = None, device: str = "cuda") -> Any:
     """Lightning's strategy of a multi-device recipe, configured as the article's scripts do: FSDP as
     above (FSDP2: ``model_parallel_strategy``); ``"ddp"`` and ``"deepspeed_stage_2"`` by name, with Lightning's defaults (DDP: torch's 25 MiB
     buckets, ``gradient_as_bucket_view=False``; DeepSpeed: memclaims.sim.zero.LIGHTNING_DEFAULTS)."""
@@ -120,14 +120,34 @@ def strategy(recipe: Recipe, world: int | None = None) -> Any:
         return model_parallel_strategy(recipe, world)
     if recipe.sharded:
         return fsdp_strategy(recipe, world)
-    if recipe.strategy == "ddp" and recipe.workload.unused_parameters:
+    if recipe.strategy == "ddp":
         from lightning.fabric.strategies import DDPStrategy
 
-        # Only where the workload leaves parameters without gradients (BigBird's pooler): the script's
-        # plain "ddp" fails there at the second step ("Expected to have finished reduction in the prior
-        # iteration"); the search for them walks the autograd graph each step and allocates nothing.
-        return DDPStrategy(find_unused_parameters=True)
+        ddp: dict[str, Any] = {}
+        if recipe.workload.unused_parameters:
+            # Only where the workload leaves parameters without gradients (BigBird's pooler): the script's
+            # plain "ddp" fails there at the second step ("Expected to have finished reduction in the prior
+            # iteration"); the search for them walks the autograd graph each step and allocates nothing.
+            ddp["find_unused_parameters"] = True
+        if device == "cpu":
+            ddp["init_sync"] = False  # the ranks' states are broadcast by sync_module_states instead
+        return DDPStrategy(**ddp) if ddp else "ddp"
     return recipe.strategy
+
+
+def sync_module_states(module: Any) -> None:
+    """DDP's start on gloo (CPU ranks), made deterministic: every parameter and buffer broadcast from rank 0
+    in place, one tensor at a time, before ``DistributedDataParallel`` is built with ``init_sync=False``.
+
+    DDP's own sync (``_broadcast_coalesced``) flattens the states into one bucket, a parameter-sized copy
+    that the gloo worker thread frees after the broadcast completes; whether that happens before the main
+    thread allocates the reducer's gradient buckets is a race, so a rank's load peak was either 2x or 3x
+    its parameters (1 run in 9 failed its baseline by +50 %). In place, nothing is allocated: the load peak
+    is DDP's when the bucket is freed first (parameters and the reducer's buckets), on every run."""
+    import torch.distributed as dist
+
+    for tensor in (*module.parameters(), *module.buffers()):
+        dist.broadcast(tensor.data, src=0)
 
 
 def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
@@ -139,7 +159,7 @@ def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     environment = cluster_environment()
     fabric = Fabric(accelerator=options.device, devices=per_node, num_nodes=max(1, world // per_node),
-                    strategy=strategy(recipe, world), precision=cast(Any, recipe.precision),
+                    strategy=strategy(recipe, world, options.device), precision=cast(Any, recipe.precision),
                     plugins=[environment] if environment is not None else None)
     # The processes exist already (LOCAL_RANK is set): launch() only joins the group and picks
     # this rank's GPU.

@@ -57,7 +57,7 @@ MARKERS = {
     "dist": "several processes through torch.distributed (gloo on CPU, NCCL on GPU)",
     "slow": "takes more than a few seconds even at smoke scale",
     "requires": "requires(Needs | cuda_devices=N, bitsandbytes='cpu'|'cuda', packages=..., options=..., paths=..., "
-                "unsupported=...): skipped at collection, with every unmet need in one reason "
+                "torch_features=..., unsupported=...): skipped at collection, with every unmet need in one reason "
                 "(memclaims.recipes.requirements)",
 }
 

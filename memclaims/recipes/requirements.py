@@ -79,16 +79,19 @@ def _names(value: str | Iterable[str]) -> frozenset[str]:
 
 def needs(cuda_devices: int = 0, bitsandbytes: str | Iterable[str] = (), packages: str | Iterable[str] = (),
           options: str | Iterable[str] = (), paths: str | Iterable[str] = (),
-          unsupported: str | Iterable[str] = ()) -> Needs:
+          unsupported: str | Iterable[str] = (), torch_features: str | Iterable[str] = ()) -> Needs:
     """A :class:`Needs` from the ``requires`` marker's keywords; strings stand for one item."""
     devices = _names(bitsandbytes)
     if not devices <= set(DEVICES):
         raise UsageError(f"requires(bitsandbytes=...) takes devices {', '.join(DEVICES)}; got {sorted(devices)}")
+    features = _names(torch_features)
+    if not features <= TORCH_FEATURES:
+        raise UsageError(f"requires(torch_features=...) takes {', '.join(sorted(TORCH_FEATURES))}; got {sorted(features)}")
     if cuda_devices < 0:
         raise UsageError(f"requires(cuda_devices=...) must be 0 or more, got {cuda_devices}")
     reasons = (unsupported,) if isinstance(unsupported, str) else tuple(unsupported)
     return Needs(cuda_devices=cuda_devices, bitsandbytes=devices, packages=_names(packages),
-                 options=_names(options), paths=_names(paths), unsupported=reasons)
+                 options=_names(options), paths=_names(paths), unsupported=reasons, torch_features=features)
 
 
 # --- what a recipe needs ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from memclaims.baselines.compare import INFO, MISSING, NEW, OK, REGRESSION, STALE, Comparison, fmt_short
 from memclaims.baselines.store import BaselineStore
+from memclaims.core import tested_versions
 from memclaims.core.errors import MemclaimsError, UsageError
 from memclaims.core.record import VERSIONED_PACKAGES, Record
 
@@ -44,12 +45,14 @@ class Spec:
 
 
 def parse_specs(texts: Sequence[str]) -> list[Spec]:
-    """``torch==2.15.0`` ... as requirements; a malformed one is a usage error naming it."""
+    """``torch==2.15.0`` ... as requirements (a bare ``torch``: its newest release); a malformed one is a
+    usage error naming it."""
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 
     if not texts:
-        raise UsageError("memclaims upgrade needs at least one SPEC, e.g. torch==2.15.0")
+        raise UsageError("memclaims upgrade needs at least one SPEC, e.g. torch==2.15.0 (or torch: its newest "
+                         "release), or --newest")
     specs = []
     for text in texts:
         try:
@@ -57,10 +60,16 @@ def parse_specs(texts: Sequence[str]) -> list[Spec]:
         except InvalidRequirement as error:
             raise UsageError(f"upgrade SPEC {text!r} is not a requirement ({str(error).splitlines()[0]}); "
                              "write e.g. torch==2.15.0") from None
-        if not requirement.specifier:
-            raise UsageError(f"upgrade SPEC {text!r} names no version; write e.g. {requirement.name}==X.Y.Z")
+        if requirement.extras or requirement.url or requirement.marker:
+            raise UsageError(f"upgrade SPEC {text!r}: give a package and its versions only, e.g. "
+                             f"{requirement.name}==X.Y.Z (or {requirement.name} alone: its newest release)")
         specs.append(Spec(text, canonicalize_name(requirement.name)))
     return specs
+
+
+def newest(names: Sequence[str] = tested_versions.PACKAGES) -> list[Spec]:
+    """A bare spec per package: its newest release that installs beside the rest (uv resolves it)."""
+    return [Spec(name, name) for name in names]
 
 
 def requirements(specs: Sequence[Spec]) -> list[str]:
@@ -190,8 +199,17 @@ class Report:
     """What moved: every comparison, and the cases the candidate could not run."""
 
     comparisons: list[tuple[str, Comparison]] = field(default_factory=list)  # (tier, comparison)
-    not_run: list[tuple[str, str, str]] = field(default_factory=list)  # (tier, recipe, why)
+    not_run: list[tuple[str, str, str]] = field(default_factory=list)  # (tier, recipe, why): skipped here
+    errors: list[tuple[str, str, str]] = field(default_factory=list)  # (tier, recipe, error): failed to run
     no_baseline: list[tuple[str, str]] = field(default_factory=list)  # (tier, baseline key)
+    stack: dict[str, str | None] = field(default_factory=dict)  # the tested packages the candidate ran
+    # The locked releases it changed: package -> (locked, candidate); empty without --lock.
+    lock_change: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """Every case ran or was skipped with its reason, and no number got worse than its baseline."""
+        return not self.regressions and not self.errors and bool(self.comparisons)
 
     @property
     def regressions(self) -> list[dict[str, Any]]:
@@ -225,7 +243,9 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {"regressions": self.regressions, "improvements": self.improvements, "counts": self.counts(),
+                "stack": self.stack, "lock_change": {p: list(v) for p, v in self.lock_change.items()},
                 "not_run": [{"tier": t, "recipe": r, "why": w} for t, r, w in self.not_run],
+                "errors": [{"tier": t, "recipe": r, "error": e} for t, r, e in self.errors],
                 "no_baseline": [{"tier": t, "key": k} for t, k in self.no_baseline],
                 "comparisons": [dict(row, tier=tier) for tier, c in self.comparisons for row in c.rows()]}
 
@@ -247,10 +267,13 @@ def judge_file(path: Path, store: BaselineStore, rerun: Callable[[str, str, int]
         entry = json.loads(line) if line.strip() else {}
         tier = str(entry.get("tier", ""))
         if "record" not in entry:
-            if entry:
-                report.not_run.append((tier, str(entry.get("recipe")), str(entry.get("skipped") or entry.get("error"))))
+            if entry.get("error"):
+                report.errors.append((tier, str(entry.get("recipe")), str(entry["error"])))
+            elif entry:
+                report.not_run.append((tier, str(entry.get("recipe")), str(entry.get("skipped"))))
             continue
         record = Record.from_dict(entry["record"])
+        report.stack = report.stack or {p: record.versions.get(p) for p in tested_versions.PACKAGES}
         profile = record.probe.partition(":")[2] or None if record.device == "sim" else None
         found = store.find(record, profile)
         if found is None:
@@ -268,6 +291,10 @@ def markdown(report: Report, specs: Sequence[Spec]) -> str:
     """upgrade.md: regressions first, then improvements (stale baselines), then what did not move."""
     title = " ".join(s.text for s in specs)
     lines = [f"# memclaims upgrade {title}", ""]
+    if report.stack:
+        lines += ["Candidate stack: " + ", ".join(f"{p} {v or 'not installed'}" for p, v in report.stack.items()), ""]
+    if report.lock_change:
+        lines += ["Against the lock: " + ", ".join(f"{p} {a} -> {b}" for p, (a, b) in report.lock_change.items()), ""]
     for heading, rows, empty in (("Regressions", report.regressions, "none"),
                                  ("Improvements (stale baselines: refresh with --update-baselines)",
                                   report.improvements, "none")):
@@ -287,29 +314,42 @@ def markdown(report: Report, specs: Sequence[Spec]) -> str:
     for tier, c in sorted(report.counts().items()):
         lines.append(f"| {tier} | {c['cases']} | {c['numbers']} | {c['unchanged']} | {c['within_tolerance']} | "
                      f"{c['reported']} |")
-    if report.not_run or report.no_baseline:
+    if report.not_run or report.no_baseline or report.errors:
         lines += ["", "## Not compared", ""]
+        lines += [f"- {t}:{r}: failed: {error}" for t, r, error in report.errors]
         lines += [f"- {t}:{r}: {why}" for t, r, why in report.not_run]
         lines += [f"- {t}:{k}: no committed baseline" for t, k in report.no_baseline]
     return "\n".join(lines) + "\n"
 
 
 def upgrade(specs: Sequence[Spec], out: Path, store: BaselineStore, *, builder: Builder | None = None,
-            tiers: Sequence[str] = DEFAULT_TIERS, env_dir: Path | None = None,
+            tiers: Sequence[str] = DEFAULT_TIERS, env_dir: Path | None = None, lock_file: Path | None = None,
             progress: Callable[[str], None] = lambda text: None) -> Report:
     """Build the candidate, measure it, judge it; writes upgrade.md, upgrade.json and records.jsonl
-    in ``out``."""
+    in ``out``. ``lock_file``: the candidate is that lock with the specs applied (``out/lock.txt``,
+    memclaims.report.lock), not the specs beside this environment's releases."""
+    from memclaims.report import lock
+
     out.mkdir(parents=True, exist_ok=True)
     builder = builder or UvBuilder(progress)
+    lock_change: dict[str, tuple[str, str]] = {}
+    if lock_file is not None:
+        progress(f"compiling the candidate's lock from {lock_file} with {' '.join(s.text for s in specs)}")
+        candidate_lock = lock.compile_candidate(lock_file, [s.text for s in specs], out / "lock.txt", _uv())
+        lock_change = lock.changed(lock.pins(lock_file), lock.pins(candidate_lock), (*tested_versions.PACKAGES, "peft"))
+        packages = ["--requirement", str(candidate_lock)]
+    else:
+        packages = requirements(specs)
     with tempfile.TemporaryDirectory(prefix="memclaims-upgrade-") as scratch:
         folder = env_dir or Path(scratch) / "env"
-        python = builder.build(folder, requirements(specs), [s.text for s in specs])
+        python = builder.build(folder, packages, [s.text for s in specs])
         worker = Worker(python, package_copy(Path(scratch) / "code"))
         records = out / "records.jsonl"
         progress(f"measuring {', '.join(tiers)} in {folder}")
         worker.run(records, tiers)
         report = judge_file(records, store, lambda tier, recipe, seed: worker.accuracy_at(tier, recipe, seed,
                                                                                            Path(scratch)))
+    report.lock_change = lock_change
     (out / "upgrade.md").write_text(markdown(report, specs), encoding="utf-8")
     (out / "upgrade.json").write_text(json.dumps({"specs": [s.text for s in specs], **report.as_dict()}, indent=2,
                                                  sort_keys=True, default=str) + "\n", encoding="utf-8")
@@ -322,7 +362,24 @@ def summary_lines(report: Report) -> list[str]:
              f"{fmt_short(r['metric'], r['now'])} ({r['change']}) [{r['changed']}]" for r in report.regressions]
     lines += [f"improved: {r['case']} {r['metric']} {fmt_short(r['metric'], r['baseline'])} -> "
               f"{fmt_short(r['metric'], r['now'])} ({r['change']}) [{r['changed']}]" for r in report.improvements]
+    lines += [f"failed: {t}:{r}: {error}" for t, r, error in report.errors]
+    if report.lock_change:
+        lines.append("against the lock: " + ", ".join(f"{p} {a} -> {b}" for p, (a, b) in report.lock_change.items()))
     for tier, c in sorted(report.counts().items()):
         lines.append(f"{tier}: {c['cases']} cases, {c['numbers']} numbers: {c['unchanged']} unchanged, "
                      f"{c['within_tolerance']} within tolerance, {c['reported']} reported only")
     return lines
+
+
+def moved(report: Report) -> str:
+    """What the candidate moved, in one sentence for the tested-release record."""
+    counts = report.counts()
+    numbers = sum(c["numbers"] for c in counts.values())
+    unchanged = sum(c["unchanged"] for c in counts.values())
+    within = sum(c["within_tolerance"] for c in counts.values())
+    tiers = ", ".join(f"{tier} {c['cases']}" for tier, c in sorted(counts.items()))
+    worse = "; ".join(f"{r['case']} {r['metric']} {r['change']}" for r in report.regressions[:5]) or "none"
+    better = "; ".join(f"{r['case']} {r['metric']} {r['change']}" for r in report.improvements[:5]) or "none"
+    return (f"cases compared per tier: {tiers}; {numbers} numbers: {unchanged} exactly unchanged, {within} moved "
+            f"within tolerance; regressions: {worse}; improvements past tolerance: {better}; "
+            f"{len(report.not_run)} cases skipped with their reason, {len(report.errors)} failed")

@@ -90,6 +90,17 @@ def test_ddp_looks_for_unused_parameters_only_where_the_workload_has_them() -> N
     assert lightning_fsdp.strategy(resolve("vit", "smoke", ["ddp"])) == "ddp"
 
 
+def test_ddp_on_cpu_ranks_syncs_its_states_in_place_not_in_a_bucket() -> None:
+    """On gloo, DDP's bucketed init sync leaves a parameter-sized copy for gloo's thread to free, racing the
+    reducer's buckets; CPU ranks turn it off and broadcast each state in place (sync_module_states)."""
+    from lightning.fabric.strategies import DDPStrategy
+
+    vit = lightning_fsdp.strategy(resolve("vit", "smoke", ["ddp"]), 2, "cpu")
+    bigbird = lightning_fsdp.strategy(resolve("bigbird", "smoke", ["ddp"]), 2, "cpu")
+    assert isinstance(vit, DDPStrategy) and vit._ddp_kwargs == {"init_sync": False}
+    assert bigbird._ddp_kwargs == {"find_unused_parameters": True, "init_sync": False}
+
+
 def test_zero2_partitions_master_state_and_gradients_over_the_ranks() -> None:
     """The sim's stored rank of bonus_distilbert-before (ZeRO-2, 4 ranks) holds 1/4 of the fp32 master,
     Adam state and gradients; a rank holding the whole of either is named as not partitioned."""

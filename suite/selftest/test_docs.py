@@ -104,3 +104,13 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     page = (tmp_path / "site" / "own-model" / "index.html").read_text()
     assert "mywork/workload.py" in page  # the README's example, included (one place for it)
+
+
+def test_ci_installs_the_readmes_set_up_and_runs_its_test_command() -> None:
+    """The README's one install line and its first test command are what .ci/run does (no second recipe)."""
+    readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
+    install = re.search(r"pip install -e \"\.\[test\]\" -c (\S+)", readme)
+    assert install and f'-c {install.group(1)} -e ".[test,docs]"' in ci and (ROOT / install.group(1)).is_file()
+    tests = readme[readme.index("## Tests"):]
+    command = re.search(r"^(pytest [^#\n]*?)\s+#", tests, re.M)
+    assert command and any(line.strip().startswith(command.group(1)) for line in ci.splitlines()), command

@@ -39,7 +39,8 @@ def test_a_working_stack_passes_the_preflight() -> None:
     assert preflight.problems() == []
 
 
-def test_the_preflight_runs_each_packages_operation_not_a_version_table(fresh_stack: None,
+@pytest.mark.reads_versions
+def test_the_preflight_runs_each_packages_operation_not_a_version_table(fresh_stack: None, installed_stack: object,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A torchvision that imports but whose operator fails is named, with its version and error;
     its version number alone decides nothing (any number passes when the operator works)."""

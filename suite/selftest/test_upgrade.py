@@ -4,33 +4,32 @@ and a candidate's Records judged against baselines into upgrade.md / upgrade.jso
 from __future__ import annotations
 
 import json
-import stat
-from collections.abc import Sequence
+import re
 from pathlib import Path
 
 import pytest
 
+from fixtures.candidates import CANDIDATE, FakeBuilder
 from memclaims.baselines.store import BaselineStore
 from memclaims.core.errors import UsageError
 from memclaims.core.record import Record
 from memclaims.pytest.testing import FAKE_PEAK, FAKE_VERSIONS, fake_record
 from memclaims.report import upgrade
 
-CANDIDATE = {**FAKE_VERSIONS, "torch": "2.15.0", "torchvision": "0.29.2"}
-
 
 @pytest.mark.parametrize(("specs", "problem"), [
-    ([], "needs at least one SPEC, e.g. torch==2.15.0"),
+    ([], "needs at least one SPEC, e.g. torch==2.15.0 (or torch: its newest release), or --newest"),
     (["torch>>2"], "upgrade SPEC 'torch>>2' is not a requirement"),
-    (["torch"], "upgrade SPEC 'torch' names no version; write e.g. torch==X.Y.Z"),
+    (["torch[opt-einsum]==2.15.0"], "upgrade SPEC 'torch[opt-einsum]==2.15.0': give a package and its versions only"),
 ])
 def test_bad_specs_are_one_line(specs: list[str], problem: str) -> None:
-    with pytest.raises(UsageError, match=problem.replace("(", r"\(")) as caught:
+    with pytest.raises(UsageError, match=re.escape(problem)) as caught:
         upgrade.parse_specs(specs)
     assert "\n" not in str(caught.value)
 
 
-def test_only_what_the_specs_name_changes() -> None:
+@pytest.mark.reads_versions
+def test_only_what_the_specs_name_changes(installed_stack: object) -> None:
     from importlib import metadata
 
     wanted = upgrade.requirements(upgrade.parse_specs(["torch==2.15.0"]))
@@ -54,29 +53,6 @@ def test_only_what_the_specs_name_changes() -> None:
 def test_uvs_failures_are_one_line(output: str, expected: str) -> None:
     line = upgrade.explain_install_failure(output, ["torch==9.9.9"])
     assert line.startswith(expected) and "\n" not in line
-
-
-class FakeBuilder:
-    """An "environment" whose python answers the worker's command line with prepared Records."""
-
-    def __init__(self, lines: list[dict[str, object]], reseeded: float) -> None:
-        self.lines, self.reseeded = lines, reseeded
-        self.asked: list[Sequence[str]] = []
-
-    def build(self, folder: Path, packages: Sequence[str], specs: Sequence[str] = ()) -> Path:
-        self.asked.append(packages)
-        folder.mkdir(parents=True, exist_ok=True)
-        prepared = folder / "records.jsonl"
-        prepared.write_text("".join(json.dumps(line) + "\n" for line in self.lines))
-        seeded = folder / "seeded.jsonl"
-        seeded.write_text(json.dumps({"tier": "converged", "recipe": "vit-converged/fabric", "record": fake_record(
-            "vit-converged/fabric", accuracy=self.reseeded, versions=CANDIDATE).to_dict()}) + "\n")
-        python = folder / "python"
-        # argv: -m memclaims.report.candidate --out FILE --tiers T [--only R --seed S]
-        python.write_text(f'#!/bin/sh\nif echo "$@" | grep -q -- --seed; then cp {seeded} "$4"; '
-                          f'else cp {prepared} "$4"; fi\n')
-        python.chmod(python.stat().st_mode | stat.S_IEXEC)
-        return python
 
 
 def _line(tier: str, record: Record) -> dict[str, object]:
@@ -143,9 +119,12 @@ def test_the_command_line_exits_1_on_a_regression_and_2_on_a_bad_spec(tmp_path: 
     common = ["--out", str(tmp_path / "out"), "--baselines-dir", str(tmp_path / "baselines")]
     assert main(["upgrade", "torch==2.15.0", *common]) == 1
     assert "regression: cpu:vit-smoke/a peak_allocated_bytes" in capsys.readouterr().out
-    assert main(["upgrade", "torch", *common]) == 2
+    assert main(["upgrade", "torch>>2", *common]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: upgrade SPEC 'torch>>2' is not a "
+                                                                        "requirement")
+    assert main(["upgrade", "torch==2.15.0", "--accept", *common]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "error: upgrade SPEC 'torch' names no version; write e.g. torch==X.Y.Z"]
+        "error: --accept bumps a lock: give it with --lock FILE (e.g. --lock locks/ci.txt)"]
     assert main(["upgrade", "torch==2.15.0", "--tiers", "gpu", *common]) == 2
 
 
