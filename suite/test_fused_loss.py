@@ -45,6 +45,7 @@ def test_workloads_without_a_plain_vocabulary_projection_are_refused(workload: s
         resolve(workload, "smoke", FUSED)
 
 
+@pytest.mark.requires(torch_features="linear_cross_entropy")
 @pytest.mark.parametrize("tier", [pytest.param("cpu", marks=pytest.mark.cpu), pytest.param("sim", marks=pytest.mark.sim)])
 def test_fused_loss_is_active_and_matches_its_baseline(tier, record_cache, baseline_check, record_property) -> None:
     recipe = resolve(GPT2, "smoke" if tier == "cpu" else "article", FUSED)
