@@ -128,7 +128,7 @@ def test_sim_head_left_in_the_forward_is_caught(record_cache, monkeypatch) -> No
 @pytest.mark.slow  # trains GPT-2 smoke once more (about 4 s on 2 cores); the nightly checks it
 def test_cpu_head_left_in_the_forward_is_caught(monkeypatch) -> None:
     from memclaims.measure.runner import run
-    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.run_options import RunOptions
 
     inject_head_not_bypassed(monkeypatch)
     recipe = resolve(GPT2, "smoke", FUSED)

@@ -92,7 +92,7 @@ def test_qlora_is_active_and_matches_its_baseline(record_cache, baseline_check, 
 def test_qlora_whose_base_is_not_quantized_is_caught(monkeypatch) -> None:
     from memclaims.measure import lora
     from memclaims.measure.runner import run
-    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.run_options import RunOptions
 
     monkeypatch.setattr(lora, "quantize", lambda model, workload, device: model)  # the base stays in fp32
     recipe = resolve("distilbert", "smoke", QLORA)

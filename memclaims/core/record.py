@@ -196,7 +196,7 @@ class Record:
     breakdown: dict[str, int] = field(default_factory=dict)  # by category, at the training peak
     memory_losses: list[float | None] = field(default_factory=list)  # null once diverged
     notes: list[str] = field(default_factory=list)
-    # What the accuracy phase ran (memclaims.recipes.options.accuracy_schedule): kind "epochs" or "steps",
+    # What the accuracy phase ran (memclaims.recipes.run_options.accuracy_schedule): kind "epochs" or "steps",
     # epochs / optimizer_steps, and the test examples it scored; empty when not evaluated.
     accuracy_schedule: dict[str, Any] = field(default_factory=dict)
     # After each epoch of the accuracy phase, where the run was asked for it (RunOptions.evaluate_each_epoch):

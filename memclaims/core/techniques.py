@@ -55,7 +55,7 @@ class Technique:
     # The technique whose computation this one repeats exactly (the same kernels on the same data;
     # only where memory lives differs): the reference for an allocator setting, adamw8bit for its paged
     # variant. A recipe of such techniques alone trains no accuracy phase: its accuracy is the one of
-    # the recipe with these in their place (memclaims.recipes.options.evaluates). None: its own numerics.
+    # the recipe with these in their place (memclaims.recipes.run_options.evaluates). None: its own numerics.
     computes_as: str | None = None
     # peft's LoRA adapters (issue #27): base weights frozen, only the adapters and the head trained.
     lora: bool = False

@@ -18,7 +18,7 @@ from torch import nn
 
 from memclaims.core.errors import UsageError
 from memclaims.measure import launcher
-from memclaims.recipes.options import RunOptions, default_devices
+from memclaims.recipes.run_options import RunOptions, default_devices
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe

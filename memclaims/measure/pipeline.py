@@ -4,7 +4,7 @@ An engine says what differs between the ways a recipe runs (Lightning Fabric on 
 a CUDA FSDP rank in ``memclaims.measure.runner``, FSDP2 on CPU ranks in ``memclaims.measure.distributed``): how
 the model is built and set up, how a loss is computed and back-propagated, how accuracy is read.
 Everything around it happens here, once, in the same order for every engine, because the order
-decides what the probes see. ``memclaims.run.measure`` chooses the engine.
+decides what the probes see. ``memclaims.run.run_recipe`` chooses the engine.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from memclaims.measure.host import HostSteps
 from memclaims.measure.loop import TrainingLoop
 from memclaims.measure.offload import ActivationOffload
 from memclaims.measure.record_builder import TOP_PHASES, build_record
-from memclaims.recipes.options import RunOptions, accuracy_schedule, evaluates
+from memclaims.recipes.run_options import RunOptions, accuracy_schedule, evaluates
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe

@@ -25,7 +25,7 @@ from memclaims.measure import checkpointing, evaluation, pipeline
 from memclaims.measure import probes as probe_module
 from memclaims.measure.fused_loss import FusedLoss
 from memclaims.measure.record_builder import failed_phase
-from memclaims.recipes.options import RunOptions, check_device, resolve_memory_steps
+from memclaims.recipes.run_options import RunOptions, check_device, resolve_memory_steps
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -188,7 +188,7 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
     check_device(options.device)
     if recipe.sharded and options.device == "cpu":
         # Lightning refuses FSDP on the CPU; memclaims.measure.distributed shards with FSDP2 over gloo.
-        raise UsageError(f"{recipe.id} is sharded: run it with memclaims.run.measure")
+        raise UsageError(f"{recipe.id} is sharded: run it with memclaims.run.run_recipe")
     memory_steps = resolve_memory_steps(recipe, options)
     probe = probe or probe_module.make_probe(options.device)
     matmul_precision, threads = torch.get_float32_matmul_precision(), torch.get_num_threads()

@@ -50,7 +50,7 @@ from memclaims.measure.lora import parameter_fields as lora_fields
 from memclaims.measure.probes import PhaseRecorder, Reading
 from memclaims.measure.record_builder import SIM_PHASES, build_record, failed_phase
 from memclaims.measure.tensors import optimizer_state_tensors
-from memclaims.recipes.options import memory_steps as resolve_steps
+from memclaims.recipes.run_options import memory_steps as resolve_steps
 from memclaims.sim.allocator import CachingAllocator, DeviceFull, TraceEvent
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.fake_build import naming_the_module, same_mode_copies

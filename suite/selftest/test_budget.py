@@ -8,8 +8,8 @@ import pytest
 
 from memclaims.core import techniques as registry
 from memclaims.measure.runner import run
-from memclaims.recipes.options import RunOptions, accuracy_schedule
 from memclaims.recipes.recipe import for_workload, resolve
+from memclaims.recipes.run_options import RunOptions, accuracy_schedule
 from memclaims.report import budget
 
 

@@ -8,8 +8,8 @@ import torch
 
 from memclaims import sim
 from memclaims.measure.runner import run
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Sizes, resolve
+from memclaims.recipes.run_options import RunOptions
 from memclaims.sim.autocast import cuda_autocast
 
 pytestmark = pytest.mark.sim

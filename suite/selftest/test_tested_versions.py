@@ -56,11 +56,11 @@ def test_the_header_says_which_releases_run_and_where_they_lie() -> None:
 
 
 def test_a_record_says_where_its_releases_lie_and_old_records_still_load() -> None:
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
-    (record,) = measure(resolve("vit", "smoke", ("sgd",)), RunOptions(device="sim", evaluate=False, memory_steps=1))
+    (record,) = run_recipe(resolve("vit", "smoke", ("sgd",)), RunOptions(device="sim", evaluate=False, memory_steps=1))
     assert record.versions_tested == tested_versions.classify(record.versions)
     assert set(record.versions_tested) == set(tested_versions.PACKAGES)
     assert Record.from_dict(record.to_dict()).versions_tested == record.versions_tested
