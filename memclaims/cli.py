@@ -19,10 +19,10 @@ from typing import Any, NoReturn
 
 from memclaims.claims import catalogue as claim_registry
 from memclaims.core import settings as table
-from memclaims.core import techniques as registry
 from memclaims.core.errors import MemclaimsError, OutOfMemory, UsageError
 from memclaims.core.settings import Settings
 from memclaims.recipes.named import NAMED_RECIPES
+from memclaims.techniques import registry
 from memclaims.workloads.registry import WORKLOADS
 
 EXIT_FAILED_RUN = 1

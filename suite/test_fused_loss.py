@@ -148,7 +148,7 @@ def test_the_sim_adds_the_ops_cuda_scratch(dtype, buffers, monkeypatch) -> None:
     tensors, as the sim runs it: there only the fake's outputs and the sim's own scratch are made."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memclaims.sim.fused_loss import SimulatedFusedLoss
+    from memclaims.sim.fused_loss_replay import SimulatedFusedLoss
 
     made: set[tuple[tuple[int, ...], torch.dtype]] = set()
     real_empty = torch.empty

@@ -29,10 +29,10 @@ from memclaims.claims.accuracy import BY_CLAIM as ACCURACY_PAIRS
 from memclaims.claims.accuracy import AccuracyPair
 from memclaims.claims.lookup import Key, Lookup, Techniques, Variant
 from memclaims.core import published
-from memclaims.core import techniques as registry
 from memclaims.core.names import CONVERGED
 from memclaims.core.record import ACTIVATIONS, BUFFERS, CATEGORIES, OPTIMIZER_STATE, Record
 from memclaims.recipes.run_options import LOAD_RECIPES
+from memclaims.techniques import registry
 
 # Accuracy at article scale (gpu): the article's own spread over its chain (95.85-97.34 %).
 ARTICLE_ACCURACY_TOLERANCE = 0.02

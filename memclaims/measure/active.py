@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
-from memclaims.core.techniques import shard_group_size, technique
 from memclaims.measure.optimizers import PAGED_MIN_NUMEL
+from memclaims.techniques.registry import shard_group_size, technique
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -130,7 +130,7 @@ def _zero2_partitioned(record: Record, say: Callable[[str, str], None]) -> None:
 
 
 # FSDP per rank: parameters, gradients and (Adam's) optimizer state are 1/G of the model's, G the ranks that
-# share one copy (memclaims.core.techniques.shard_group_size: N, 1 for NO_SHARD, one simulated node's for
+# share one copy (memclaims.techniques.registry.shard_group_size: N, 1 for NO_SHARD, one simulated node's for
 # HYBRID_SHARD). Padding adds to it: FSDP2 pads each parameter's dim 0 to a multiple of G (the smoke ViT:
 # +1.4 % over 2 ranks, +9.1 % over 4: 21,420 B for 19,626 B), FSDP1 each flat parameter by under G elements.
 # 25 % covers the padding and stays far from the factor 2 between one strategy's share and the next's.

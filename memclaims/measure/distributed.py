@@ -32,7 +32,6 @@ from torch import nn
 from memclaims.core.errors import UsageError
 from memclaims.core.precision import PRECISIONS, precision
 from memclaims.core.record import Record, device_name
-from memclaims.core.techniques import HYBRID_NODES, reshard_after_forward, shard_group_size
 from memclaims.measure import launcher, pipeline
 from memclaims.measure.probes import CpuProbe
 from memclaims.recipes.recipe import parse_id
@@ -44,6 +43,7 @@ from memclaims.recipes.run_options import (
     default_devices,
     resolve_memory_steps,
 )
+from memclaims.techniques.registry import HYBRID_NODES, reshard_after_forward, shard_group_size
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe

@@ -20,12 +20,12 @@ from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.names import CONVERGED
 from memclaims.core.precision import PRECISIONS, precision
 from memclaims.core.record import Record, device_name
-from memclaims.core.techniques import FP32
 from memclaims.measure import checkpointing, evaluation, pipeline
 from memclaims.measure import probes as probe_module
 from memclaims.measure.fused_loss import FusedLoss
 from memclaims.measure.record_builder import failed_phase
 from memclaims.recipes.run_options import RunOptions, check_device, resolve_memory_steps
+from memclaims.techniques.registry import FP32
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe

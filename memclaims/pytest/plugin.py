@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from memclaims.core import techniques as registry
 from memclaims.core import tested_versions
 from memclaims.core.machine import Machine
 from memclaims.core.names import DATA_DIR_ENV, Tier
@@ -35,6 +34,7 @@ from memclaims.core.settings import BY_NAME as OPTION_BY_NAME
 from memclaims.core.settings import OPTIONS, BadValue, Option, Settings, parse, settings_from
 from memclaims.pytest.addoption import SELECTIONS, pytest_addoption  # noqa: F401 - the hook, registered here
 from memclaims.recipes import requirements
+from memclaims.techniques import registry
 
 if TYPE_CHECKING:
     from memclaims.baselines.compare import Summary

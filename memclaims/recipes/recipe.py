@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from memclaims.core import techniques as registry
 from memclaims.core.errors import UsageError
+from memclaims.techniques import registry
 from memclaims.workloads.registry import workload as find_workload
 from memclaims.workloads.types import Scale, Workload
 

@@ -26,7 +26,6 @@ from typing import Any
 
 from memclaims.claims import accuracy
 from memclaims.core import progress
-from memclaims.core import techniques as registry
 from memclaims.core.errors import MemclaimsError
 from memclaims.core.names import CONVERGED
 from memclaims.recipes import requirements
@@ -34,6 +33,7 @@ from memclaims.recipes.recipe import Recipe, for_workload, resolve
 from memclaims.recipes.run_options import RunOptions
 from memclaims.run import case_needs
 from memclaims.run import needs as run_needs
+from memclaims.techniques import registry
 
 TIERS = ("cpu", "converged", "dist", "sim", "sim-current")
 CHAIN = registry.CHAIN

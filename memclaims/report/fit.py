@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from memclaims.core import progress as progress_bar
-from memclaims.core import techniques as registry
 from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
 from memclaims.recipes.recipe import Recipe, Sizes, resolve
 from memclaims.recipes.run_options import RunOptions
 from memclaims.run import check, run_recipe
+from memclaims.techniques import registry
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}

@@ -42,7 +42,6 @@ from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.precision import precision as precision_spec
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record
-from memclaims.core.techniques import reshard_after_forward
 from memclaims.measure import checkpointing, optimizers
 from memclaims.measure.fused_loss import apply as bypass_head
 from memclaims.measure.loop import TrainingLoop
@@ -54,13 +53,14 @@ from memclaims.recipes.run_options import memory_steps as resolve_steps
 from memclaims.sim.allocator import CachingAllocator, DeviceFull, TraceEvent
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.fake_build import naming_the_module, same_mode_copies
-from memclaims.sim.fused_loss import SimulatedFusedLoss
-from memclaims.sim.lora import apply as adapt
-from memclaims.sim.offload import SimulatedOffload
+from memclaims.sim.fused_loss_replay import SimulatedFusedLoss
+from memclaims.sim.lora_replay import apply as adapt
+from memclaims.sim.offload_replay import SimulatedOffload
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
+from memclaims.techniques.registry import reshard_after_forward
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -753,7 +753,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
     shard_dtype = PRECISIONS[recipe.precision].param_dtype
     if recipe.fsdp2:
         # ModelParallelStrategy with memclaims' parallelize_fn: no MixedPrecisionPolicy, every collective in the
-        # parameters' dtype; reshard_after_forward is the recipe's (memclaims.core.techniques.reshard_after_forward).
+        # parameters' dtype; reshard_after_forward is the recipe's (memclaims.techniques.registry.reshard_after_forward).
         param_dtype = reduce_dtype = shard_dtype
         notes.append(f"FSDP2 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): {sharded.FSDP2_NOTE}; "
                      f"reshard_after_forward={reshard_after_forward(recipe.sharding)} on each block (the root: "

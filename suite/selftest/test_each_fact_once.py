@@ -1,13 +1,13 @@
 """Facts defined once (issue #25, item 5), with a check where a copy could creep back: the memory
-categories are core.record's constants, and the article's chain is core.techniques.CHAIN."""
+categories are core.record's constants, and the article's chain is techniques.registry.CHAIN."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from memclaims.core import techniques as registry
 from memclaims.core.record import CATEGORIES
+from memclaims.techniques import registry
 
 PACKAGE = Path(__file__).resolve().parents[2] / "memclaims"
 
@@ -42,7 +42,7 @@ def test_only_core_composes_the_article_chain() -> None:
     found = {name: [f"{n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
                     if isinstance(n, ast.Starred) and "ARTICLE_CHAIN" in ast.unparse(n)]
              for name, tree in _modules_outside_core()}
-    assert {name: hits for name, hits in found.items() if hits} == {}, "import core.techniques.CHAIN"
+    assert {name: hits for name, hits in found.items() if hits} == {}, "import techniques.registry.CHAIN"
     assert registry.CHAIN == ((registry.REFERENCE,), *registry.ARTICLE_CHAIN)
 
 

@@ -13,7 +13,7 @@ from memclaims.core.errors import UsageError
 from memclaims.measure import active, lora
 from memclaims.pytest.testing import fake_record
 from memclaims.recipes.recipe import resolve
-from memclaims.sim.lora import _fake_to
+from memclaims.sim.lora_replay import _fake_to
 from memclaims.workloads.registry import workload
 from memclaims.workloads.types import LoraTargets
 

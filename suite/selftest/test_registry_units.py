@@ -8,8 +8,8 @@ from itertools import chain, combinations
 
 import pytest
 
-from memclaims.core import techniques as registry
 from memclaims.core.errors import UsageError
+from memclaims.techniques import registry
 
 T = registry.BY_NAME
 
