@@ -48,9 +48,10 @@ def runs_ranks(recipe: Recipe, options: RunOptions) -> bool:
 def run_recipe(recipe: Recipe, options: RunOptions) -> Measurement:
     if options.device == "sim":
         return _simulate(recipe, options)
-    if recipe.expandable_segments and options.device == "cpu":
-        raise UsageError(f"{recipe.id}: expandable-segments is a setting of the CUDA caching allocator, which the "
-                         "CPU has none of; run it with --device cuda, or --device sim for the allocator model's prediction")
+    for hooks in recipe.hooks:  # a technique the device cannot run (expandable-segments on the CPU)
+        refused = hooks.refusal(recipe, options)
+        if refused:
+            raise UsageError(refused)
     asked = [name for name, default in SIM_ONLY.items() if getattr(options, name) != default]
     if asked:
         raise UsageError(f"{', '.join(asked)}: the sim's options (--device sim); {options.device} measures a real run")

@@ -14,12 +14,13 @@ import pytest
 
 from memclaims.baselines.compare import compare
 from memclaims.core.errors import UsageError
-from memclaims.measure import active, allocator_setting
+from memclaims.measure import active
 from memclaims.pytest.records import RecordCache
 from memclaims.recipes.recipe import resolve
 from memclaims.recipes.run_options import RunOptions, evaluates
 from memclaims.run import run_recipe
 from memclaims.sim import replay, simulate
+from memclaims.techniques.impl import cuda_allocator_setting as allocator_setting
 
 EXPANDABLE = ("expandable-segments",)
 

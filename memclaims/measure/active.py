@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
-from memclaims.measure.optimizers import PAGED_MIN_NUMEL
 from memclaims.techniques.registry import shard_group_size, technique
 
 if TYPE_CHECKING:
@@ -37,6 +36,9 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
     def say(technique: str, text: str) -> None:
         found.append(f"{record.recipe}: {technique} is not active: {text}")
 
+    def saying(technique: str) -> Callable[[str], None]:
+        return lambda text: say(technique, text)
+
     single = record.devices == 1
     _precision(recipe, record, single, say)
     _batch(recipe, record, say)
@@ -53,34 +55,10 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
         elif single and record.optimizer_state_bytes > 4 * record.param_count:
             say(name, f"optimizer_state_bytes {record.optimizer_state_bytes:,} B is above 4 B per parameter "
                       f"({record.param_count:,} parameters); 8-bit Adam keeps about 2")
-    if "init-module" in names:
-        _init_module(recipe, record, say)
-    if "activation-checkpointing" in names:
-        _checkpointing(record, (without or {}).get("activation-checkpointing"), say)
-    if "cpu-offload" in names:
-        on_device = {d: b for d, b in record.param_bytes_by_device.items() if d != "cpu" and b}
-        if on_device or not record.param_bytes_by_device.get("cpu"):
-            say("cpu-offload", f"parameter bytes by device after setup are {record.param_bytes_by_device}; "
-                               "offloaded parameters live on the CPU only")
-    if "activation-offload" in names:
-        _offload(record, say)
-    if "optimizer-in-backward" in names:
-        _in_backward(record, say)
-    if "expandable-segments" in names:
-        _expandable(record, say)
-    if "paged-adamw8bit" in names and record.device != "cpu" and not record.paged_state_bytes:
-        say("paged-adamw8bit", f"paged_state_bytes is {record.paged_state_bytes} B after phase optimizer_step: no "
-                               "optimizer state in unified memory (bitsandbytes pages states of "
-                               f"{PAGED_MIN_NUMEL:,} elements or more)")
+    for name, hooks in zip(recipe.techniques, recipe.hooks):  # each technique's own check (memclaims.techniques)
+        hooks.check(recipe, record, (without or {}).get(name) if hooks.compare_without() else None, saying(name))
     if recipe.sharding is not None and record.devices > 1:
         _fsdp_sharding(recipe, record, say)
-    if recipe.lora:
-        _lora(record, lambda text: say("qlora" if recipe.quantize_base else "lora", text))
-    if recipe.quantize_base and not record.quantized_parameter_bytes:
-        say("qlora", f"quantized_parameter_bytes is {record.quantized_parameter_bytes} after phase load: no base "
-                     "weight was stored in 4 bits (bitsandbytes' Linear4bit)")
-    if recipe.fused_loss:
-        _fused_loss(record, lambda text: say("fused-linear-ce", text))
     if "ddp" in names and record.devices > 1:
         full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
         if record.param_bytes != full:
@@ -91,22 +69,6 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
     if "deepspeed-zero2" in names and record.devices > 1:
         _zero2_partitioned(record, say)
     return found
-
-
-def _fused_loss(record: Record, say: Callable[[str], None]) -> None:
-    """The chunked op ran for every micro-batch, on its chunked path, in chunks smaller than the tokens
-    (one chunk of all of them would be the reference's logits buffer again)."""
-    calls, rows, chunk = record.fused_loss_calls, record.fused_loss_rows, record.fused_loss_chunk_rows
-    micro_batches = (record.step_micro_batches or 1) * record.memory_steps
-    if not calls or calls < micro_batches:
-        say(f"fused_loss_calls is {calls} after phase train for {micro_batches} micro-batches: the loss was "
-            "computed from materialized logits (F.cross_entropy), not by linear_cross_entropy")
-    elif record.fused_loss_fallbacks:
-        say(f"fused_loss_fallbacks is {record.fused_loss_fallbacks} after phase train: linear_cross_entropy "
-            "ignored its options and ran the reference path, logits whole")
-    elif rows is None or chunk is None or chunk >= rows:
-        say(f"fused_loss_chunk_rows is {chunk} for {rows} tokens after phase train: one chunk of every token "
-            "materializes the whole logits")
 
 
 # ZeRO stage 2 per rank: the fp32 master copy and Adam's two fp32 states (12 B per parameter) and the
@@ -231,87 +193,3 @@ def _batch(recipe: Recipe, record: Record, say: Callable[[str, str], None]) -> N
         technique = "grad-accum" if recipe.accumulation_steps > 1 else "optimizer step per batch"
         say(technique, f"the optimizer stepped after {record.step_micro_batches} micro-batches, "
                        f"expected {recipe.accumulation_steps}")
-
-
-def _init_module(recipe: Recipe, record: Record, say: Callable[[str, str], None]) -> None:
-    reference = record.reference_load_peak_bytes
-    if reference is None:
-        say("init-module", "no reference load (build in fp32, then convert) was measured to compare with")
-        return
-    # On the CPU in fp32 there is nothing to save: the reference's .to("cpu").to(float32) copies
-    # nothing. Everywhere else building in place must lower the load peak.
-    must_lower = record.device != "cpu" or record.precision in TRUE_HALF
-    if record.load_peak_bytes > reference or (must_lower and record.load_peak_bytes >= reference):
-        say("init-module", f"load_peak_bytes {record.load_peak_bytes:,} B is not below the reference load "
-                           f"(build in fp32, then convert) of {reference:,} B")
-
-
-def _checkpointing(record: Record, plain: Record | None, say: Callable[[str, str], None]) -> None:
-    if record.recomputed_linear_calls == 0:  # None: an engine that does not observe it (FSDP on the sim)
-        say("activation-checkpointing", "no nn.Linear ran inside the first backward pass: nothing was recomputed")
-    if plain is None:
-        say("activation-checkpointing", "no Record of the same recipe without it was given to compare with")
-        return
-    saved = record.phases.get("forward", {}).get("above_start_bytes")
-    plain_saved = plain.phases.get("forward", {}).get("above_start_bytes")
-    if saved is None or plain_saved is None or saved >= plain_saved:
-        say("activation-checkpointing", f"phases.forward.above_start_bytes (what the forward pass keeps "
-                                        f"for backward) is {saved} B with it, {plain_saved} B without")
-
-
-def _offload(record: Record, say: Callable[[str, str], None]) -> None:
-    # On the cpu tier the saved tensors are on the host already (save_on_cpu copies nothing): what
-    # went through its pack hook is all there is to see. Elsewhere the bytes left the device.
-    moved = record.offloaded_activation_bytes
-    if not moved:
-        say("activation-offload", f"offloaded_activation_bytes is {moved} B: no tensor saved for backward in "
-                                  "phase forward went through save_on_cpu's pack hook to host memory")
-
-
-def _expandable(record: Record, say: Callable[[str, str], None]) -> None:
-    # The setting applies to segments created after it: a run whose segments all came from the
-    # default allocator shows none mapped in expandable segments.
-    mapped = record.expandable_segment_bytes
-    if not mapped:
-        say("expandable-segments", f"expandable_segment_bytes is {mapped} B after phase train: no segment of the "
-                                   "run was expandable (the allocator made a segment per request as by default)")
-
-
-def _in_backward(record: Record, say: Callable[[str, str], None]) -> None:
-    steps, peak = record.backward_optimizer_steps, record.backward_grad_peak_bytes
-    expected = record.param_tensor_count * record.memory_steps  # one step per parameter per backward
-    if steps != expected:
-        say("optimizer-in-backward", f"backward_optimizer_steps is {steps}, expected {expected} "
-                                     f"({record.param_tensor_count} parameters x {record.memory_steps} steps) in "
-                                     "phase backward")
-    if record.grad_bytes:
-        say("optimizer-in-backward", f"grad_bytes is {record.grad_bytes:,} B after phase backward: gradients "
-                                     "outlived the backward instead of being freed as they were applied")
-    if peak is None or peak >= record.param_bytes:
-        say("optimizer-in-backward", f"backward_grad_peak_bytes is {peak} B in phase backward, not below the "
-                                     f"{record.param_bytes:,} B of all gradients: they all lived at once")
-
-
-# lora: at most this fraction of the parameters trainable (rank-8 adapters on two projections per layer
-# and the head: 5.6 % of the 2-layer, 64-wide smoke DistilBERT, whose head is a large share of it; 1.1 % of
-# the article one; everything trainable, when the base weights were not frozen, is 100 %), and per
-# trainable parameter at most Adam's two moments in fp32, plus one 8-byte step count per parameter tensor.
-LORA_MAX_TRAINABLE = 0.10
-LORA_STATE_BYTES_PER_TRAINABLE = 8
-LORA_STEP_BYTES_PER_TENSOR = 8
-
-
-def _lora(record: Record, say: Callable[[str], None]) -> None:
-    trainable, total = record.trainable_parameters, record.total_parameters
-    if trainable is None or not total:
-        say(f"trainable_parameters is {trainable}, total_parameters {total} after phase load: the run "
-            "saw no adapted model")
-        return
-    if trainable / total >= LORA_MAX_TRAINABLE:
-        say(f"trainable_parameters is {trainable:,} of {total:,} ({trainable / total:.1%}) after phase load, "
-            f"not below {LORA_MAX_TRAINABLE:.0%}: the base weights were not frozen")
-    bound = LORA_STATE_BYTES_PER_TRAINABLE * trainable + LORA_STEP_BYTES_PER_TENSOR * record.param_tensor_count
-    if record.optimizer_state_bytes > bound:
-        say(f"optimizer_state_bytes is {record.optimizer_state_bytes:,} B after phase optimizer_step, above "
-            f"the {bound:,} B that {trainable:,} trainable parameters can hold: the optimizer kept state "
-            "for frozen base weights")

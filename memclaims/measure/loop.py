@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from memclaims.measure.fused_loss import FusedLoss
-from memclaims.measure.in_backward import OptimizerInBackward
-from memclaims.measure.offload import ActivationOffload
 from memclaims.measure.tensors import storage_bytes
+from memclaims.techniques.impl.chunked_linear_ce import FusedLoss
+from memclaims.techniques.impl.per_parameter_optimizers import OptimizerInBackward
+from memclaims.techniques.impl.saved_tensor_offload import ActivationOffload
 
 # The phases of a training step, in the order of scripts 01-04 and 06 (05 zeroes after the step).
 # The loss (and its scaling under accumulation) belongs to ``forward``; reading its value, the

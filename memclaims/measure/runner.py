@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -18,11 +19,9 @@ from torch.utils.data import DataLoader
 
 from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.names import CONVERGED
-from memclaims.core.precision import PRECISIONS, precision
 from memclaims.core.record import Record, device_name
-from memclaims.measure import checkpointing, evaluation, pipeline
+from memclaims.measure import evaluation, pipeline
 from memclaims.measure import probes as probe_module
-from memclaims.measure.fused_loss import FusedLoss
 from memclaims.measure.record_builder import failed_phase
 from memclaims.recipes.run_options import RunOptions, check_device, resolve_memory_steps
 from memclaims.techniques.registry import FP32
@@ -62,8 +61,8 @@ class FabricEngine(pipeline.Engine):
             torch.set_float32_matmul_precision("high")  # as the scripts from 02 on
         if self.precision_ran != recipe.precision:
             self.notes.append(f"Lightning ran {recipe.precision} as {self.precision_ran} on {options.device}")
-        if recipe.fused_loss:  # the head's compute dtype under what Lightning ran
-            self.fused_loss = FusedLoss(PRECISIONS[self.precision_ran].compute_dtype)
+        for hooks in recipe.hooks:  # the loop's helpers: activation-offload's hooks, the fused loss
+            hooks.attach(self)
 
     @property
     def precision_ran(self) -> str:
@@ -82,19 +81,12 @@ class FabricEngine(pipeline.Engine):
     # --- load ------------------------------------------------------------------------------
 
     def build(self) -> tuple[nn.Module, str]:
-        model, weights = self._build()
         recipe = self.recipe
-        if recipe.activation_checkpointing and not recipe.sharded:  # sharded: the FSDP strategy's policy
-            self.notes.append(checkpointing.enable(model, recipe.workload))
-        return model, weights
-
-    def _build(self) -> tuple[nn.Module, str]:
-        recipe = self.recipe
-        if recipe.delayed_init:  # 11: built inside init_module under FSDP, empty_init=False as logged
-            with self.fabric.init_module(empty_init=False):
-                return recipe.workload.build_model(recipe.scale)
-        if recipe.init_on_device:
-            with self.fabric.init_module():
+        # init-module (07-03) builds inside fabric.init_module(), delayed-init (11) inside
+        # init_module(empty_init=False) under FSDP; the technique's context, where one has it.
+        contexts = [c for c in (hooks.init_context(self) for hooks in recipe.hooks) if c is not None]
+        if contexts:
+            with contexts[-1]:
                 return recipe.workload.build_model(recipe.scale)
         model, weights = recipe.workload.build_model(recipe.scale)
         if self.fabric is None:
@@ -102,24 +94,20 @@ class FabricEngine(pipeline.Engine):
         return model, weights
 
     def reference_load(self, probe: probe_module.Probe) -> int | None:
-        """07_01: build on the CPU in fp32, then ``.to(device).to(dtype)``; returns its peak."""
-        if not self.recipe.init_on_device:
-            return None
-        with probe.phase("load-reference"):
-            model, _ = self.recipe.workload.build_model(self.recipe.scale)
-            if self.recipe.lora:  # the same model as the recipe's: with its adapters
-                from memclaims.measure import lora
-
-                model = lora.apply(model, self.recipe.workload)
-            model.to(self.device).to(precision(self.recipe.precision).param_dtype)
-            del model
-        return probe.phases["load-reference"].allocated_bytes
+        """A technique's reference load (07_01 for init-module), measured before the recipe's own."""
+        for hooks in self.recipe.hooks:
+            peak = hooks.reference_load(self, probe)
+            if peak is not None:
+                return peak
+        return None
 
     def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
         if self.fabric is None:
             return model, optimizer
-        # 09: with CPU offload the model stays on the host; FSDP moves what it needs.
-        model, optimizer = self.fabric.setup(model, optimizer, move_to_device=not self.recipe.cpu_offload)
+        options: dict[str, Any] = {"move_to_device": True}
+        for hooks in self.recipe.hooks:  # 09: with CPU offload the model stays on the host; FSDP moves what it needs
+            options.update(hooks.setup_options())
+        model, optimizer = self.fabric.setup(model, optimizer, **options)
         return model, optimizer
 
     # --- train -----------------------------------------------------------------------------
@@ -197,12 +185,14 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
         # spin-waiting on a shared 2-core machine made them 10x slower.
         torch.set_num_threads(1)
     try:
-        from memclaims.measure.allocator_setting import expandable_segments
         from memclaims.measure.determinism import deterministic
 
-        # CUDA only: accuracy run to run; the allocator setting a recipe asks for.
-        with deterministic(options.device) as determinism_notes, \
-                expandable_segments(recipe.expandable_segments and options.device == "cuda", getattr(probe, "cuda", None)):
+        # CUDA only: accuracy run to run; around it what a technique sets for the run (an allocator setting).
+        with deterministic(options.device) as determinism_notes, ExitStack() as around:
+            for hooks in recipe.hooks:
+                context = hooks.run_context(recipe, options, getattr(probe, "cuda", None))
+                if context is not None:
+                    around.enter_context(context)
             record = pipeline.run(FabricEngine(recipe, options), probe, memory_steps)
         record.notes.extend(determinism_notes)
         return record

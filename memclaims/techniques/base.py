@@ -7,17 +7,18 @@ only the points it changes. The points, by engine:
 
 - the real run on one device (``memclaims.measure.pipeline``, ``memclaims.measure.runner``):
   ``refusal`` (before anything runs), ``run_context`` (around the whole run), ``attach`` (the loop's
-  helpers), ``init_context`` (around the model's build), ``convert_module`` (after the build, by
+  helpers), ``reference_load`` (a load to compare with), ``init_context`` (around the model's build), ``convert_module`` (after the build, by
   ``convert_order``), ``reference_module`` (07_01's reference model), ``setup_options`` (Fabric's
   ``setup``), ``before_setup`` (the optimizer before Fabric wraps it), ``observe`` (the Record's fields of
   what it did, after the measured steps);
 - the active check (``memclaims.measure.active``): ``check``; the case test (``memclaims.pytest.cases``):
   ``compare_without``, ``expected_grad_bytes``, ``accuracy_reported_only``;
-- the sim (``memclaims.sim.replay``): ``sim_allocator``, ``sim_builds_on_device``, ``sim_reference``,
-  ``sim_attach``, ``sim_adapt`` (by ``convert_order``), ``sim_after_load``, ``sim_before_train``, ``sim_observe``.
+- the sim (``memclaims.sim.replay``): ``sim_refusal``, ``sim_allocator``, ``sim_builds_on_device``, ``sim_reference``,
+  ``sim_attach``, ``sim_adapt`` (by ``convert_order``), ``sim_after_load``, ``sim_before_train``, ``sim_observe``,
+  ``sim_observe_run``.
 
 Nothing here imports torch or the engines: the registry loads before the plugin's preflight has looked at the
-stack. A hook imports the helpers it drives (``memclaims.measure.lora``, ``memclaims.sim.lora_replay``, ...)
+stack. A hook imports the helpers it drives (``memclaims.techniques.impl.peft_adapters``, ``memclaims.techniques.impl.peft_adapters_fake``, ...)
 when it is called, inside the engine that calls it.
 """
 
@@ -79,6 +80,10 @@ class Hooks:
         """The model after the build, in the load phase, before the optimizer sees its parameters."""
         return model
 
+    def reference_load(self, engine: Any, probe: Any) -> int | None:
+        """A reference load measured before the recipe's own (07_01's for init-module): its peak; None: none."""
+        return None
+
     def reference_module(self, model: nn.Module, workload: Workload) -> nn.Module:
         """07_01's reference model (built in fp32, then converted) as this technique changes the recipe's."""
         return model
@@ -114,6 +119,10 @@ class Hooks:
 
     # --- the sim ----------------------------------------------------------------------------------------
 
+    def sim_refusal(self, recipe: Recipe) -> str | None:
+        """Why the sim cannot replay the technique (a UsageError's reason), or None."""
+        return None
+
     def sim_allocator(self, allocator: Any) -> Any:
         """The profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) under the technique."""
         return allocator
@@ -122,8 +131,9 @@ class Hooks:
         """Whether the model is built on the device (``init_module``) rather than on the host and moved."""
         return False
 
-    def sim_reference(self, recipe: Recipe, profile: str) -> Any:
-        """The sim's 07_01 reference load (``memclaims.sim.replay.simulate_load``); None: none."""
+    def sim_reference(self, recipe: Recipe) -> dict[str, Any] | None:
+        """The arguments of a reference load the sim replays before the recipe's (07_01's for init-module:
+        ``memclaims.sim.replay.simulate_load``'s, but the profile); None: none."""
         return None
 
     def sim_attach(self, loop: Any, session: Any) -> None:
@@ -140,7 +150,12 @@ class Hooks:
         """The sim's loop and optimizer before the measured steps."""
 
     def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
-        """The Record's fields of what the technique did on the sim, after the measured steps."""
+        """The Record's fields of what the technique did on the sim, right after the measured steps."""
+        return {}
+
+    def sim_observe_run(self, session: Any) -> dict[str, Any]:
+        """The Record's fields of what the technique did on the sim, read once the replay has ended (the
+        allocator model's state)."""
         return {}
 
 

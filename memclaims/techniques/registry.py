@@ -8,78 +8,30 @@ one entry here (and, if it changes something new, one field the runner reads).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from itertools import combinations
 
 from memclaims.core.errors import UsageError
+from memclaims.techniques import (
+    activation_checkpointing,
+    activation_offload,
+    cpu_offload,
+    delayed_init,
+    expandable_segments,
+    fused_linear_ce,
+    init_module,
+    lora,
+    optimizer_in_backward,
+    paged_adamw8bit,
+    qlora,
+)
 
-# Precision names are Lightning Fabric's own ``precision=`` strings.
-FP32 = "32-true"
-TRUE_HALF_PRECISIONS = ("16-true", "bf16-true")
-
-
-@dataclass(frozen=True)
-class Technique:
-    name: str
-    summary: str
-    source: str  # the article script (row) it comes from
-    group: str | None = None  # at most one technique per group in a recipe
-    precision: str | None = None
-    batch_divisor: int = 1
-    accumulates: bool = False  # micro-batches of the scale's accumulation count
-    optimizer: str | None = None
-    init_on_device: bool = False
-    plain_pytorch: bool = False
-    alone: bool = False  # a whole recipe by itself; combines with nothing
-    requires: frozenset[str] = field(default_factory=frozenset)  # capabilities, e.g. "bitsandbytes"
-    needs: frozenset[str] = field(default_factory=frozenset)  # other techniques it builds on
-    # Multi-device techniques (article 08-11, the LLM bonus): Lightning's ``strategy=`` name; a recipe
-    # with a strategy runs on ranks through memclaims.measure.distributed. ``sharded``: FSDP's sharding.
-    strategy: str | None = None
-    sharded: bool = False
-    # FSDP's ``ShardingStrategy`` name (torch.distributed.fsdp, Lightning's ``sharding_strategy=``) of a
-    # sharded technique: FULL_SHARD for the article's fsdp; the others from issue #27 (``SHARDINGS``).
-    sharding: str | None = None
-    # Which FSDP a sharded technique is: FSDP1 (``FullyShardedDataParallel``: one FlatParameter per wrapped
-    # unit; Lightning's FSDPStrategy) or FSDP2 (``fully_shard``: per-parameter dim-0 DTensor shards;
-    # Lightning's ModelParallelStrategy). FSDP2's ``reshard_after_forward`` is its ``sharding``:
-    # FULL_SHARD is True, SHARD_GRAD_OP is False (``reshard_after_forward``).
-    fsdp2: bool = False
-    activation_checkpointing: bool = False
-    cpu_offload: bool = False
-    delayed_init: bool = False
-    # Beyond the article (issue #27): saved activations to host memory, the optimizer step inside backward.
-    offloads_activations: bool = False
-    optimizer_in_backward: bool = False
-    expandable_segments: bool = False  # the CUDA caching allocator's expandable_segments setting
-    # The technique whose computation this one repeats exactly (the same kernels on the same data;
-    # only where memory lives differs): the reference for an allocator setting, adamw8bit for its paged
-    # variant. A recipe of such techniques alone trains no accuracy phase: its accuracy is the one of
-    # the recipe with these in their place (memclaims.recipes.run_options.evaluates). None: its own numerics.
-    computes_as: str | None = None
-    # peft's LoRA adapters (issue #27): base weights frozen, only the adapters and the head trained.
-    lora: bool = False
-    # QLoRA: the base's linear layers stored in bitsandbytes 4-bit ("nf4"), frozen, under the adapters.
-    quantize_base: str | None = None
-    # The causal-LM loss from the last hidden states and the vocabulary projection's weight in one chunked
-    # op (torch.nn.functional.linear_cross_entropy): the (tokens x vocabulary) logits never exist whole.
-    fused_loss: bool = False
-    # A technique only some workloads take: (the Workload attribute a workload sets to take it, why the
-    # others cannot). memclaims.recipes.recipe refuses the rest with the reason; the tiers leave them out.
-    workload_needs: tuple[str, str] | None = None
-    # Techniques it does not combine with, each with the reason: (technique name, why not).
-    conflicts: tuple[tuple[str, str], ...] = ()
-    # Whether it joins the default selection's pairwise cover. The techniques added after the article's
-    # do not: each would re-plan the greedy cover, renaming its combinations and orphaning their
-    # baselines, and add fp32 ViT-L/16 cases past the nightly's 30 GPU-minutes (suite/selftest/test_budget.py:
-    # the two singles already take it from 26.7 to 29.4). Their pairs run in the full matrix.
-    in_cover: bool = True
-    # Whether its single case joins the default selection (the nightly). paged-adamw8bit does not: its
-    # arithmetic is adamw8bit's, which the default runs, its memory effect is asserted by the sim tier
-    # (claim paged-optimizer-unified-memory), and one more CUDA case would pass the nightly's 30
-    # GPU-minutes (30.2 with it). Its cases run in the full matrix.
-    in_default: bool = True
-
+# The registry's names where its readers import them (explicit re-exports).
+from memclaims.techniques.base import FP32 as FP32
+from memclaims.techniques.base import FSDP1_SHARDINGS as FSDP1_SHARDINGS
+from memclaims.techniques.base import FSDP2_TECHNIQUES as FSDP2_TECHNIQUES
+from memclaims.techniques.base import FSDP_SHARDINGS as FSDP_SHARDINGS
+from memclaims.techniques.base import TRUE_HALF_PRECISIONS as TRUE_HALF_PRECISIONS
+from memclaims.techniques.base import Technique as Technique
 
 # HYBRID_SHARD shards within a node and replicates across nodes; on one machine it is FULL_SHARD unless
 # the ranks are split into nodes by a device mesh. memclaims splits them into this many "nodes" (a
@@ -109,69 +61,9 @@ def reshard_after_forward(sharding: str | None) -> bool:
     return sharding != "SHARD_GRAD_OP"
 
 
-# The sharded techniques besides the article's fsdp (FULL_SHARD), by name: FSDP1's other sharding
-# strategies, and FSDP2 (fully_shard) with reshard_after_forward on and off.
-FSDP1_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid")
-FSDP2_TECHNIQUES = ("fsdp2", "fsdp2-no-reshard")
-FSDP_SHARDINGS = (*FSDP1_SHARDINGS, *FSDP2_TECHNIQUES)
-
-# Why the optimizer step cannot move into backward alongside these (PyTorch's tutorial "How to save
-# memory by fusing the optimizer step into the backward pass" names grad-accum and the strategies).
-_IN_BACKWARD_CONFLICTS: tuple[tuple[str, str], ...] = (
-    ("grad-accum", "the step runs on each backward's gradient as it is accumulated; accumulation needs the "
-                   "gradients of all micro-batches summed before one step"),
-    ("16-mixed", "GradScaler unscales the gradients and skips a step on inf/NaN after backward (scaler.step); "
-                 "a step inside backward would apply the scaled gradients unchecked"),
-    *((eight_bit, "memclaims builds one optimizer per parameter from the recipe's param groups, and "
-                  "bitsandbytes keeps its 8-bit settings (min_8bit_size, optim_bits) outside them")
-      for eight_bit in ("adam8bit", "adamw8bit", "paged-adamw8bit")),
-    *((fsdp, "FSDP flattens the parameters into shards: hooks on the original parameters never fire, and a "
-             "shard's gradient exists only after the reduce-scatter") for fsdp in ("fsdp", *FSDP1_SHARDINGS)),
-    # memclaims' own: FSDP2 runs the sharded parameters' post-accumulate-grad hooks after each reduce-scatter
-    # (torch's foreach_reduce), but memclaims' ranks engines step the optimizer after the backward only.
-    *((fsdp2, "memclaims' multi-rank engines step the optimizer after the backward; FSDP2 would call the hook "
-              "on each sharded parameter after its group's reduce-scatter, which memclaims does not replay")
-      for fsdp2 in FSDP2_TECHNIQUES),
-    ("ddp", "DDP all-reduces gradients in buckets from its own hooks; a step in the post-accumulate hook "
-            "would apply the rank's local gradient before the all-reduce"),
-    ("deepspeed-zero2", "DeepSpeed owns the optimizer step (partitioned fp32 master weights and states)"),
-)
-# A memclaims limitation, not torch's: the ranks' engines (memclaims.measure.distributed,
-# memclaims.sim.sharded, memclaims.sim.zero) run their own forward passes without save_on_cpu.
-_RANKS_DO_NOT_OFFLOAD = "the multi-rank engines of memclaims do not wrap their forward pass in save_on_cpu"
-# Also memclaims' own: the adapters are put on the model in the one-device load (memclaims.measure.pipeline,
-# memclaims.sim.replay); the ranks' engines build theirs without them.
-_RANKS_DO_NOT_ADAPT = "memclaims applies the LoRA adapters in the one-device engines only; the multi-rank engines build the model without them"
-_LORA_CONFLICTS: tuple[tuple[str, str], ...] = (
-    *((s, _RANKS_DO_NOT_ADAPT) for s in ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2")),
-    ("optimizer-in-backward", "memclaims' in-backward step counts one step per parameter per backward; the frozen "
-                              "base weights get no gradient, so their post-accumulate hooks never fire"),
-)
-# memclaims' own: it quantizes the base once, in fp32 compute, from the weights as built on the host.
-_QLORA_CONFLICTS: tuple[tuple[str, str], ...] = (
-    *((half, "Fabric's true-precision setup converts every floating parameter to the half dtype; memclaims "
-             "quantizes the base in fp32 compute and does not set Linear4bit's compute dtype from the recipe")
-      for half in TRUE_HALF_PRECISIONS),
-    ("init-module", "memclaims quantizes the base from the fp32 weights as built; init_module would build them "
-                    "on the device in the recipe's dtype first, which it does not replay"),
-)
-# The strategies shard or wrap the vocabulary projection; memclaims' fused loss reads its weight outside the
-# model's forward, which FSDP frees (resharded) and the ranks' engines compute the loss from logits.
-_FUSED_LOSS_CONFLICTS: tuple[tuple[str, str], ...] = (
-    *((s, "memclaims computes the fused loss in the one-device engines only: it reads the vocabulary "
-          "projection's weight after the forward, which FSDP has resharded, and the multi-rank engines compute "
-          "the loss from logits") for s in ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2")),
-)
-_FUSED_LOSS_WORKLOADS = ("fused_loss_head", "the fused linear + cross-entropy replaces a causal LM's vocabulary "
-                         "projection and its loss (hf: workloads with the causal-lm head whose logits are the plain "
-                         "projection, without soft-capping or scaling); this workload has none")
 # Lightning's own (its connector): ModelParallelStrategy, which runs FSDP2 on CUDA, refuses this precision.
 _MODEL_PARALLEL_16_MIXED = ("16-mixed", "Lightning's ModelParallelStrategy (FSDP2 on CUDA) refuses precision 16-mixed; "
                                         "it takes 32-true, bf16-mixed, bf16-true and 16-true")
-_LORA_WORKLOADS = ("lora_targets", "peft's LoRA adapters go on the attention projections of the text workloads "
-                   "(distilbert, distilbert-cased, bigbird: q_lin/v_lin, query/value) and of hf: models (peft's "
-                   "default target modules for their model type); this workload names no modules to adapt")
-
 
 TECHNIQUES: tuple[Technique, ...] = (
     Technique("pytorch", "plain PyTorch loop, fp32, Adam (no Fabric)", "01_pytorch-vit",
@@ -201,14 +93,10 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("adamw8bit", "bitsandbytes AdamW8bit: AdamW with 8-bit block-wise quantized states",
               "course: 8-bit Adam lesson", group="optimizer", optimizer="adamw8bit",
               requires=frozenset({"bitsandbytes"})),
-    Technique("paged-adamw8bit", "bitsandbytes PagedAdamW8bit: AdamW8bit whose large states live in CUDA unified "
-              "memory, paged to the host when the GPU runs out (on the CPU: unpaged, as bitsandbytes falls back)",
-              "bitsandbytes docs: paged optimizers", group="optimizer", optimizer="paged_adamw8bit",
-              requires=frozenset({"bitsandbytes"}), in_cover=False, in_default=False, computes_as="adamw8bit"),
+    paged_adamw8bit.ENTRY,
     Technique("adafactor", "transformers Adafactor: factored second moment, no first moment",
               "course: 8-bit Adam (Adafactor)", group="optimizer", optimizer="adafactor"),
-    Technique("init-module", "model built on the target device in the target precision "
-              "inside Fabric's init_module", "07-03_init-module", init_on_device=True),
+    init_module.ENTRY,
     # Multi-device, on top of the fp32 01-2 script; run by memclaims.measure.distributed (FSDP2 over gloo
     # on the CPU, Lightning's FSDPStrategy on CUDA).
     Technique("fsdp", "fully sharded data parallel, auto-wrapped on the transformer block",
@@ -246,50 +134,15 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("deepspeed-zero2", "DeepSpeed ZeRO stage 2 through Lightning's DeepSpeedStrategy: optimizer "
               "state, fp32 master weights and gradients partitioned over the ranks", "bonus_distilbert-before",
               group="strategy", strategy="deepspeed_stage_2", requires=frozenset({"deepspeed"})),
-    # Needs no sharding: on one device each block is wrapped in torch.utils.checkpoint (hf: and
-    # text models through their own gradient_checkpointing_enable()); with fsdp, Lightning's policy.
-    Technique("activation-checkpointing", "recompute each transformer block's activations in backward",
-              "08_fsdp-with-01-2", activation_checkpointing=True),
-    # Offloading parameters to host memory only means something from a GPU.
-    Technique("cpu-offload", "FSDP parameters offloaded to CPU memory, setup(move_to_device=False)",
-              "09_fsdp-cpu-offload-with-01-2", cpu_offload=True, needs=frozenset({"fsdp"}),
-              requires=frozenset({"cuda"})),
-    Technique("delayed-init", "model built inside fabric.init_module(empty_init=False) under FSDP",
-              "11_delay-allocation (logs only)", delayed_init=True, needs=frozenset({"fsdp"})),
-    # torch.autograd.graph.save_on_cpu around the forward pass (pinned host memory where CUDA is).
-    Technique("activation-offload", "tensors saved for backward moved to host memory during the forward pass "
-              "(torch.autograd.graph.save_on_cpu), copied back in backward", "torch docs: save_on_cpu",
-              offloads_activations=True, in_cover=False,
-              conflicts=tuple((s, _RANKS_DO_NOT_OFFLOAD) for s in ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2"))),
-    # One optimizer per parameter, stepped and zeroed in Tensor.register_post_accumulate_grad_hook.
-    Technique("optimizer-in-backward", "each parameter's optimizer step and zero_grad inside backward, as its "
-              "gradient is ready: gradients freed as soon as they are applied",
-              "torch tutorial: optimizer step in backward", optimizer_in_backward=True, in_cover=False,
-              conflicts=_IN_BACKWARD_CONFLICTS),
-    # A setting of the CUDA caching allocator: there is no caching allocator on the CPU; the sim
-    # replays it (memclaims.sim.allocator).
-    Technique("expandable-segments", "the CUDA caching allocator's expandable_segments:True: one segment per "
-              "stream and pool that grows by mapping pages, instead of a segment per large request",
-              "torch docs: CUDA semantics, expandable_segments", expandable_segments=True, in_cover=False,
-              requires=frozenset({"cuda"}), computes_as="fabric"),
-    # peft.get_peft_model(model, LoraConfig(r=8, lora_alpha=16, ...)) right after the model is built: the base
-    # weights frozen, rank-8 adapters on the workload's attention projections, its head trained (modules_to_save).
-    Technique("lora", "peft LoRA: base weights frozen, rank-8 adapters on the attention's query and value "
-              "projections, the classification head trained", "peft docs: LoRA", group="adapter", lora=True,
-              in_cover=False, conflicts=_LORA_CONFLICTS, workload_needs=_LORA_WORKLOADS),
-    # QLoRA: each nn.Linear of the base (not the head) replaced by bitsandbytes' Linear4bit (NF4, fp32 compute)
-    # before the same adapters go on; the sim refuses it (bitsandbytes quantizes from the weights' values).
-    Technique("qlora", "QLoRA: the base's linear layers in bitsandbytes 4-bit NF4 (fp32 compute), frozen, under "
-              "the lora technique's adapters", "peft docs: QLoRA (bitsandbytes 4-bit)", group="adapter", lora=True,
-              quantize_base="nf4", in_cover=False, requires=frozenset({"bitsandbytes"}),
-              conflicts=_LORA_CONFLICTS + _QLORA_CONFLICTS, workload_needs=_LORA_WORKLOADS),
-    # torch.nn.functional.linear_cross_entropy(hidden, head.weight, targets, options=LinearCrossEntropyOptions()):
-    # chunked over the tokens (memclaims.measure.fused_loss); in eval mode the head computes logits as before.
-    Technique("fused-linear-ce", "the causal LM's vocabulary projection and cross-entropy fused and chunked over "
-              "the tokens (torch.nn.functional.linear_cross_entropy with LinearCrossEntropyOptions): the logits "
-              "are never materialized whole", "torch docs: linear_cross_entropy", fused_loss=True, in_cover=False,
-              requires=frozenset({"linear_cross_entropy"}), conflicts=_FUSED_LOSS_CONFLICTS,
-              workload_needs=_FUSED_LOSS_WORKLOADS),
+    activation_checkpointing.ENTRY,
+    cpu_offload.ENTRY,
+    delayed_init.ENTRY,
+    activation_offload.ENTRY,
+    optimizer_in_backward.ENTRY,
+    expandable_segments.ENTRY,
+    lora.ENTRY,
+    qlora.ENTRY,
+    fused_linear_ce.ENTRY,
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}

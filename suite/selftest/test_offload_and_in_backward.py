@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from memclaims.measure import optimizers
-from memclaims.measure.in_backward import OptimizerInBackward
 from memclaims.recipes.recipe import resolve
+from memclaims.techniques.impl.per_parameter_optimizers import OptimizerInBackward
 from suite.selftest.test_sharded_cuda_wiring import (
     _run,
     fake_cuda,  # noqa: F401  (the fixture)

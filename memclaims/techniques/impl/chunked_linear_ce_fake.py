@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from memclaims.measure.fused_loss import FusedLoss
+from memclaims.techniques.impl.chunked_linear_ce import FusedLoss
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -68,7 +68,7 @@ def bypassed_head(model: nn.Module) -> nn.Module | None:
 
 class FusedLoss:
     """The engines' loss for a ``fused-linear-ce`` recipe, and what it saw for the Record. The sim
-    replays it on fake tensors with the options CUDA resolves to (memclaims.sim.fused_loss_replay)."""
+    replays it on fake tensors with the options CUDA resolves to (memclaims.techniques.impl.chunked_linear_ce_fake)."""
 
     def __init__(self, compute_dtype: torch.dtype) -> None:
         self.compute_dtype = compute_dtype
