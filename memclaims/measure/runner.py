@@ -56,7 +56,6 @@ class FabricEngine(pipeline.Engine):
             else:
                 self.fabric = Fabric(accelerator=options.device, devices=1, precision=cast(Any, recipe.precision))
             self.device = self.fabric.device
-        self.digests_gradients = recipe.strategy == "ddp"
         if recipe.precision != FP32:
             torch.set_float32_matmul_precision("high")  # as the scripts from 02 on
         if self.precision_ran != recipe.precision:
@@ -120,9 +119,8 @@ class FabricEngine(pipeline.Engine):
 
     def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         logits = self.recipe.workload.logits(model, inputs)
-        if self.fused_loss is not None:  # fused-linear-ce: the "logits" are the hidden states
-            return self.fused_loss(model, logits, targets)
-        return F.cross_entropy(logits, targets)
+        loss = self.technique_loss(model, logits, targets)  # fused-linear-ce's, from the hidden states
+        return loss if loss is not None else F.cross_entropy(logits, targets)
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.fabric is None:

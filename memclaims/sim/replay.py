@@ -535,9 +535,8 @@ class _SimLoop(TrainingLoop):
                 del x
                 self.logits = self.precision.convert_output(out)
                 del out
-        if self.fused_loss is not None:  # fused-linear-ce: the "logits" are the hidden states
-            return self.fused_loss(model, self.logits, targets)
-        return F.cross_entropy(self.logits, targets)
+        loss = self.technique_loss(model, self.logits, targets)  # fused-linear-ce's, from the hidden states
+        return loss if loss is not None else F.cross_entropy(self.logits, targets)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss)

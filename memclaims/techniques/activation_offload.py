@@ -21,7 +21,7 @@ class ActivationOffload(Hooks):
     def attach(self, engine: Any) -> None:
         from memclaims.techniques.impl.saved_tensor_offload import ActivationOffload as Offload
 
-        engine.offload = Offload(engine.options.device)
+        engine.helpers.append(Offload(engine.options.device))
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         # On the cpu tier the saved tensors are on the host already (save_on_cpu copies nothing): what
@@ -34,7 +34,7 @@ class ActivationOffload(Hooks):
     def sim_attach(self, loop: Any, session: Any) -> None:
         from memclaims.techniques.impl.saved_tensor_offload_fake import SimulatedOffload
 
-        loop.offload = SimulatedOffload(session.memory)
+        loop.helpers.append(SimulatedOffload(session.memory))
 
 
 # A memclaims limitation, not torch's: the ranks' engines (memclaims.measure.distributed,

@@ -11,7 +11,7 @@ only the points it changes. The points, by engine:
   ``convert_order``), ``reference_module`` (07_01's reference model), ``setup_options`` (Fabric's
   ``setup``), ``before_setup`` (the optimizer before Fabric wraps it), ``observe`` (the Record's fields of
   what it did, after the measured steps);
-- the active check (``memclaims.measure.active``): ``check``; the case test (``memclaims.pytest.cases``):
+- the active check (``memclaims.measure.active``): ``check``, ``rank_check``; the case test (``memclaims.pytest.cases``):
   ``compare_without``, ``expected_grad_bytes``, ``accuracy_reported_only``;
 - the sim (``memclaims.sim.replay``): ``sim_refusal``, ``sim_allocator``, ``sim_builds_on_device``, ``sim_reference``,
   ``sim_attach``, ``sim_adapt`` (by ``convert_order``), ``sim_after_load``, ``sim_before_train``, ``sim_observe``,
@@ -24,7 +24,7 @@ when it is called, inside the engine that calls it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -105,6 +105,10 @@ class Hooks:
         """``say`` what ``record`` does not show of the technique's effect; ``without``: the same recipe's Record
         without it, where ``compare_without`` asks for one."""
 
+    def rank_check(self, records: Sequence[Record]) -> list[str]:
+        """What only the ranks of one run together show (DDP's all-reduced gradients), one line each."""
+        return []
+
     def compare_without(self) -> bool:
         """Whether the check compares with the recipe without this technique (its effect shows only so)."""
         return False
@@ -160,6 +164,28 @@ class Hooks:
 
 
 NO_HOOKS = Hooks()
+
+
+class LoopHelper:
+    """What a technique puts on one run's training loop (``TrainingLoop.helpers``, from ``Hooks.attach``,
+    ``Hooks.sim_attach`` or ``Hooks.before_setup``): the loop calls each helper at its fixed points, and the
+    hooks object, shared by every run, keeps no state of its own. Each default changes nothing."""
+
+    def forward_context(self) -> AbstractContextManager[Any] | None:
+        """A context around each forward pass (saved-tensor hooks); None: none."""
+        return None
+
+    def loss(self, model: nn.Module, output: Any, targets: Any) -> Any:
+        """The micro-batch's loss from the model's output, in place of cross-entropy over it; None: that."""
+        return None
+
+    def compute_dtypes(self, seen: list[str]) -> list[str]:
+        """The dtypes the first forward pass computed in, given those its linear layers' outputs had."""
+        return seen
+
+    def measured_fields(self) -> dict[str, Any]:
+        """The Record's fields of what the helper saw over the measured steps."""
+        return {}
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ class FusedLinearCrossEntropy(Hooks):
         from memclaims.core.precision import PRECISIONS
         from memclaims.techniques.impl.chunked_linear_ce import FusedLoss
 
-        engine.fused_loss = FusedLoss(PRECISIONS[engine.precision_ran].compute_dtype)  # under what Lightning ran
+        engine.helpers.append(FusedLoss(PRECISIONS[engine.precision_ran].compute_dtype))  # under what Lightning ran
 
     def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
         from memclaims.techniques.impl import chunked_linear_ce as fused_loss
@@ -58,7 +58,7 @@ class FusedLinearCrossEntropy(Hooks):
     def sim_attach(self, loop: Any, session: Any) -> None:
         from memclaims.techniques.impl.chunked_linear_ce_fake import SimulatedFusedLoss
 
-        loop.fused_loss = SimulatedFusedLoss(loop.precision.compute)
+        loop.helpers.append(SimulatedFusedLoss(loop.precision.compute))
 
     def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, Any], None]) -> nn.Module:
         if recipe.workload.fused_loss_head is None:

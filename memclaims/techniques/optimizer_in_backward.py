@@ -21,7 +21,9 @@ class OptimizerInBackward(Hooks):
     def before_setup(self, engine: Any, optimizer: Any) -> None:
         # On the optimizer itself; setup on one device moves and converts the parameters in place, so the
         # hooks stay on them.
-        engine.fuse(optimizer)
+        from memclaims.techniques.impl.per_parameter_optimizers import OptimizerInBackward as PerParameter
+
+        engine.helpers.append(PerParameter(optimizer, engine.step))  # stepping as the loop's step does
 
     def expected_grad_bytes(self, record: Record, bytes_per_param: int, expected: int) -> int:
         return 0  # each gradient applied and freed in the backward
@@ -40,7 +42,9 @@ class OptimizerInBackward(Hooks):
                 "of all gradients: they all lived at once")
 
     def sim_before_train(self, loop: Any, optimizer: Any) -> None:
-        loop.fuse(optimizer)  # after the tagging hooks: a gradient is tagged before its step frees it
+        from memclaims.techniques.impl.per_parameter_optimizers import OptimizerInBackward as PerParameter
+
+        loop.helpers.append(PerParameter(optimizer, loop.step))  # after the tagging hooks: tagged before freed
 
 
 # Why the optimizer step cannot move into backward alongside these (PyTorch's tutorial names grad-accum and

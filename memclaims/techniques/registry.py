@@ -15,8 +15,12 @@ from memclaims.techniques import (
     activation_checkpointing,
     activation_offload,
     cpu_offload,
+    ddp,
+    deepspeed_zero2,
     delayed_init,
     expandable_segments,
+    fsdp,
+    fsdp2,
     fused_linear_ce,
     init_module,
     lora,
@@ -32,38 +36,10 @@ from memclaims.techniques.base import FSDP2_TECHNIQUES as FSDP2_TECHNIQUES
 from memclaims.techniques.base import FSDP_SHARDINGS as FSDP_SHARDINGS
 from memclaims.techniques.base import TRUE_HALF_PRECISIONS as TRUE_HALF_PRECISIONS
 from memclaims.techniques.base import Technique as Technique
-
-# HYBRID_SHARD shards within a node and replicates across nodes; on one machine it is FULL_SHARD unless
-# the ranks are split into nodes by a device mesh. memclaims splits them into this many "nodes" (a
-# (replicate, shard) mesh of (HYBRID_NODES, N / HYBRID_NODES)) on every engine, so the technique differs
-# from fsdp on one machine: a rank holds HYBRID_NODES / N of the model.
-HYBRID_NODES = 2
-SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
-
-
-def shard_group_size(sharding: str | None, world: int) -> int:
-    """How many ranks share one copy of the model, each holding a 1/size shard, under ``sharding``
-    (None: FULL_SHARD) on ``world`` ranks: all of them, one (NO_SHARD), or one simulated node (HYBRID_SHARD)."""
-    if sharding == "NO_SHARD":
-        return 1
-    if sharding == "HYBRID_SHARD":
-        if world % HYBRID_NODES:
-            raise UsageError(f"HYBRID_SHARD over {HYBRID_NODES} simulated nodes needs a number of ranks divisible "
-                             f"by {HYBRID_NODES} (got {world})")
-        return world // HYBRID_NODES
-    return world
-
-
-def reshard_after_forward(sharding: str | None) -> bool:
-    """FSDP2's ``fully_shard(reshard_after_forward=...)`` for a sharded technique's ``sharding`` (None:
-    FULL_SHARD): False for SHARD_GRAD_OP (the unsharded parameters stay from the forward through the
-    backward), True otherwise."""
-    return sharding != "SHARD_GRAD_OP"
-
-
-# Lightning's own (its connector): ModelParallelStrategy, which runs FSDP2 on CUDA, refuses this precision.
-_MODEL_PARALLEL_16_MIXED = ("16-mixed", "Lightning's ModelParallelStrategy (FSDP2 on CUDA) refuses precision 16-mixed; "
-                                        "it takes 32-true, bf16-mixed, bf16-true and 16-true")
+from memclaims.techniques.fsdp import HYBRID_NODES as HYBRID_NODES
+from memclaims.techniques.fsdp import SHARDINGS as SHARDINGS
+from memclaims.techniques.fsdp import reshard_after_forward as reshard_after_forward
+from memclaims.techniques.fsdp import shard_group_size as shard_group_size
 
 TECHNIQUES: tuple[Technique, ...] = (
     Technique("pytorch", "plain PyTorch loop, fp32, Adam (no Fabric)", "01_pytorch-vit",
@@ -97,43 +73,10 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("adafactor", "transformers Adafactor: factored second moment, no first moment",
               "course: 8-bit Adam (Adafactor)", group="optimizer", optimizer="adafactor"),
     init_module.ENTRY,
-    # Multi-device, on top of the fp32 01-2 script; run by memclaims.measure.distributed (FSDP2 over gloo
-    # on the CPU, Lightning's FSDPStrategy on CUDA).
-    Technique("fsdp", "fully sharded data parallel, auto-wrapped on the transformer block",
-              "08_fsdp-with-01-2", group="strategy", strategy="fsdp", sharded=True, sharding="FULL_SHARD"),
-    # FSDP's other sharding strategies (issue #27), the same wrap as fsdp; outside the default selection's
-    # cover. The article's CPU offload and delayed init (09, 11) build on FULL_SHARD only: they ``need`` fsdp.
-    Technique("fsdp-shard-grad-op", "FSDP SHARD_GRAD_OP (ZeRO-2-like): gradients and optimizer state sharded, "
-              "parameters all-gathered before the forward and kept unsharded until after the backward",
-              "torch docs: ShardingStrategy.SHARD_GRAD_OP", group="strategy", strategy="fsdp", sharded=True,
-              sharding="SHARD_GRAD_OP", in_cover=False),
-    Technique("fsdp-no-shard", "FSDP NO_SHARD (DDP-like): parameters, gradients and optimizer state whole on "
-              "every rank, gradients all-reduced", "torch docs: ShardingStrategy.NO_SHARD", group="strategy",
-              strategy="fsdp", sharded=True, sharding="NO_SHARD", in_cover=False),
-    Technique("fsdp-hybrid", f"FSDP HYBRID_SHARD over {HYBRID_NODES} simulated nodes: FULL_SHARD within each "
-              f"1/{HYBRID_NODES} of the ranks, replicated across them (device mesh (replicate {HYBRID_NODES}, "
-              f"shard N/{HYBRID_NODES}))", "torch docs: ShardingStrategy.HYBRID_SHARD", group="strategy",
-              strategy="fsdp", sharded=True, sharding="HYBRID_SHARD", in_cover=False),
-    # FSDP2 (issue #27): fully_shard on each block, then the root (Lightning's ModelParallelStrategy on CUDA,
-    # the same calls over gloo on CPU ranks); outside the default selection (its sim and CPU-rank cases run in
-    # CI and the nightly; on CUDA it needs several GPUs, which the nightly's single-GPU budget does not have).
-    Technique("fsdp2", "FSDP2 fully_shard (reshard_after_forward=True): parameters sharded per parameter on "
-              "dim 0, each block all-gathered before its forward and freed after it, re-all-gathered in "
-              "backward", "torch docs: fully_shard (reshard_after_forward=True)", group="strategy",
-              strategy="fsdp", sharded=True, sharding="FULL_SHARD", fsdp2=True, in_cover=False,
-              conflicts=(_MODEL_PARALLEL_16_MIXED,)),
-    Technique("fsdp2-no-reshard", "FSDP2 fully_shard (reshard_after_forward=False): the unsharded parameters "
-              "kept from the forward through the backward (no all-gather in backward)",
-              "torch docs: fully_shard (reshard_after_forward=False)", group="strategy", strategy="fsdp",
-              sharded=True, sharding="SHARD_GRAD_OP", fsdp2=True, in_cover=False,
-              conflicts=(_MODEL_PARALLEL_16_MIXED,)),
-    # The LLM bonus "before" scripts: the whole model on every rank, gradients all-reduced in buckets
-    # (Lightning's DDPStrategy passes no DDP options: torch's 25 MiB buckets, no bucket views).
-    Technique("ddp", "distributed data parallel: the whole model, gradients and optimizer state on every "
-              "rank, gradients all-reduced", "bonus_bigbird-before", group="strategy", strategy="ddp"),
-    Technique("deepspeed-zero2", "DeepSpeed ZeRO stage 2 through Lightning's DeepSpeedStrategy: optimizer "
-              "state, fp32 master weights and gradients partitioned over the ranks", "bonus_distilbert-before",
-              group="strategy", strategy="deepspeed_stage_2", requires=frozenset({"deepspeed"})),
+    *fsdp.ENTRIES,
+    *fsdp2.ENTRIES,
+    ddp.ENTRY,
+    deepspeed_zero2.ENTRY,
     activation_checkpointing.ENTRY,
     cpu_offload.ENTRY,
     delayed_init.ENTRY,

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from memclaims.techniques.base import LoopHelper
+
 # The op's one warning when it ignores ``options`` and runs the reference path (torch/nn/functional.py:
 # "linear_cross_entropy: ``options`` ignored; chunked path needs ..."): a fused loss that silently
 # materializes the logits.
@@ -66,7 +68,7 @@ def bypassed_head(model: nn.Module) -> nn.Module | None:
     return next((m.head for m in model.modules() if isinstance(m, HiddenStatesHead)), None)
 
 
-class FusedLoss:
+class FusedLoss(LoopHelper):
     """The engines' loss for a ``fused-linear-ce`` recipe, and what it saw for the Record. The sim
     replays it on fake tensors with the options CUDA resolves to (memclaims.techniques.impl.chunked_linear_ce_fake)."""
 
@@ -116,6 +118,16 @@ class FusedLoss:
         self.calls += 1
         self.rows, self.classes, self.chunk_rows = rows, int(weight.shape[0]), int(resolved.batch_chunk_size)
         return loss
+
+    def loss(self, model: nn.Module, output: Any, targets: Any) -> torch.Tensor:
+        """The engines' loss: the "logits" the model returned are the hidden states."""
+        return self(model, output, targets)
+
+    def compute_dtypes(self, seen: list[str]) -> list[str]:
+        """The head's matmul ran inside the loss, in the recipe's compute dtype."""
+        if not self.calls:
+            return seen
+        return sorted({*seen, str(self.compute_dtype).removeprefix("torch.")})
 
     def measured_fields(self) -> dict[str, Any]:
         """The Record's fused-loss fields."""
