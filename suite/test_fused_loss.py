@@ -24,7 +24,7 @@ from memclaims.pytest.records import RecordCache
 from memclaims.recipes import requirements
 from memclaims.recipes.recipe import resolve
 from memclaims.sim import simulate
-from memclaims.techniques.impl import chunked_linear_ce as fused_loss
+from memclaims.techniques import fused_linear_ce as fused_loss
 from memclaims.workloads import hf
 
 FUSED = ("fused-linear-ce",)
@@ -104,10 +104,10 @@ def test_an_op_that_falls_back_is_caught() -> None:
 def inject_head_not_bypassed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The head bypass that leaves the model as it was: the forward computes the logits, and the engines'
     loss falls back to cross_entropy over them (a workload whose head the bypass does not find)."""
-    import memclaims.techniques.impl.chunked_linear_ce
+    import memclaims.techniques.fused_linear_ce
 
     # The technique's hooks (memclaims.techniques.fused_linear_ce) call it on every engine, the sim's included.
-    monkeypatch.setattr(memclaims.techniques.impl.chunked_linear_ce, "apply", lambda model, head_of: model)
+    monkeypatch.setattr(memclaims.techniques.fused_linear_ce, "apply", lambda model, head_of: model)
 
 
 @pytest.mark.sim
@@ -148,7 +148,7 @@ def test_the_sim_adds_the_ops_cuda_scratch(dtype, buffers, monkeypatch) -> None:
     tensors, as the sim runs it: there only the fake's outputs and the sim's own scratch are made."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memclaims.techniques.impl.chunked_linear_ce_fake import SimulatedFusedLoss
+    from memclaims.techniques.fused_linear_ce import SimulatedFusedLoss
 
     made: set[tuple[tuple[int, ...], torch.dtype]] = set()
     real_empty = torch.empty

@@ -27,6 +27,7 @@ from memclaims.measure.host import HostSteps
 from memclaims.measure.loop import TrainingLoop
 from memclaims.measure.record_builder import TOP_PHASES, build_record
 from memclaims.recipes.run_options import RunOptions, accuracy_schedule, evaluates
+from memclaims.techniques.base import merge_observed
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -126,7 +127,7 @@ def observed_fields(engine: Engine, model: nn.Module, optimizer: Any, probe: pro
         if recipe.optimizer in optimizers.EIGHT_BIT else None,
     )
     for hooks in recipe.hooks:
-        observed.update(hooks.observe(engine, model, optimizer, probe))
+        merge_observed(observed, hooks.observe(engine, model, optimizer, probe))
     return observed
 
 

@@ -55,6 +55,7 @@ from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
+from memclaims.techniques.base import merge_observed
 from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
 from memclaims.techniques.registry import reshard_after_forward
 
@@ -248,11 +249,17 @@ def _with_allocator_settings(chosen: Profile, recipe: Recipe) -> Profile:
     return chosen if allocator == chosen.allocator else dataclasses.replace(chosen, allocator=allocator)
 
 
+def _merged(states: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(states)
+    merge_observed(merged, after)
+    return merged
+
+
 def _observed_after(session: _Session, recipe: Recipe) -> dict[str, Any]:
     """What the allocator model shows of the recipe's techniques once the replay has ended (memclaims.measure.active)."""
     observed: dict[str, Any] = {}
     for hooks in recipe.hooks:
-        observed.update(hooks.sim_observe_run(session))
+        merge_observed(observed, hooks.sim_observe_run(session))
     return observed
 
 
@@ -603,7 +610,7 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     states.update(loop.measured_fields())
     states["predicted_step_s"] = last_step_seconds(loop.step_ends)
     for hooks in recipe.hooks:  # paged state in unified memory, the adapted model's parameters
-        states.update(hooks.sim_observe(model, optimizer, session))
+        merge_observed(states, hooks.sim_observe(model, optimizer, session))
     loop.logits = None
     return states
 
@@ -712,7 +719,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         step_peaks=session.recorder.step_peaks,
         peak_reserved_total_bytes=session.allocator.stats.reserved_high_water,  # never reset: the article's figure
         reference_load_peak_bytes=reference.peak.allocated_bytes if reference else None,
-        weights="random", data=FAKE_DATA, notes=notes, observed={**states, **_observed_after(session, recipe)},
+        weights="random", data=FAKE_DATA, notes=notes, observed=_merged(states, _observed_after(session, recipe)),
     )
 
 
@@ -816,7 +823,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,
         phases=session.recorder.phases, step_peaks=session.recorder.step_peaks,
         peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, weights="random", data=FAKE_DATA,
-        notes=notes, observed={**states, **_observed_after(session, recipe)}, devices=world, rank=0,
+        notes=notes, observed=_merged(states, _observed_after(session, recipe)), devices=world, rank=0,
     )
 
 

@@ -96,7 +96,8 @@ class Hooks:
         """The optimizer before ``setup`` (Fabric's wrapper is no optimizer to copy)."""
 
     def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
-        """The Record's fields of what the technique did, read right after the measured steps."""
+        """The Record's fields of what the technique did, read right after the measured steps: the flat fields
+        the techniques before issue #41 fill, or ``{"by_technique": {ENTRY.name: {...}}}`` for a new one."""
         return {}
 
     # --- the active check and the case test -----------------------------------------------------------
@@ -164,6 +165,15 @@ class Hooks:
 
 
 NO_HOOKS = Hooks()
+
+
+def merge_observed(into: dict[str, Any], observed: dict[str, Any]) -> None:
+    """Add a hook's ``observe`` fields to the Record's: flat fields by name, ``by_technique`` by technique."""
+    for key, value in observed.items():
+        if key == "by_technique":
+            into.setdefault("by_technique", {}).update(value)
+        else:
+            into[key] = value
 
 
 class LoopHelper:
