@@ -22,7 +22,7 @@ from memclaims.core import settings as table
 from memclaims.core.errors import MemclaimsError, OutOfMemory, UsageError
 from memclaims.core.settings import Settings
 from memclaims.recipes.named import NAMED_RECIPES
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 from memclaims.workloads.registry import WORKLOADS
 
 EXIT_FAILED_RUN = 1

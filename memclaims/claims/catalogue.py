@@ -32,7 +32,7 @@ from memclaims.core import published
 from memclaims.core.names import CONVERGED
 from memclaims.core.record import ACTIVATIONS, BUFFERS, CATEGORIES, OPTIMIZER_STATE, Record
 from memclaims.recipes.run_options import LOAD_RECIPES
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 # Accuracy at article scale (gpu): the article's own spread over its chain (95.85-97.34 %).
 ARTICLE_ACCURACY_TOLERANCE = 0.02

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from memclaims.core import published
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 GB = 1e9  # the article's unit: decimal GB of max_memory_reserved
 # The article's chain rows this check runs: 01-2 (the reference) to 06, but 05 (accumulation, four

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
 from memclaims.measure.optimizers import EIGHT_BIT
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe

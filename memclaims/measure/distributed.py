@@ -43,7 +43,7 @@ from memclaims.recipes.run_options import (
     default_devices,
     resolve_memory_steps,
 )
-from memclaims.techniques.registry import HYBRID_NODES, reshard_after_forward, shard_group_size
+from memclaims.techniques.technique_registry import HYBRID_NODES, reshard_after_forward, shard_group_size
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe

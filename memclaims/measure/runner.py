@@ -24,7 +24,7 @@ from memclaims.measure import evaluation, pipeline
 from memclaims.measure import probes as probe_module
 from memclaims.measure.record_builder import failed_phase
 from memclaims.recipes.run_options import RunOptions, check_device, resolve_memory_steps
-from memclaims.techniques.registry import FP32
+from memclaims.techniques.technique_registry import FP32
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe

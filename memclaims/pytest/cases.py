@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from memclaims.techniques.registry import TRUE_HALF_PRECISIONS
+from memclaims.techniques.technique_registry import TRUE_HALF_PRECISIONS
 
 if TYPE_CHECKING:
     from memclaims.pytest.baselines import BaselineCheck

@@ -34,7 +34,7 @@ from memclaims.core.settings import BY_NAME as OPTION_BY_NAME
 from memclaims.core.settings import OPTIONS, BadValue, Option, Settings, parse, settings_from
 from memclaims.pytest.addoption import SELECTIONS, pytest_addoption  # noqa: F401 - the hook, registered here
 from memclaims.recipes import requirements
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 if TYPE_CHECKING:
     from memclaims.baselines.compare import Summary

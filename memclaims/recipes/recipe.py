@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from memclaims.core.errors import UsageError
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 from memclaims.techniques.base import Hooks
 from memclaims.workloads.registry import workload as find_workload
 from memclaims.workloads.types import Scale, Workload

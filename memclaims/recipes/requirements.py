@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from memclaims.core.errors import UsageError
 from memclaims.core.machine import DEVICES, Machine
 from memclaims.core.names import tier_device
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 if TYPE_CHECKING:
     pass

@@ -33,7 +33,7 @@ from memclaims.recipes.recipe import Recipe, for_workload, resolve
 from memclaims.recipes.run_options import RunOptions
 from memclaims.run import case_needs
 from memclaims.run import needs as run_needs
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 TIERS = ("cpu", "converged", "dist", "sim", "sim-current")
 CHAIN = registry.CHAIN

@@ -40,7 +40,7 @@ from memclaims.core.record import Record
 from memclaims.recipes.recipe import Recipe, Sizes, resolve
 from memclaims.recipes.run_options import RunOptions
 from memclaims.run import check, run_recipe
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}

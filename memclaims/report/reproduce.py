@@ -23,7 +23,7 @@ from memclaims.core.names import device_tier
 from memclaims.core.record import Record
 from memclaims.recipes.recipe import Recipe, parse_id, resolve
 from memclaims.report.series import MeasureFn
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 if TYPE_CHECKING:
     from memclaims.claims.lookup import Lookup
@@ -32,7 +32,7 @@ RunFn = Callable[[Recipe, str, bool], Record]  # (recipe, device, evaluate) -> R
 LoadFn = Callable[[Recipe, str], Record]  # (recipe, device) -> the Record of its load only (the sim's 07 replay)
 
 # (row, published script, techniques, the claim that judges the row's size against the row before).
-# Row 01 (plain PyTorch) and the chain (techniques.registry.CHAIN, 01-2 -> 06); each row's script is its
+# Row 01 (plain PyTorch) and the chain (techniques.technique_registry.CHAIN, 01-2 -> 06); each row's script is its
 # logged row in published.json; the claim judges row 01 against 01-2 and every later row against the one before.
 _ROW_CLAIMS = ("fabric-memory", None, "16-mixed-memory", "bf16-true-memory", "small-batch-memory",
                "grad-accum-memory", "sgd-memory")

@@ -57,7 +57,7 @@ from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
 from memclaims.techniques.base import merge_observed
 from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
-from memclaims.techniques.registry import reshard_after_forward
+from memclaims.techniques.technique_registry import reshard_after_forward
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -757,7 +757,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
     shard_dtype = PRECISIONS[recipe.precision].param_dtype
     if recipe.fsdp2:
         # ModelParallelStrategy with memclaims' parallelize_fn: no MixedPrecisionPolicy, every collective in the
-        # parameters' dtype; reshard_after_forward is the recipe's (memclaims.techniques.registry.reshard_after_forward).
+        # parameters' dtype; reshard_after_forward is the recipe's (memclaims.techniques.technique_registry.reshard_after_forward).
         param_dtype = reduce_dtype = shard_dtype
         notes.append(f"FSDP2 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): {sharded.FSDP2_NOTE}; "
                      f"reshard_after_forward={reshard_after_forward(recipe.sharding)} on each block (the root: "

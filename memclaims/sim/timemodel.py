@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memclaims.recipes.recipe import Recipe, resolve
 from memclaims.sim.timeline import A100_40GB, GpuPeaks, op_seconds
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 
 @dataclass(slots=True)  # an accumulator of four sums, updated on every op

@@ -6,13 +6,13 @@ conflicts and the reasons for them, requirements, the workloads it needs), whose
 ``init_context``, ``convert_module``, ``setup_options``, ``before_setup``, ``run_context``, ``refusal``), what
 it observes for the Record (``observe``), its active check (``check``, ``rank_check``), what the case test
 expects of it, and its replay on the sim (``sim_*``). The engines iterate over ``Recipe.hooks`` and never ask
-which technique a recipe has. ``registry.py`` is the list of entries, in the order case ids name them, and the
+which technique a recipe has. ``technique_registry.py`` is the list of entries, in the order case ids name them, and the
 rules of combining them (``canonical``, the selections).
 
 Where the line is drawn. Three kinds of choice stay **core fields of the recipe** (``Recipe.precision``,
 ``batch_size`` / ``accumulation_steps``, ``optimizer``, and the loop: ``plain_pytorch``): their techniques
 (``16-mixed``, ``bf16-true``, ..., ``small-batch``, ``grad-accum``, ``sgd``, ``adamw``, ``adam8bit``, ...,
-``pytorch``, ``fabric``) are entries of ``registry.py`` without a module. Every engine must make each of those
+``pytorch``, ``fabric``) are entries of ``technique_registry.py`` without a module. Every engine must make each of those
 choices for every recipe (one precision, one batch, one optimizer, one loop), Lightning's own ``precision=``
 and optimizer arguments are what they set, and a hook for each would only forward a value the engine needs
 anyway; they are read as data, as Lightning's ``Fabric(precision=...)`` takes a string. A technique that
@@ -20,7 +20,7 @@ anyway; they are read as data, as Lightning's ``Fabric(precision=...)`` takes a 
 module here, paged-adamw8bit included: its optimizer is the core field, its paging and what shows it are its
 module's.
 
-The strategies (``fsdp.py``: fsdp and FSDP1's sharding strategies; ``fsdp2.py``; ``ddp.py``;
+The strategies (``fsdp.py``: fsdp and FSDP1's sharding strategies; ``fsdp2.py``; ``distributed_data_parallel.py``;
 ``deepspeed_zero2.py``) own their entries, the sharding arithmetic and their active checks; the multi-rank
 engines (``memclaims.measure.distributed``, ``memclaims.measure.lightning_fsdp``, ``memclaims.sim.sharded``,
 ``memclaims.sim.zero``, ``memclaims.sim.ddp``) still read the entry's ``strategy``, ``sharding`` and ``fsdp2``,

@@ -20,7 +20,7 @@ from suite.selftest.test_sharded_cuda_wiring import (
 
 pytestmark = pytest.mark.cpu
 
-# The optimizers a recipe can fuse into backward (the 8-bit ones conflict: memclaims.techniques.registry).
+# The optimizers a recipe can fuse into backward (the 8-bit ones conflict: memclaims.techniques.technique_registry).
 FUSABLE = ("adam", "sgd", "adamw", "adafactor")
 STEPS = 3  # past the first step: Adam's bias correction and SGD's cosine schedule both move
 

@@ -8,7 +8,7 @@ import pytest
 
 from memclaims.core.errors import UsageError
 from memclaims.recipes.recipe import parse_id, resolve
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 
 def test_names_are_the_public_contract() -> None:

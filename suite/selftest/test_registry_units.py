@@ -9,7 +9,7 @@ from itertools import chain, combinations
 import pytest
 
 from memclaims.core.errors import UsageError
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 T = registry.BY_NAME
 

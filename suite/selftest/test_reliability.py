@@ -20,7 +20,7 @@ from memclaims.measure.probes import CpuProbe
 from memclaims.measure.runner import out_of_memory_request, run
 from memclaims.recipes.recipe import parse_id, resolve
 from memclaims.recipes.run_options import RunOptions
-from memclaims.techniques import registry
+from memclaims.techniques import technique_registry as registry
 
 # Fields that legitimately differ between two runs of the same recipe: wall time, and the process's
 # resident set (allocator arenas and what earlier work left mapped), per step phase too.

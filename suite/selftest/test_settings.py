@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from memclaims import cli
-from memclaims.core import names, techniques
+from memclaims.core import names
 from memclaims.core import settings as table
 from memclaims.core.settings import OPTIONS, Settings
 from memclaims.pytest.testing import make_project
+from memclaims.techniques import technique_registry as techniques
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]

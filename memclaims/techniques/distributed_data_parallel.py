@@ -1,4 +1,4 @@
-"""ddp: distributed data parallel, the LLM bonus "before" scripts: the whole model on every rank, gradients
+"""ddp (distributed data parallel): the LLM bonus "before" scripts: the whole model on every rank, gradients
 all-reduced in buckets (Lightning's DDPStrategy passes no DDP options: torch's 25 MiB buckets, no bucket views).
 The multi-rank engines run it from the entry's ``strategy``; what shows it: every rank holds the whole model,
 and the ranks' gradients, hashed after the first backward (``attach``: the loop's ``digests_gradients``), agree.
