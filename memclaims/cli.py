@@ -19,10 +19,10 @@ from typing import Any, NoReturn
 
 from memclaims.claims import catalogue as claim_registry
 from memclaims.core import settings as table
-from memclaims.core import techniques as registry
 from memclaims.core.errors import MemclaimsError, OutOfMemory, UsageError
 from memclaims.core.settings import Settings
 from memclaims.recipes.named import NAMED_RECIPES
+from memclaims.techniques import technique_registry as registry
 from memclaims.workloads.registry import WORKLOADS
 
 EXIT_FAILED_RUN = 1
@@ -201,9 +201,9 @@ def workload_from(args: Settings) -> str:
 
 
 def cmd_run(args: Settings) -> int:
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
-    from memclaims.run import measure, runs_ranks
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe, runs_ranks
 
     recipe = resolve(workload_from(args), args.scale, args.technique or [], sizes_from(args))
     options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
@@ -213,11 +213,11 @@ def cmd_run(args: Settings) -> int:
         from memclaims.measure.distributed import DistributedResult
 
         print(f"memclaims: running {recipe.id} on {args.device}, sharded", file=sys.stderr)
-        text = DistributedResult.from_records(measure(recipe, options)).to_json()
+        text = DistributedResult.from_records(run_recipe(recipe, options)).to_json()
     else:
         if args.device != "sim":
             print(f"memclaims: running {recipe.id} on {args.device}", file=sys.stderr)
-        (record,) = measure(recipe, options)
+        (record,) = run_recipe(recipe, options)
         text = record.to_json()
     if args.json:
         print(text)
@@ -236,9 +236,9 @@ def _print_summary(record: dict[str, Any]) -> None:
 
 def cmd_benchmark(args: Settings) -> int:
     """Wall time of each CPU case of a selection, and the total: the tier's time budget, measured."""
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import for_workload, resolve
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
     selection = for_workload(args.workload, registry.selection(args.matrix))
     total = 0.0
@@ -246,7 +246,7 @@ def cmd_benchmark(args: Settings) -> int:
     for techniques in selection:
         recipe = resolve(args.workload, args.scale, techniques)
         started = time.perf_counter()
-        measure(recipe, RunOptions(device="cpu", evaluate=not args.no_eval))
+        run_recipe(recipe, RunOptions(device="cpu", evaluate=not args.no_eval))
         elapsed = time.perf_counter() - started
         total += elapsed
         print(f"{recipe.id:<60} {elapsed:8.2f}", flush=True)
@@ -488,10 +488,10 @@ def cmd_upgrade(args: Settings) -> int:
 
 
 def cmd_report(args: Settings) -> int:
-    from memclaims.report import html_report, run_summary
+    from memclaims.report import html_report, summary_document
 
     assert args.summary_file is not None  # positional, required
-    data = run_summary.load(args.summary_file)
+    data = summary_document.load(args.summary_file)
     out = args.out if args.out is not None else args.summary_file.with_suffix(".html")
     print(f"wrote {html_report.write(data, out)}")
     return 0

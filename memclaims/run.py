@@ -1,4 +1,4 @@
-"""``measure(recipe, options) -> Measurement``: how every caller runs a recipe, on every engine.
+"""``run_recipe(recipe, options) -> Measurement``: how every caller runs a recipe, on every engine.
 
 It picks the engine and nothing else: the simulated GPU (``memclaims.sim``) for ``--device sim``;
 the sharded ranks (``memclaims.measure.distributed``: FSDP2 on CPU ranks, Lightning FSDP on CUDA ranks)
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from memclaims.core.errors import UsageError
 from memclaims.core.record import Record
 from memclaims.recipes import requirements
-from memclaims.recipes.options import SIM_ONLY, RunOptions
+from memclaims.recipes.run_options import SIM_ONLY, RunOptions
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 
 
 class Measurement(list[Record]):
-    """What ``measure`` returns: the run's Records (one, or one per rank, rank 0 first), and beside
+    """What ``run_recipe`` returns: the run's Records (one, or one per rank, rank 0 first), and beside
     them what a caller asked for that is no part of a Record.
 
-    A list, so that every caller reads the Records as before (``measure(...)[0]``); the extras are
+    A list, so that every caller reads the Records as before (``run_recipe(...)[0]``); the extras are
     attributes of the list, not fields of a Record, so a Record's keys (baseline files store them)
     never change with what its caller asked for: ``allocator_events``, the allocator model's
     history (``RunOptions.allocator_events``; None where not asked for)."""
@@ -41,16 +41,17 @@ class Measurement(list[Record]):
 
 
 def runs_ranks(recipe: Recipe, options: RunOptions) -> bool:
-    """Whether ``measure`` starts several processes (one Record each) for this recipe."""
+    """Whether ``run_recipe`` starts several processes (one Record each) for this recipe."""
     return options.device != "sim" and (recipe.strategy is not None or (options.devices or 1) > 1)
 
 
-def measure(recipe: Recipe, options: RunOptions) -> Measurement:
+def run_recipe(recipe: Recipe, options: RunOptions) -> Measurement:
     if options.device == "sim":
         return _simulate(recipe, options)
-    if recipe.expandable_segments and options.device == "cpu":
-        raise UsageError(f"{recipe.id}: expandable-segments is a setting of the CUDA caching allocator, which the "
-                         "CPU has none of; run it with --device cuda, or --device sim for the allocator model's prediction")
+    for hooks in recipe.hooks:  # a technique the device cannot run (expandable-segments on the CPU)
+        refused = hooks.refusal(recipe, options)
+        if refused:
+            raise UsageError(refused)
     asked = [name for name, default in SIM_ONLY.items() if getattr(options, name) != default]
     if asked:
         raise UsageError(f"{', '.join(asked)}: the sim's options (--device sim); {options.device} measures a real run")
@@ -76,8 +77,8 @@ def _simulate(recipe: Recipe, options: RunOptions) -> Measurement:
     return Measurement([record], allocator_events=events)
 
 
-def measure_many(recipes: Sequence[Recipe], options: RunOptions) -> list[list[Record]]:
-    """``measure`` of each recipe, those on ranks in one process group (starting ranks costs seconds)."""
+def run_recipes(recipes: Sequence[Recipe], options: RunOptions) -> list[list[Record]]:
+    """``run_recipe`` of each recipe, those on ranks in one process group (starting ranks costs seconds)."""
     ranked = [r for r in recipes if runs_ranks(r, options)]
     groups = {}
     if ranked:
@@ -85,7 +86,7 @@ def measure_many(recipes: Sequence[Recipe], options: RunOptions) -> list[list[Re
 
         results = distributed.run_distributed_many(ranked, options, timeout_s=options.timeout_s)
         groups = {recipe.id: result.records for recipe, result in zip(ranked, results)}
-    return [groups[r.id] if r.id in groups else measure(r, options) for r in recipes]
+    return [groups[r.id] if r.id in groups else run_recipe(r, options) for r in recipes]
 
 
 def check(recipe: Recipe, options: RunOptions) -> None:

@@ -32,7 +32,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "mutants"
-TARGETS = ("memclaims.claims.catalogue", "memclaims.baselines.compare", "memclaims.baselines.store", "memclaims.core.techniques")
+TARGETS = ("memclaims.claims.catalogue", "memclaims.baselines.compare", "memclaims.baselines.store", "memclaims.techniques.technique_registry")
 # What every child would import anyway, loaded once: the training stack (the plugin's preflight imports
 # all of it) and pytest's plugins. Not memclaims: its import is what runs the mutant.
 PRELOAD = ("torch", "torchvision", "lightning", "torchmetrics", "transformers", "bitsandbytes", "numpy", "pytest",

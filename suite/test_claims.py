@@ -61,7 +61,7 @@ def test_claim(tier: str, claim: Claim, record_cache: RecordCache, record_proper
     assert claim.check is not None
     record_property("claim", claim.name)
     record_property("tier", tier)
-    # The Records the check reads, measured once this session through memclaims.run.measure.
+    # The Records the check reads, measured once this session through memclaims.run.run_recipe.
     verdict = claim.check.run(tier, record_cache.lookup(tier, claim))
     record_property("detail", verdict.detail)
     assert verdict.passed, f"{claim.statement} ({claim.source}) does not hold: {verdict.detail}"
@@ -137,15 +137,15 @@ def test_accuracy_claim_fails_under_mutation(name: str, mutation: str, record_ca
     from memclaims.claims.accuracy import BY_CLAIM
     from memclaims.claims.accuracy import MUTATIONS as MAKE
     from memclaims.claims.catalogue import CLAIMS_BY_NAME
-    from memclaims.recipes.options import RunOptions
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
     claim = CLAIMS_BY_NAME[name]
     candidate_t, reference_t = BY_CLAIM[name].on("cpu")
     reference = record_cache.get("cpu", record_cache.recipe("cpu", "vit", reference_t, CONVERGED))
     honest = record_cache.get("cpu", record_cache.recipe("cpu", "vit", candidate_t, CONVERGED))
     with MAKE[mutation]():
-        mutated = measure(record_cache.recipe("cpu", "vit", candidate_t, CONVERGED), RunOptions(device="cpu"))[0]
+        mutated = run_recipe(record_cache.recipe("cpu", "vit", candidate_t, CONVERGED), RunOptions(device="cpu"))[0]
     records = {candidate_t: mutated, reference_t: reference}
     assert claim.check is not None
     assert claim.check.run("cpu", Lookup(records.__getitem__)).passed is False, (

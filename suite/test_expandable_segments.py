@@ -14,12 +14,13 @@ import pytest
 
 from memclaims.baselines.compare import compare
 from memclaims.core.errors import UsageError
-from memclaims.measure import active, allocator_setting
+from memclaims.measure import active
 from memclaims.pytest.records import RecordCache
-from memclaims.recipes.options import RunOptions, evaluates
 from memclaims.recipes.recipe import resolve
-from memclaims.run import measure
+from memclaims.recipes.run_options import RunOptions, evaluates
+from memclaims.run import run_recipe
 from memclaims.sim import replay, simulate
+from memclaims.techniques.impl import cuda_allocator_setting as allocator_setting
 
 EXPANDABLE = ("expandable-segments",)
 
@@ -71,7 +72,7 @@ def test_an_allocator_setting_trains_no_accuracy_phase_of_its_own() -> None:
 def test_the_cpu_has_no_caching_allocator_to_set() -> None:
     with pytest.raises(UsageError, match="expandable-segments is a setting of the CUDA caching allocator, which the "
                                          "CPU has none of; run it with --device cuda, or --device sim"):
-        measure(resolve("vit", "smoke", EXPANDABLE), RunOptions(device="cpu"))
+        run_recipe(resolve("vit", "smoke", EXPANDABLE), RunOptions(device="cpu"))
 
 
 class FakeCuda:

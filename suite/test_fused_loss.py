@@ -19,11 +19,12 @@ from memclaims.baselines.compare import compare
 from memclaims.core.errors import UsageError
 from memclaims.core.machine import linear_cross_entropy_problem
 from memclaims.core.record import Record
-from memclaims.measure import active, fused_loss
+from memclaims.measure import active
 from memclaims.pytest.records import RecordCache
 from memclaims.recipes import requirements
 from memclaims.recipes.recipe import resolve
 from memclaims.sim import simulate
+from memclaims.techniques import fused_linear_ce as fused_loss
 from memclaims.workloads import hf
 
 FUSED = ("fused-linear-ce",)
@@ -107,11 +108,10 @@ def test_an_op_that_falls_back_is_caught() -> None:
 def inject_head_not_bypassed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The head bypass that leaves the model as it was: the forward computes the logits, and the engines'
     loss falls back to cross_entropy over them (a workload whose head the bypass does not find)."""
-    import memclaims.measure.pipeline
-    import memclaims.sim.replay
+    import memclaims.techniques.fused_linear_ce
 
-    monkeypatch.setattr(memclaims.measure.pipeline.fused_loss, "apply", lambda model, head_of: model)
-    monkeypatch.setattr(memclaims.sim.replay, "bypass_head", lambda model, head_of: model)
+    # The technique's hooks (memclaims.techniques.fused_linear_ce) call it on every engine, the sim's included.
+    monkeypatch.setattr(memclaims.techniques.fused_linear_ce, "apply", lambda model, head_of: model)
 
 
 @pytest.mark.sim
@@ -134,7 +134,7 @@ def test_sim_head_left_in_the_forward_is_caught(record_cache, monkeypatch) -> No
 @pytest.mark.requires(torch_features="linear_cross_entropy")
 def test_cpu_head_left_in_the_forward_is_caught(monkeypatch) -> None:
     from memclaims.measure.runner import run
-    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.run_options import RunOptions
 
     inject_head_not_bypassed(monkeypatch)
     recipe = resolve(GPT2, "smoke", FUSED)
@@ -155,7 +155,7 @@ def test_the_sim_adds_the_ops_cuda_scratch(dtype, buffers, monkeypatch) -> None:
     tensors, as the sim runs it: there only the fake's outputs and the sim's own scratch are made."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memclaims.sim.fused_loss import SimulatedFusedLoss
+    from memclaims.techniques.fused_linear_ce import SimulatedFusedLoss
 
     made: set[tuple[tuple[int, ...], torch.dtype]] = set()
     real_empty = torch.empty

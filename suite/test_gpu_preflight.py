@@ -15,7 +15,7 @@ import pytest
 
 from memclaims.claims.catalogue import Check, Claim, Verdict
 from memclaims.core.errors import UsageError
-from memclaims.gpu import preflight as pre
+from memclaims.gpu import sim_preflight as pre
 from memclaims.recipes.recipe import resolve
 from memclaims.sim import check as sim_check
 from memclaims.sim.profiles import GPU_TIER_PROFILES

@@ -90,9 +90,9 @@ def test_qlora_is_active_and_matches_its_baseline(record_cache, baseline_check, 
 @pytest.mark.slow
 @pytest.mark.requires(bitsandbytes="cpu")
 def test_qlora_whose_base_is_not_quantized_is_caught(monkeypatch) -> None:
-    from memclaims.measure import lora
     from memclaims.measure.runner import run
-    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.techniques.impl import peft_adapters as lora
 
     monkeypatch.setattr(lora, "quantize", lambda model, workload, device: model)  # the base stays in fp32
     recipe = resolve("distilbert", "smoke", QLORA)

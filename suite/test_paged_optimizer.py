@@ -15,9 +15,9 @@ import pytest
 from memclaims.baselines.compare import compare
 from memclaims.measure import active
 from memclaims.pytest.records import RecordCache
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import resolve
-from memclaims.run import measure
+from memclaims.recipes.run_options import RunOptions
+from memclaims.run import run_recipe
 from memclaims.sim import simulate
 from memclaims.sim.tracker import DeviceMemory
 
@@ -53,7 +53,7 @@ def test_states_that_stay_in_the_allocator_are_caught(record_cache: RecordCache,
 @pytest.mark.requires(bitsandbytes="cpu")
 def test_on_the_cpu_bitsandbytes_does_not_page_and_the_record_says_so() -> None:
     recipe = resolve("vit", "smoke", PAGED)
-    record = measure(recipe, RunOptions(device="cpu", evaluate=False, memory_steps=1))[0]
+    record = run_recipe(recipe, RunOptions(device="cpu", evaluate=False, memory_steps=1))[0]
     assert record.paged_state_bytes == 0 and record.optimizer_state_by_dtype.get("uint8", 0) > 0
     assert active.problems(recipe, record) == []
     assert any("Paged optimizers are not supported on CPU" in note for note in record.notes)

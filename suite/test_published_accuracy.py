@@ -20,7 +20,7 @@ from memclaims.core import machine
 from memclaims.core.record import Record
 from memclaims.pytest.records import RecordCache
 from memclaims.recipes import requirements
-from memclaims.run import measure
+from memclaims.run import run_recipe
 
 
 def session_facts(config: pytest.Config) -> Facts:
@@ -55,7 +55,7 @@ def _measure(target: Target, record_cache: RecordCache) -> Record:
     if not recipe.sharded:
         return record_cache.get("gpu", recipe)
     options = dataclasses.replace(record_cache.options("gpu"), devices=target.needs.cuda_devices, timeout_s=None)
-    return measure(recipe, options)[0]
+    return run_recipe(recipe, options)[0]
 
 
 def test_published_accuracy(target: Target, record_cache: RecordCache, record_property: Any) -> None:

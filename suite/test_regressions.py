@@ -39,8 +39,8 @@ from memclaims.core.record import Record
 from memclaims.measure import active, host, host_steady, steady
 from memclaims.measure.runner import run
 from memclaims.recipes import requirements
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Recipe, resolve
+from memclaims.recipes.run_options import RunOptions
 
 # One worker under -n (--dist loadgroup): the module-scoped clean Records are measured once.
 pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("regressions-clean")]

@@ -30,8 +30,8 @@ from memclaims.measure.distributed import DistributedResult, expected_shard_byte
 from memclaims.measure.runner import run
 from memclaims.pytest.plugin import settings
 from memclaims.recipes.named import NAMED_RECIPES
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Recipe, parse_id, resolve
+from memclaims.recipes.run_options import RunOptions
 from memclaims.report.candidate import DIST_RANKS, DIST_RUNS
 from memclaims.workloads.registry import gpu_tier_scale
 

@@ -210,13 +210,13 @@ def test_load_rows_are_the_stock_1000_class_model(loads):
 
 
 def test_the_doors_load_only_records_are_the_07_replays(loads):
-    """``measure(recipe, RunOptions(device="sim", load_only=True))``, how every caller asks for a 07 row:
+    """``run_recipe(recipe, RunOptions(device="sim", load_only=True))``, how every caller asks for a 07 row:
     the load replay's numbers as a Record of its load phase alone."""
-    from memclaims.recipes.options import LOAD_RECIPES, RunOptions
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import LOAD_RECIPES, RunOptions
+    from memclaims.run import run_recipe
 
     for row, (mode, _) in LOAD_ROWS.items():
-        (record,) = measure(resolve("vit", "article", LOAD_RECIPES[mode]), RunOptions(device="sim", load_only=True))
+        (record,) = run_recipe(resolve("vit", "article", LOAD_RECIPES[mode]), RunOptions(device="sim", load_only=True))
         peak = loads[row].peak
         assert (record.peak_reserved_bytes, record.peak_allocated_bytes, record.load_peak_bytes) == (
             peak.reserved_bytes, peak.allocated_bytes, peak.allocated_bytes)
@@ -614,16 +614,16 @@ def test_deepspeed_zero2_row_below_published_within_the_replays_own_shortfall(ba
     on the whole plus about 0.1 GB for DeepSpeed's unmodelled allocations. 0.933 now."""
     from memclaims.measure import active
     from memclaims.recipes.named import NAMED_RECIPES
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
+    from memclaims.recipes.run_options import RunOptions
     from memclaims.report.published_table import published
-    from memclaims.run import measure
+    from memclaims.run import run_recipe
     from memclaims.sim.zero import DISTILBERT_ONE_GPU, predict_distilbert_before
 
     before = NAMED_RECIPES["distilbert-before"]
     recipe = resolve(before.workload, before.scale, before.techniques)  # 16-mixed + deepspeed-zero2
-    record = measure(recipe, RunOptions(device="sim", profile="article"))[0]
-    one_gpu = measure(resolve(*DISTILBERT_ONE_GPU), RunOptions(device="sim", profile="article"))[0]
+    record = run_recipe(recipe, RunOptions(device="sim", profile="article"))[0]
+    one_gpu = run_recipe(resolve(*DISTILBERT_ONE_GPU), RunOptions(device="sim", profile="article"))[0]
     terms = predict_distilbert_before(one_gpu)
     # The technique's case through the one door is the accounting of the named row, term for term.
     assert record.breakdown == dataclasses.asdict(terms) and record.peak_reserved_total_bytes == terms.total

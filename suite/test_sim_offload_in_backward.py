@@ -17,7 +17,7 @@ from memclaims.measure import active
 from memclaims.pytest.records import RecordCache
 from memclaims.recipes.recipe import resolve
 from memclaims.sim import simulate
-from memclaims.sim.offload import SimulatedOffload
+from memclaims.techniques.impl.saved_tensor_offload_fake import SimulatedOffload
 from suite.test_regressions import inject_post_accumulate_hooks_lost
 
 pytestmark = pytest.mark.sim

@@ -21,8 +21,8 @@ from memclaims.measure import active, lightning_fsdp
 from memclaims.measure.runner import run
 from memclaims.recipes import requirements
 from memclaims.recipes.named import NAMED_RECIPES
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import parse_id, resolve
+from memclaims.recipes.run_options import RunOptions
 from memclaims.workloads.data import PadToLongest, SyntheticReviews, imdb_rows
 from memclaims.workloads.registry import WORKLOADS, workload
 from memclaims.workloads.text import TEXT_MODELS, config, text_data

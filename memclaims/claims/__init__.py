@@ -1,5 +1,5 @@
 """The claims of every source as relations over Records: the catalogue and its checks, what a check
-looks up (``lookup``: Records by key, measured by the caller through ``memclaims.run.measure``), the
+looks up (``lookup``: Records by key, measured by the caller through ``memclaims.run.run_recipe``), the
 "keeps accuracy" pairs and their mutations, the published accuracies, and the verdicts of the last run.
 
 May import ``core``, ``workloads``, ``recipes`` and ``baselines``; never an engine (``memclaims.run``,

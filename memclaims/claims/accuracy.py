@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memclaims.core import packaged
-from memclaims.core.techniques import ARTICLE_CHAIN
+from memclaims.techniques.technique_registry import ARTICLE_CHAIN
 
 
 @dataclass(frozen=True)

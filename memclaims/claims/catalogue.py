@@ -7,7 +7,7 @@ the tier and a lookup (``memclaims.claims.lookup``: techniques, or a variant of 
 session on that tier; the facts beside) and returns a Verdict whose detail always carries the numbers:
 "published X, this run Y", and where the article's text and its logs disagree, "text X, logs Y, this run Z".
 A check runs nothing: its caller measured the Records it declares (``Check.recipes``) through
-``memclaims.run.measure``.
+``memclaims.run.run_recipe``.
 
 Sizes are checked as ratios, not as directions:
 - sim (article scale): the predicted ratio against the published one, within a stated band;
@@ -29,10 +29,10 @@ from memclaims.claims.accuracy import BY_CLAIM as ACCURACY_PAIRS
 from memclaims.claims.accuracy import AccuracyPair
 from memclaims.claims.lookup import Key, Lookup, Techniques, Variant
 from memclaims.core import published
-from memclaims.core import techniques as registry
 from memclaims.core.names import CONVERGED
 from memclaims.core.record import ACTIVATIONS, BUFFERS, CATEGORIES, OPTIMIZER_STATE, Record
-from memclaims.recipes.options import LOAD_RECIPES
+from memclaims.recipes.run_options import LOAD_RECIPES
+from memclaims.techniques import technique_registry as registry
 
 # Accuracy at article scale (gpu): the article's own spread over its chain (95.85-97.34 %).
 ARTICLE_ACCURACY_TOLERANCE = 0.02
@@ -50,7 +50,7 @@ SIM_BANDS = {"grad-accum-memory": (0.95, 1.06)}
 # +-10 %. The ratios that touch row 05 also reach what the installed torch predicts (the sim's
 # gpu-tier profiles): since July 2023 foreach Adam no longer holds a second parameter-sized
 # temporary (pytorch#97712), so 05 is 0.855 of the article's, 05/04 0.892 of the published ratio
-# and 06/05 1.170 (memclaims.gpu.preflight, suite/test_gpu_preflight.py): +-10 % around both.
+# and 06/05 1.170 (memclaims.gpu.sim_preflight, suite/test_gpu_preflight.py): +-10 % around both.
 GPU_BAND = (0.90, 1.10)
 GPU_BANDS = {"grad-accum-memory": (0.80, 1.10), "sgd-memory": (0.90, 1.29)}
 

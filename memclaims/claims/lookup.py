@@ -2,7 +2,7 @@
 
 A check never runs anything: it asks its ``Lookup`` for the Records it compares, and its caller
 (suite/test_claims.py through ``memclaims.pytest.records.RecordCache``, ``memclaims.report.reproduce``,
-``memclaims.gpu.preflight``) measured them through ``memclaims.run.measure``. A key is the techniques of
+``memclaims.gpu.sim_preflight``) measured them through ``memclaims.run.run_recipe``. A key is the techniques of
 a recipe at the claim's workload and the tier's scale (``("bf16-true",)``), or a ``Variant`` of one
 (the same recipe with smaller micro-batches, or only its load as the 07 scripts replay it); every
 caller turns a key into what to measure the same way: ``recipe_of`` and ``options_for``. The one fact
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memclaims.core.record import Record
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Recipe, resolve
+from memclaims.recipes.run_options import RunOptions
 
 Techniques = tuple[str, ...]
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from memclaims.core import published
 from memclaims.core.errors import DataError
 from memclaims.core.record import Record
-from memclaims.recipes.options import RunOptions, accuracy_schedule
 from memclaims.recipes.recipe import Recipe, resolve
+from memclaims.recipes.run_options import RunOptions, accuracy_schedule
 
 CLAIM = "logged-accuracies"
 DOWNLOAD_HINT = "--memclaims-data-dir DIR --memclaims-download (needs internet, once)"

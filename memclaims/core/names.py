@@ -55,7 +55,7 @@ GPU_SMOKE = "gpusmoke"
 SIM_PROFILES = ("article", "current", "torch-2.1", "article-untimed", "article-math", "cpu-kernels", "a100", "h100",
                 "h200")
 # Optimizer steps the sim measures where none are asked for, at any scale (a real run measures its
-# scale's memory_steps; memclaims.recipes.options.memory_steps picks). The peak needs the second step:
+# scale's memory_steps; memclaims.recipes.run_options.memory_steps picks). The peak needs the second step:
 # gradients and optimizer state alive during the forward. With accumulation the scripts step at batch
 # 0, then every accum-th batch, so two steps cover a whole cycle (batches 1..accum: state alive,
 # gradients accumulating, then the step); later cycles repeat it allocation for allocation.

@@ -196,7 +196,7 @@ class Record:
     breakdown: dict[str, int] = field(default_factory=dict)  # by category, at the training peak
     memory_losses: list[float | None] = field(default_factory=list)  # null once diverged
     notes: list[str] = field(default_factory=list)
-    # What the accuracy phase ran (memclaims.recipes.options.accuracy_schedule): kind "epochs" or "steps",
+    # What the accuracy phase ran (memclaims.recipes.run_options.accuracy_schedule): kind "epochs" or "steps",
     # epochs / optimizer_steps, and the test examples it scored; empty when not evaluated.
     accuracy_schedule: dict[str, Any] = field(default_factory=dict)
     # After each epoch of the accuracy phase, where the run was asked for it (RunOptions.evaluate_each_epoch):
@@ -206,6 +206,11 @@ class Record:
     # (memclaims.core.tested_versions): "inside", "newer", "older" or "unknown". Empty in Records made
     # before the field existed (baseline files load as they are).
     versions_tested: dict[str, str] = field(default_factory=dict)
+    # What a technique observes of itself beyond the flat fields above, by technique name (its module's
+    # ``observe`` / ``sim_observe`` return ``{"by_technique": {name: {...}}}``: memclaims.techniques.base). The
+    # flat fields stay as baseline files store them; a technique added from now on puts what it newly observes
+    # here, and adds no field to this class. Left out of the JSON while empty, so such Records read as before.
+    by_technique: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def baseline_key(self) -> str:
@@ -216,7 +221,10 @@ class Record:
         return f"{self.recipe}@{self.devices}/rank{self.rank}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        fields_ = asdict(self)
+        if not fields_["by_technique"]:  # the Records of every technique before it: unchanged
+            del fields_["by_technique"]
+        return fields_
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False)

@@ -35,7 +35,7 @@ from memclaims.core.names import (
     data_dir,
 )
 
-Matrix = Literal["singles", "default", "full"]  # memclaims.core.techniques.SELECTIONS
+Matrix = Literal["singles", "default", "full"]  # memclaims.techniques.technique_registry.SELECTIONS
 GpuScale = Literal["article", "smoke"]  # the gpu tier's scale: smoke runs each workload's gpusmoke scale
 Summary = Literal["problems", "all"]
 Scale = Literal["smoke", "article", "gpusmoke"]  # memclaims.core.names' scale names

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from memclaims.core import published
-from memclaims.core import techniques as registry
+from memclaims.techniques import technique_registry as registry
 
 GB = 1e9  # the article's unit: decimal GB of max_memory_reserved
 # The article's chain rows this check runs: 01-2 (the reference) to 06, but 05 (accumulation, four
@@ -104,12 +104,12 @@ def sim_step() -> Step:
 
 
 def sim_rows() -> dict[str, Any]:
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
     options = RunOptions(device="sim", profile=SIM_PROFILE)
-    return {row: {"peak_reserved_total_bytes": measure(resolve("vit", "article", techniques),
+    return {row: {"peak_reserved_total_bytes": run_recipe(resolve("vit", "article", techniques),
                                                        options)[0].peak_reserved_total_bytes}
             for row, techniques, _ in rows()}
 
@@ -144,9 +144,9 @@ def history_cost() -> dict[str, Any]:
     import tempfile
 
     from memclaims.measure import diagnosis
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
     recipe = resolve("vit", "article", ("bf16-true",))
     result: dict[str, Any] = {"recipe": recipe.id}
@@ -155,7 +155,7 @@ def history_cost() -> dict[str, Any]:
         for entries in (0, HISTORY_ENTRIES):
             diagnosis.set_history_entries(entries)
             started = time.perf_counter()
-            record = measure(recipe, RunOptions(device="cuda", memory_steps=3, evaluate=False))[0]
+            record = run_recipe(recipe, RunOptions(device="cuda", memory_steps=3, evaluate=False))[0]
             snapshot = diagnosis.recipe_snapshot(recipe.id)
             result[f"history_{entries}"] = {
                 "wall_s": round(time.perf_counter() - started, 2), "step_time_s": record.step_time_s,
@@ -172,9 +172,9 @@ def allocator_trace(path: Path) -> dict[str, Any]:
 
     from memclaims.gpu import alloc_trace
     from memclaims.measure import diagnosis
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
     recipe = resolve(TRACE_WORKLOAD, "article", TRACE_TECHNIQUES)
     with tempfile.TemporaryDirectory() as folder:
@@ -182,7 +182,7 @@ def allocator_trace(path: Path) -> dict[str, Any]:
         diagnosis.set_snapshot_max_bytes(10**10)  # the replay needs the history from its start
         diagnosis.set_history_entries(TRACE_ENTRIES)
         diagnosis.set_history_stacks(False)
-        record = measure(recipe, RunOptions(device="cuda", memory_steps=TRACE_STEPS, evaluate=False))[0]
+        record = run_recipe(recipe, RunOptions(device="cuda", memory_steps=TRACE_STEPS, evaluate=False))[0]
         snapshot_file = diagnosis.recipe_snapshot(recipe.id)
         if snapshot_file is None:
             raise RuntimeError(f"{recipe.id}: no allocator snapshot was written")
@@ -192,7 +192,7 @@ def allocator_trace(path: Path) -> dict[str, Any]:
            "peak_reserved_total_bytes": record.peak_reserved_total_bytes,
            "peak_allocated_bytes": record.peak_allocated_bytes}
     alloc_trace.save(path, events, {"recipe": recipe.id, "steps": TRACE_STEPS, **gpu})
-    simulated = measure(recipe, RunOptions(device="sim", profile=SIM_PROFILE, memory_steps=TRACE_STEPS,
+    simulated = run_recipe(recipe, RunOptions(device="sim", profile=SIM_PROFILE, memory_steps=TRACE_STEPS,
                                            allocator_events=True))
     predicted, sim_events = simulated[0], simulated.allocator_events or []
     return {"recipe": recipe.id, "trace": str(path), "events": len(events), "gpu": gpu,

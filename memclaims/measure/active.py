@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
-from memclaims.core.techniques import shard_group_size, technique
-from memclaims.measure.optimizers import PAGED_MIN_NUMEL
+from memclaims.measure.optimizers import EIGHT_BIT
+from memclaims.techniques import technique_registry as registry
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -37,15 +37,19 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
     def say(technique: str, text: str) -> None:
         found.append(f"{record.recipe}: {technique} is not active: {text}")
 
+    def saying(technique: str) -> Callable[[str], None]:
+        return lambda text: say(technique, text)
+
     single = record.devices == 1
     _precision(recipe, record, single, say)
     _batch(recipe, record, say)
-    names = set(recipe.techniques)
-    if "sgd" in names and record.optimizer_state_bytes != 0:
+    # The optimizer, a core field of the recipe: its technique is the one that chose it.
+    chose = next((name for name in recipe.techniques if registry.technique(name).optimizer == recipe.optimizer), None)
+    if recipe.optimizer == "sgd" and record.optimizer_state_bytes != 0:
         say("sgd", f"optimizer_state_bytes is {record.optimizer_state_bytes:,} B; plain SGD keeps no state")
-    for name in names & {"adam8bit", "adamw8bit", "paged-adamw8bit"}:
-        if record.device == "sim" and not record.optimizer_state_by_dtype:
-            continue  # the sim computes 8-bit state sizes; it observes no dtypes
+    if chose is not None and recipe.optimizer in EIGHT_BIT and not (
+            record.device == "sim" and not record.optimizer_state_by_dtype):  # the sim observes no dtypes
+        name = chose
         quantized = record.optimizer_state_by_dtype.get("uint8", 0)
         if quantized == 0:
             say(name, f"no uint8 optimizer state (state bytes by dtype {record.optimizer_state_by_dtype}, "
@@ -53,147 +57,16 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
         elif single and record.optimizer_state_bytes > 4 * record.param_count:
             say(name, f"optimizer_state_bytes {record.optimizer_state_bytes:,} B is above 4 B per parameter "
                       f"({record.param_count:,} parameters); 8-bit Adam keeps about 2")
-    if "init-module" in names:
-        _init_module(recipe, record, say)
-    if "activation-checkpointing" in names:
-        _checkpointing(record, (without or {}).get("activation-checkpointing"), say)
-    if "cpu-offload" in names:
-        on_device = {d: b for d, b in record.param_bytes_by_device.items() if d != "cpu" and b}
-        if on_device or not record.param_bytes_by_device.get("cpu"):
-            say("cpu-offload", f"parameter bytes by device after setup are {record.param_bytes_by_device}; "
-                               "offloaded parameters live on the CPU only")
-    if "activation-offload" in names:
-        _offload(record, say)
-    if "optimizer-in-backward" in names:
-        _in_backward(record, say)
-    if "expandable-segments" in names:
-        _expandable(record, say)
-    if "paged-adamw8bit" in names and record.device != "cpu" and not record.paged_state_bytes:
-        say("paged-adamw8bit", f"paged_state_bytes is {record.paged_state_bytes} B after phase optimizer_step: no "
-                               "optimizer state in unified memory (bitsandbytes pages states of "
-                               f"{PAGED_MIN_NUMEL:,} elements or more)")
-    if recipe.sharding is not None and record.devices > 1:
-        _fsdp_sharding(recipe, record, say)
-    if recipe.lora:
-        _lora(record, lambda text: say("qlora" if recipe.quantize_base else "lora", text))
-    if recipe.quantize_base and not record.quantized_parameter_bytes:
-        say("qlora", f"quantized_parameter_bytes is {record.quantized_parameter_bytes} after phase load: no base "
-                     "weight was stored in 4 bits (bitsandbytes' Linear4bit)")
-    if recipe.fused_loss:
-        _fused_loss(record, lambda text: say("fused-linear-ce", text))
-    if "ddp" in names and record.devices > 1:
-        full = record.param_count * (2 if record.precision in TRUE_HALF else 4)
-        if record.param_bytes != full:
-            say("ddp", f"rank {record.rank} holds {record.param_bytes:,} B of parameters, not the whole "
-                       f"model's {full:,} B: DDP replicates the model on every rank")
-        if record.grad_digest is None:
-            say("ddp", f"rank {record.rank} recorded no gradient digest: nothing shows an all-reduce")
-    if "deepspeed-zero2" in names and record.devices > 1:
-        _zero2_partitioned(record, say)
+    for name, hooks in zip(recipe.techniques, recipe.hooks):  # each technique's own check (memclaims.techniques)
+        hooks.check(recipe, record, (without or {}).get(name) if hooks.compare_without() else None, saying(name))
     return found
 
 
-def _fused_loss(record: Record, say: Callable[[str], None]) -> None:
-    """The chunked op ran for every micro-batch, on its chunked path, in chunks smaller than the tokens
-    (one chunk of all of them would be the reference's logits buffer again)."""
-    calls, rows, chunk = record.fused_loss_calls, record.fused_loss_rows, record.fused_loss_chunk_rows
-    micro_batches = (record.step_micro_batches or 1) * record.memory_steps
-    if not calls or calls < micro_batches:
-        say(f"fused_loss_calls is {calls} after phase train for {micro_batches} micro-batches: the loss was "
-            "computed from materialized logits (F.cross_entropy), not by linear_cross_entropy")
-    elif record.fused_loss_fallbacks:
-        say(f"fused_loss_fallbacks is {record.fused_loss_fallbacks} after phase train: linear_cross_entropy "
-            "ignored its options and ran the reference path, logits whole")
-    elif rows is None or chunk is None or chunk >= rows:
-        say(f"fused_loss_chunk_rows is {chunk} for {rows} tokens after phase train: one chunk of every token "
-            "materializes the whole logits")
-
-
-# ZeRO stage 2 per rank: the fp32 master copy and Adam's two fp32 states (12 B per parameter) and the
-# fp32 gradient partition (4 B) are each 1/N of the model's; flat-buffer padding adds at most a few
-# elements per rank, so 1 % above 1/N is already more than a partition holds.
-ZERO2_STATE_BYTES_PER_PARAMETER = 12
-ZERO2_GRAD_BYTES_PER_PARAMETER = 4
-ZERO2_SLACK = 1.01
-
-
-def _zero2_partitioned(record: Record, say: Callable[[str, str], None]) -> None:
-    world = record.devices
-    for field_name, per_parameter, what in (
-            ("optimizer_state_bytes", ZERO2_STATE_BYTES_PER_PARAMETER, "fp32 master weights and Adam state"),
-            ("grad_bytes", ZERO2_GRAD_BYTES_PER_PARAMETER, "fp32 gradient partition")):
-        held = getattr(record, field_name)
-        share = per_parameter * record.param_count / world
-        if held > share * ZERO2_SLACK:
-            say("deepspeed-zero2", f"rank {record.rank} holds {field_name} {held:,} B, above 1/{world} of the "
-                                   f"model's {what} ({share:,.0f} B): ZeRO-2 partitions them over the ranks")
-
-
-# FSDP per rank: parameters, gradients and (Adam's) optimizer state are 1/G of the model's, G the ranks that
-# share one copy (memclaims.core.techniques.shard_group_size: N, 1 for NO_SHARD, one simulated node's for
-# HYBRID_SHARD). Padding adds to it: FSDP2 pads each parameter's dim 0 to a multiple of G (the smoke ViT:
-# +1.4 % over 2 ranks, +9.1 % over 4: 21,420 B for 19,626 B), FSDP1 each flat parameter by under G elements.
-# 25 % covers the padding and stays far from the factor 2 between one strategy's share and the next's.
-FSDP_SHARE_SLACK = 1.25
-
-
-def _fsdp_sharding(recipe: Recipe, record: Record, say: Callable[[str, str], None]) -> None:
-    """Is the recipe's FSDP sharding strategy the one that ran? What each strategy keeps per rank:
-    FULL_SHARD and SHARD_GRAD_OP 1/N of the model state, NO_SHARD all of it, HYBRID_SHARD 1/(N/nodes);
-    SHARD_GRAD_OP every parameter still gathered after the forward, the others (with a wrap policy) the
-    root's only."""
-    name = next(t for t in recipe.techniques if technique(t).sharding)
-    sharding, world = recipe.sharding or "FULL_SHARD", record.devices
-    group = shard_group_size(sharding, world)
-    whole = record.param_count * (2 if record.precision in TRUE_HALF else 4)
-    on_device = not recipe.cpu_offload  # offload keeps the shards and their state on the host
-    what = "the whole model's" if group == 1 else f"1/{group} of the model's"
-    terms = [("param_bytes", 1, "model weights", "phase load (after setup)")]
-    if recipe.optimizer in ("adam", "adamw"):
-        terms.append(("optimizer_state_bytes", 2, "Adam state (two moments)", "phase optimizer_step"))
-    for field_name, copies, noun, when in terms:
-        held, share = getattr(record, field_name), copies * whole / group
-        steps = 4 * record.param_tensor_count if field_name == "optimizer_state_bytes" else 0  # Adam's step scalars
-        low = share / FSDP_SHARE_SLACK if on_device else 0
-        if not low <= held <= share * FSDP_SHARE_SLACK + steps:
-            say(name, f"rank {record.rank} holds {field_name} {held:,} B after {when}, not {what} {noun} "
-                      f"({share:,.0f} B within {FSDP_SHARE_SLACK - 1:.0%}): {sharding} over {world} ranks "
-                      f"shards them over {group}")
-    if record.grad_bytes > whole / group * FSDP_SHARE_SLACK:
-        say(name, f"rank {record.rank} holds grad_bytes {record.grad_bytes:,} B after phase backward, above {what} "
-                  f"gradients ({whole / group:,.0f} B): {sharding} over {world} ranks shards them over {group}")
-    # FSDP2 (fsdp2, fsdp2-no-reshard): fully_shard must be what ran, wherever it runs (on CPU ranks every
-    # FSDP technique runs it; the sim and CUDA run FSDP1 for the others).
-    if recipe.fsdp2 and record.fsdp_api != "fsdp2":
-        say(name, f"fsdp_api is {record.fsdp_api!r} after phase load, not 'fsdp2': FSDP2's fully_shard did not "
-                  "shard the model (FSDP1's flat parameters, or no FSDP, ran instead)")
-    # The reshard setting, in the words of the API that runs it.
-    kept, resharded = (("reshard_after_forward=False", "reshard_after_forward=True") if recipe.fsdp2 else
-                       ("SHARD_GRAD_OP", sharding))
-    gathered = record.forward_unsharded_params
-    if gathered is None:
-        if record.device != "cuda":  # Lightning's FSDPStrategy on CUDA ranks is not observed there
-            say(name, "forward_unsharded_params was not observed after phase forward")
-        return
-    if sharding == "SHARD_GRAD_OP" and gathered < record.param_count:
-        say(name, f"forward_unsharded_params is {gathered:,} of {record.param_count:,} parameters after phase "
-                  f"forward: {kept} keeps every parameter gathered from the forward through the backward "
-                  "(the blocks were resharded after their forward, as FULL_SHARD does)")
-    if sharding in ("FULL_SHARD", "HYBRID_SHARD") and recipe.workload.fsdp_auto_wrap and gathered >= record.param_count:
-        say(name, f"forward_unsharded_params is {gathered:,} of {record.param_count:,} parameters after phase "
-                  f"forward: {resharded} reshards each wrapped block after its forward (only the root stays "
-                  "gathered)")
-
-
 def rank_problems(records: Sequence[Record]) -> list[str]:
-    """What only the ranks of one run together show: DDP's gradients, all-reduced, are bit for bit
-    the same on every rank after the backward (each rank's own batch gave different local ones)."""
-    ddp = [r for r in records if "ddp" in r.techniques and r.devices > 1]
-    digests = {r.rank: r.grad_digest for r in ddp}
-    if len(set(digests.values())) > 1:
-        return [f"{ddp[0].recipe}: ddp is not active: the ranks' gradients differ after the backward "
-                f"(SHA-256 by rank: {digests}); DDP all-reduces them"]
-    return []
+    """What only the ranks of one run together show (``Hooks.rank_check``: DDP's gradients, all-reduced, are
+    bit for bit the same on every rank after the backward)."""
+    names = dict.fromkeys(name for record in records for name in record.techniques)
+    return [line for name in names for line in registry.technique(name).hooks.rank_check(records)]
 
 
 def _precision(recipe: Recipe, record: Record, single: bool,
@@ -231,87 +104,3 @@ def _batch(recipe: Recipe, record: Record, say: Callable[[str, str], None]) -> N
         technique = "grad-accum" if recipe.accumulation_steps > 1 else "optimizer step per batch"
         say(technique, f"the optimizer stepped after {record.step_micro_batches} micro-batches, "
                        f"expected {recipe.accumulation_steps}")
-
-
-def _init_module(recipe: Recipe, record: Record, say: Callable[[str, str], None]) -> None:
-    reference = record.reference_load_peak_bytes
-    if reference is None:
-        say("init-module", "no reference load (build in fp32, then convert) was measured to compare with")
-        return
-    # On the CPU in fp32 there is nothing to save: the reference's .to("cpu").to(float32) copies
-    # nothing. Everywhere else building in place must lower the load peak.
-    must_lower = record.device != "cpu" or record.precision in TRUE_HALF
-    if record.load_peak_bytes > reference or (must_lower and record.load_peak_bytes >= reference):
-        say("init-module", f"load_peak_bytes {record.load_peak_bytes:,} B is not below the reference load "
-                           f"(build in fp32, then convert) of {reference:,} B")
-
-
-def _checkpointing(record: Record, plain: Record | None, say: Callable[[str, str], None]) -> None:
-    if record.recomputed_linear_calls == 0:  # None: an engine that does not observe it (FSDP on the sim)
-        say("activation-checkpointing", "no nn.Linear ran inside the first backward pass: nothing was recomputed")
-    if plain is None:
-        say("activation-checkpointing", "no Record of the same recipe without it was given to compare with")
-        return
-    saved = record.phases.get("forward", {}).get("above_start_bytes")
-    plain_saved = plain.phases.get("forward", {}).get("above_start_bytes")
-    if saved is None or plain_saved is None or saved >= plain_saved:
-        say("activation-checkpointing", f"phases.forward.above_start_bytes (what the forward pass keeps "
-                                        f"for backward) is {saved} B with it, {plain_saved} B without")
-
-
-def _offload(record: Record, say: Callable[[str, str], None]) -> None:
-    # On the cpu tier the saved tensors are on the host already (save_on_cpu copies nothing): what
-    # went through its pack hook is all there is to see. Elsewhere the bytes left the device.
-    moved = record.offloaded_activation_bytes
-    if not moved:
-        say("activation-offload", f"offloaded_activation_bytes is {moved} B: no tensor saved for backward in "
-                                  "phase forward went through save_on_cpu's pack hook to host memory")
-
-
-def _expandable(record: Record, say: Callable[[str, str], None]) -> None:
-    # The setting applies to segments created after it: a run whose segments all came from the
-    # default allocator shows none mapped in expandable segments.
-    mapped = record.expandable_segment_bytes
-    if not mapped:
-        say("expandable-segments", f"expandable_segment_bytes is {mapped} B after phase train: no segment of the "
-                                   "run was expandable (the allocator made a segment per request as by default)")
-
-
-def _in_backward(record: Record, say: Callable[[str, str], None]) -> None:
-    steps, peak = record.backward_optimizer_steps, record.backward_grad_peak_bytes
-    expected = record.param_tensor_count * record.memory_steps  # one step per parameter per backward
-    if steps != expected:
-        say("optimizer-in-backward", f"backward_optimizer_steps is {steps}, expected {expected} "
-                                     f"({record.param_tensor_count} parameters x {record.memory_steps} steps) in "
-                                     "phase backward")
-    if record.grad_bytes:
-        say("optimizer-in-backward", f"grad_bytes is {record.grad_bytes:,} B after phase backward: gradients "
-                                     "outlived the backward instead of being freed as they were applied")
-    if peak is None or peak >= record.param_bytes:
-        say("optimizer-in-backward", f"backward_grad_peak_bytes is {peak} B in phase backward, not below the "
-                                     f"{record.param_bytes:,} B of all gradients: they all lived at once")
-
-
-# lora: at most this fraction of the parameters trainable (rank-8 adapters on two projections per layer
-# and the head: 5.6 % of the 2-layer, 64-wide smoke DistilBERT, whose head is a large share of it; 1.1 % of
-# the article one; everything trainable, when the base weights were not frozen, is 100 %), and per
-# trainable parameter at most Adam's two moments in fp32, plus one 8-byte step count per parameter tensor.
-LORA_MAX_TRAINABLE = 0.10
-LORA_STATE_BYTES_PER_TRAINABLE = 8
-LORA_STEP_BYTES_PER_TENSOR = 8
-
-
-def _lora(record: Record, say: Callable[[str], None]) -> None:
-    trainable, total = record.trainable_parameters, record.total_parameters
-    if trainable is None or not total:
-        say(f"trainable_parameters is {trainable}, total_parameters {total} after phase load: the run "
-            "saw no adapted model")
-        return
-    if trainable / total >= LORA_MAX_TRAINABLE:
-        say(f"trainable_parameters is {trainable:,} of {total:,} ({trainable / total:.1%}) after phase load, "
-            f"not below {LORA_MAX_TRAINABLE:.0%}: the base weights were not frozen")
-    bound = LORA_STATE_BYTES_PER_TRAINABLE * trainable + LORA_STEP_BYTES_PER_TENSOR * record.param_tensor_count
-    if record.optimizer_state_bytes > bound:
-        say(f"optimizer_state_bytes is {record.optimizer_state_bytes:,} B after phase optimizer_step, above "
-            f"the {bound:,} B that {trainable:,} trainable parameters can hold: the optimizer kept state "
-            "for frozen base weights")

@@ -12,7 +12,7 @@
   every rank (``CpuShardedEngine`` through ``memclaims.measure.pipeline``). Each rank trains on its slice
   of the same global batch as the single-process run, so the mean loss is the single-process loss.
 
-``memclaims.run.measure`` comes here for a sharded recipe; ``run_distributed_many`` runs
+``memclaims.run.run_recipe`` comes here for a sharded recipe; ``run_distributed_many`` runs
 several recipes in one process group.
 """
 
@@ -32,12 +32,18 @@ from torch import nn
 from memclaims.core.errors import UsageError
 from memclaims.core.precision import PRECISIONS, precision
 from memclaims.core.record import Record, device_name
-from memclaims.core.techniques import HYBRID_NODES, reshard_after_forward, shard_group_size
 from memclaims.measure import launcher, pipeline
 from memclaims.measure.probes import CpuProbe
-from memclaims.recipes.options import DEFAULT_TIMEOUT_S, RunOptions, check_device, default_devices, resolve_memory_steps
 from memclaims.recipes.recipe import parse_id
 from memclaims.recipes.requirements import DEEPSPEED_ON_CPU
+from memclaims.recipes.run_options import (
+    DEFAULT_TIMEOUT_S,
+    RunOptions,
+    check_device,
+    default_devices,
+    resolve_memory_steps,
+)
+from memclaims.techniques.technique_registry import HYBRID_NODES, reshard_after_forward, shard_group_size
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe

@@ -103,7 +103,7 @@ def free_port() -> int:
 def launch(fn: RankFunction, world_size: int, args: Sequence[Any] = (), *, backend: str = "gloo",
            timeout_s: float | None, port: int | None = None) -> list[Any]:
     """``fn(rank, world_size, *args)`` on every rank; the results, indexed by rank; ``timeout_s``: how long the
-    ranks may take (None: no limit; memclaims.recipes.options.DEFAULT_TIMEOUT_S for a run's).
+    ranks may take (None: no limit; memclaims.recipes.run_options.DEFAULT_TIMEOUT_S for a run's).
 
     ``fn`` must be a module-level function (spawned children import it by name).
     """

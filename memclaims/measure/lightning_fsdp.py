@@ -18,7 +18,7 @@ from torch import nn
 
 from memclaims.core.errors import UsageError
 from memclaims.measure import launcher
-from memclaims.recipes.options import RunOptions, default_devices
+from memclaims.recipes.run_options import RunOptions, default_devices
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -77,7 +77,7 @@ def model_parallel_strategy(recipe: Recipe, world: int | None = None) -> Any:
     (``data_parallel_size`` = the world, ``tensor_parallel_size=1``) and ``Fsdp2Parallelize``."""
     from lightning.fabric.strategies.model_parallel import ModelParallelStrategy
 
-    from memclaims.core.techniques import reshard_after_forward
+    from memclaims.techniques.technique_registry import reshard_after_forward
 
     world = world or default_devices("cuda")
     parallelize = Fsdp2Parallelize(block=recipe.workload.block_class(),
@@ -94,7 +94,7 @@ def fsdp_strategy(recipe: Recipe, world: int | None = None) -> Any:
     of one machine split into simulated nodes (without a mesh, one node's HYBRID_SHARD is FULL_SHARD)."""
     from lightning.fabric.strategies.fsdp import FSDPStrategy
 
-    from memclaims.core.techniques import shard_group_size
+    from memclaims.techniques.technique_registry import shard_group_size
 
     block = recipe.workload.block_class()
     sharding = recipe.sharding or "FULL_SHARD"

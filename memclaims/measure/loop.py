@@ -14,16 +14,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 
-from memclaims.measure.fused_loss import FusedLoss
-from memclaims.measure.in_backward import OptimizerInBackward
-from memclaims.measure.offload import ActivationOffload
 from memclaims.measure.tensors import storage_bytes
+from memclaims.techniques.base import LoopHelper
 
 # The phases of a training step, in the order of scripts 01-04 and 06 (05 zeroes after the step).
 # The loss (and its scaling under accumulation) belongs to ``forward``; reading its value, the
@@ -61,12 +59,10 @@ class TrainingLoop:
         self.compute_dtypes: list[str] = []
         # nn.Linear calls inside the first backward pass: activation checkpointing recomputes there.
         self.recomputed_linear_calls: int | None = None
-        # activation-offload: the forward passes' saved-tensor hooks (the engine's or the sim's).
-        self.offload: ActivationOffload | None = None
-        # optimizer-in-backward: the per-parameter optimizers stepping inside backward (``fuse``).
-        self.fused: OptimizerInBackward | None = None
-        # fused-linear-ce: the loss from the hidden states and the head's weight (the engine's or the sim's).
-        self.fused_loss: FusedLoss | None = None
+        # What the recipe's techniques put on this run's loop (memclaims.techniques.base.LoopHelper):
+        # activation-offload's saved-tensor hooks, the per-parameter optimizers of optimizer-in-backward,
+        # fused-linear-ce's loss; the engine's or the sim's.
+        self.helpers: list[LoopHelper] = []
 
     # --- what a subclass provides -------------------------------------------------------------
 
@@ -97,15 +93,22 @@ class TrainingLoop:
     def synchronize(self) -> None:
         """Wait for queued device work, so that step times are real."""
 
-    def fuse(self, optimizer: Any) -> None:
-        """Move ``optimizer``'s step into backward, one parameter at a time, stepping as ``step`` does."""
-        self.fused = OptimizerInBackward(optimizer, self.step)
+    def technique_loss(self, model: nn.Module, output: Any, targets: torch.Tensor) -> torch.Tensor | None:
+        """A helper's loss from the model's output (fused-linear-ce's), or None: cross-entropy over it."""
+        for helper in self.helpers:
+            loss = helper.loss(model, output, targets)
+            if loss is not None:
+                return loss  # type: ignore[no-any-return]
+        return None
 
-    def _saving(self) -> AbstractContextManager[Any]:
-        """The forward pass's saved-tensor hooks; the first pass under them counts what they offload."""
-        if self.offload is None:
-            return nullcontext()
-        return self.offload.forward(count=self.offload.host_bytes is None)
+    def _around_forward(self) -> ExitStack:
+        """The helpers' contexts around a forward pass (activation-offload's saved-tensor hooks)."""
+        stack = ExitStack()
+        for helper in self.helpers:
+            context = helper.forward_context()
+            if context is not None:
+                stack.enter_context(context)
+        return stack
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -123,14 +126,14 @@ class TrainingLoop:
                 on_step()
             model.train()
             watch = watch_linear_outputs(model) if not self.compute_dtypes else None
-            with phase("forward"), self._saving():
+            with phase("forward"), self._around_forward():
                 loss = self.forward_loss(model, inputs, targets)
                 if accumulation > 1:
                     loss = loss / accumulation  # 05: scaled loss, step on every accumulation-th batch
             if watch is not None:
                 self.compute_dtypes = watch()
-                if self.fused_loss is not None and self.fused_loss.calls:  # the head's matmul, inside the loss
-                    self.compute_dtypes = sorted({*self.compute_dtypes, dtype_name(self.fused_loss.compute_dtype)})
+                for helper in self.helpers:  # fused-linear-ce: the head's matmul, inside the loss
+                    self.compute_dtypes = helper.compute_dtypes(self.compute_dtypes)
             examples += batch_examples(inputs, targets)
             micro_batches += 1
             if accumulation == 1:
@@ -169,13 +172,12 @@ class TrainingLoop:
 
     def measured_fields(self) -> dict[str, Any]:
         """The Record's fields of what the loop observed (batch, accumulation, compute dtype)."""
-        fused = self.fused.measured_fields() if self.fused is not None else {}
-        fused_loss = self.fused_loss.measured_fields() if self.fused_loss is not None else {}
-        return dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
-                    compute_dtypes=list(self.compute_dtypes), grad_digest=self.grad_digest,
-                    recomputed_linear_calls=self.recomputed_linear_calls,
-                    offloaded_activation_bytes=self.offload.host_bytes if self.offload is not None else None,
-                    **fused, **fused_loss)
+        fields: dict[str, Any] = dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
+                                      compute_dtypes=list(self.compute_dtypes), grad_digest=self.grad_digest,
+                                      recomputed_linear_calls=self.recomputed_linear_calls)
+        for helper in self.helpers:
+            fields.update(helper.measured_fields())
+        return fields
 
     def loss_fields(self, memory_losses: list[float]) -> dict[str, Any]:
         """The Record's loss fields: the last loss, where it diverged, and the measured steps' losses."""

@@ -21,13 +21,10 @@ EIGHT_BIT = {"adam8bit": "Adam8bit", "adamw8bit": "AdamW8bit", "paged_adamw8bit"
 # the GPU runs out); smaller ones, and every state on the CPU, stay ordinary tensors
 # (Optimizer8bit.get_state_buffer: ``p.numel() < 1e5``; on the CPU it warns and falls back).
 PAGED = frozenset({"paged_adamw8bit"})
-PAGED_MIN_NUMEL = 100_000
+# The paged-adamw8bit technique's constant (memclaims.techniques.paged_adamw8bit), where the 8-bit models read it.
+from memclaims.techniques.paged_adamw8bit import PAGED_MIN_NUMEL as PAGED_MIN_NUMEL  # noqa: E402
+
 NAMES = ("adam", "sgd", "adamw", "adam8bit", "adamw8bit", "paged_adamw8bit", "adafactor")
-
-
-def paged_state_bytes(states: Any) -> int:
-    """Bytes of the optimizer state tensors bitsandbytes allocated in unified memory (``is_paged``)."""
-    return sum(t.untyped_storage().nbytes() for t in states if getattr(t, "is_paged", False))
 
 
 def training_arguments_defaults() -> dict[str, float]:

@@ -4,7 +4,7 @@ An engine says what differs between the ways a recipe runs (Lightning Fabric on 
 a CUDA FSDP rank in ``memclaims.measure.runner``, FSDP2 on CPU ranks in ``memclaims.measure.distributed``): how
 the model is built and set up, how a loss is computed and back-propagated, how accuracy is read.
 Everything around it happens here, once, in the same order for every engine, because the order
-decides what the probes see. ``memclaims.run.measure`` chooses the engine.
+decides what the probes see. ``memclaims.run.run_recipe`` chooses the engine.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record, environment_facts
-from memclaims.measure import allocator_setting, fused_loss, lora, optimizers, tensors
+from memclaims.measure import optimizers, tensors
 from memclaims.measure import probes as probe_module
 from memclaims.measure.host import HostSteps
 from memclaims.measure.loop import TrainingLoop
-from memclaims.measure.offload import ActivationOffload
 from memclaims.measure.record_builder import TOP_PHASES, build_record
-from memclaims.recipes.options import RunOptions, accuracy_schedule, evaluates
+from memclaims.recipes.run_options import RunOptions, accuracy_schedule, evaluates
+from memclaims.techniques.base import merge_observed
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -42,8 +42,6 @@ class Engine(TrainingLoop):
         super().__init__(recipe.accumulation_steps)
         self.recipe, self.options = recipe, options
         self.notes: list[str] = []
-        if recipe.offload_activations:
-            self.offload = ActivationOffload(options.device)
 
     @property
     def precision_ran(self) -> str:
@@ -104,12 +102,6 @@ def cycle(batches: Callable[[], Iterator[Any]]) -> Iterator[Any]:
             return
 
 
-def _fused_loss_head(recipe: Recipe) -> Callable[[nn.Module], nn.Module]:
-    head = recipe.workload.fused_loss_head
-    assert head is not None, "recipe.resolve refuses fused-linear-ce on a workload without a vocabulary projection"
-    return head
-
-
 def never_reset_reserved(phases: dict[str, probe_module.PhasePeak]) -> int | None:
     """The article's figure: ``max_memory_reserved`` never reset, loading included.
 
@@ -120,22 +112,23 @@ def never_reset_reserved(phases: dict[str, probe_module.PhasePeak]) -> int | Non
     return max(peaks) if peaks else None
 
 
-def observed_fields(engine: Engine, model: nn.Module, optimizer: Any) -> dict[str, Any]:
-    """The Record's observed-technique fields, read right after the measured steps."""
+def observed_fields(engine: Engine, model: nn.Module, optimizer: Any, probe: probe_module.Probe) -> dict[str, Any]:
+    """The Record's observed-technique fields, read right after the measured steps: the loop's, the model
+    state's, and what each of the recipe's techniques observes of itself (``Hooks.observe``)."""
     recipe, local = engine.recipe, engine.local
-    return dict(
+    observed = dict(
         **engine.measured_fields(),
         optimizer_state_by_dtype=tensors.bytes_by(
             (local(t) for t in tensors.optimizer_state_tensors(optimizer)), tensors.dtype_name),
         param_bytes_by_device=tensors.bytes_by((local(p) for p in model.parameters()),
                                                     tensors.device_type),
         host_state_bytes=host_state_bytes(engine, model, optimizer),
-        **(lora.parameter_fields(model) if recipe.lora else {}),
         min_8bit_size=(recipe.scale.min_8bit_size or _bnb_default_min_8bit_size())
         if recipe.optimizer in optimizers.EIGHT_BIT else None,
-        paged_state_bytes=optimizers.paged_state_bytes(tensors.optimizer_state_tensors(optimizer))
-        if recipe.optimizer in optimizers.PAGED else None,
     )
+    for hooks in recipe.hooks:
+        merge_observed(observed, hooks.observe(engine, model, optimizer, probe))
+    return observed
 
 
 def host_state_bytes(engine: Engine, model: nn.Module, optimizer: Any) -> dict[str, int]:
@@ -198,20 +191,14 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         seed_everything(options.seed)  # the recipe's model starts as without it
     with probe.phase("load"):
         model, weights = engine.build()
-        if recipe.fused_loss:  # the head bypassed in training; the loss takes its weight (before any adapters)
-            model = fused_loss.apply(model, _fused_loss_head(recipe))
-        if recipe.quantize_base:  # qlora: the base's linear layers in 4 bits, before the adapters go on
-            model = lora.quantize(model, recipe.workload, options.device)
-        if recipe.lora:  # frozen base weights, adapters and head trainable: before the optimizer sees them
-            model = lora.apply(model, recipe.workload)
+        for hooks in recipe.converters:  # checkpointing, the fused loss's head bypass, the adapters
+            model = hooks.convert_module(model, engine)
         # Counted before setup: FSDP's parameters are this rank's flat shards afterwards.
         param_count = sum(p.numel() for p in model.parameters())
         param_tensor_count = len(list(model.parameters()))
         optimizer, scheduler = _make_optimizer(engine, model, steps_per_epoch, memory_steps)
-        if recipe.optimizer_in_backward:
-            # Before setup, on the optimizer itself (Fabric's wrapper is no optimizer to copy); setup on
-            # one device moves and converts the parameters in place, so the hooks stay on them.
-            engine.fuse(optimizer)
+        for hooks in recipe.hooks:  # optimizer-in-backward: before setup, on the optimizer itself
+            hooks.before_setup(engine, optimizer)
         model, optimizer = engine.setup(model, optimizer)
 
     probe.track(model, optimizer)
@@ -221,8 +208,6 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
                      on_step=probe.step_begin, phase=host_steps.wrap(probe.step_phase))
     if isinstance(probe, probe_module.CudaProbe):  # the snapshot of this recipe, at its peak
         probe.capture_snapshot(recipe.id)
-    allocator_observed = {"expandable_segment_bytes": allocator_setting.expandable_segment_bytes(probe.cuda)} \
-        if recipe.expandable_segments and isinstance(probe, probe_module.CudaProbe) else {}
     local = engine.local
     states: dict[str, Any] = {
         "param_bytes": tensors.storage_bytes(local(p) for p in model.parameters()),
@@ -230,11 +215,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         "optimizer_state_bytes": tensors.storage_bytes(
             local(t) for t in tensors.optimizer_state_tensors(optimizer)),
     }
-    observed = observed_fields(engine, model, optimizer)
-    if recipe.optimizer in optimizers.PAGED and not observed["paged_state_bytes"]:
-        engine.notes.append(f"{recipe.optimizer}: no optimizer state in unified memory on {options.device} (bitsandbytes "
-                            "pages the states of CUDA parameters only: 'Paged optimizers are not supported on CPU. "
-                            "Falling back to non-paged optimizer behavior.')")
+    observed = observed_fields(engine, model, optimizer, probe)
     memory_losses = list(engine.losses)
     memory_step_times = list(engine.step_times)
 
@@ -286,5 +267,5 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         notes=engine.notes,
         accuracy_schedule=({**schedule, "test_examples": len(test_set)}  # type: ignore[arg-type]
                            if evaluates(recipe, options) and engine.declares_schedule else {}),
-        observed={**states, **observed, **allocator_observed},
+        observed={**states, **observed},
     )

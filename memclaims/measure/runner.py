@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -18,14 +19,12 @@ from torch.utils.data import DataLoader
 
 from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.names import CONVERGED
-from memclaims.core.precision import PRECISIONS, precision
 from memclaims.core.record import Record, device_name
-from memclaims.core.techniques import FP32
-from memclaims.measure import checkpointing, evaluation, pipeline
+from memclaims.measure import evaluation, pipeline
 from memclaims.measure import probes as probe_module
-from memclaims.measure.fused_loss import FusedLoss
 from memclaims.measure.record_builder import failed_phase
-from memclaims.recipes.options import RunOptions, check_device, resolve_memory_steps
+from memclaims.recipes.run_options import RunOptions, check_device, resolve_memory_steps
+from memclaims.techniques.technique_registry import FP32
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -57,13 +56,12 @@ class FabricEngine(pipeline.Engine):
             else:
                 self.fabric = Fabric(accelerator=options.device, devices=1, precision=cast(Any, recipe.precision))
             self.device = self.fabric.device
-        self.digests_gradients = recipe.strategy == "ddp"
         if recipe.precision != FP32:
             torch.set_float32_matmul_precision("high")  # as the scripts from 02 on
         if self.precision_ran != recipe.precision:
             self.notes.append(f"Lightning ran {recipe.precision} as {self.precision_ran} on {options.device}")
-        if recipe.fused_loss:  # the head's compute dtype under what Lightning ran
-            self.fused_loss = FusedLoss(PRECISIONS[self.precision_ran].compute_dtype)
+        for hooks in recipe.hooks:  # the loop's helpers: activation-offload's hooks, the fused loss
+            hooks.attach(self)
 
     @property
     def precision_ran(self) -> str:
@@ -82,19 +80,12 @@ class FabricEngine(pipeline.Engine):
     # --- load ------------------------------------------------------------------------------
 
     def build(self) -> tuple[nn.Module, str]:
-        model, weights = self._build()
         recipe = self.recipe
-        if recipe.activation_checkpointing and not recipe.sharded:  # sharded: the FSDP strategy's policy
-            self.notes.append(checkpointing.enable(model, recipe.workload))
-        return model, weights
-
-    def _build(self) -> tuple[nn.Module, str]:
-        recipe = self.recipe
-        if recipe.delayed_init:  # 11: built inside init_module under FSDP, empty_init=False as logged
-            with self.fabric.init_module(empty_init=False):
-                return recipe.workload.build_model(recipe.scale)
-        if recipe.init_on_device:
-            with self.fabric.init_module():
+        # init-module (07-03) builds inside fabric.init_module(), delayed-init (11) inside
+        # init_module(empty_init=False) under FSDP; the technique's context, where one has it.
+        contexts = [c for c in (hooks.init_context(self) for hooks in recipe.hooks) if c is not None]
+        if contexts:
+            with contexts[-1]:
                 return recipe.workload.build_model(recipe.scale)
         model, weights = recipe.workload.build_model(recipe.scale)
         if self.fabric is None:
@@ -102,18 +93,12 @@ class FabricEngine(pipeline.Engine):
         return model, weights
 
     def reference_load(self, probe: probe_module.Probe) -> int | None:
-        """07_01: build on the CPU in fp32, then ``.to(device).to(dtype)``; returns its peak."""
-        if not self.recipe.init_on_device:
-            return None
-        with probe.phase("load-reference"):
-            model, _ = self.recipe.workload.build_model(self.recipe.scale)
-            if self.recipe.lora:  # the same model as the recipe's: with its adapters
-                from memclaims.measure import lora
-
-                model = lora.apply(model, self.recipe.workload)
-            model.to(self.device).to(precision(self.recipe.precision).param_dtype)
-            del model
-        return probe.phases["load-reference"].allocated_bytes
+        """A technique's reference load (07_01 for init-module), measured before the recipe's own."""
+        for hooks in self.recipe.hooks:
+            peak = hooks.reference_load(self, probe)
+            if peak is not None:
+                return peak
+        return None
 
     def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
         if self.fabric is None:
@@ -122,8 +107,10 @@ class FabricEngine(pipeline.Engine):
             from memclaims.measure.lightning_fsdp import sync_module_states
 
             sync_module_states(model)  # DDP on gloo without its racy bucketed init sync (lightning_fsdp.strategy)
-        # 09: with CPU offload the model stays on the host; FSDP moves what it needs.
-        model, optimizer = self.fabric.setup(model, optimizer, move_to_device=not self.recipe.cpu_offload)
+        options: dict[str, Any] = {"move_to_device": True}
+        for hooks in self.recipe.hooks:  # 09: with CPU offload the model stays on the host; FSDP moves what it needs
+            options.update(hooks.setup_options())
+        model, optimizer = self.fabric.setup(model, optimizer, **options)
         return model, optimizer
 
     # --- train -----------------------------------------------------------------------------
@@ -136,9 +123,8 @@ class FabricEngine(pipeline.Engine):
 
     def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         logits = self.recipe.workload.logits(model, inputs)
-        if self.fused_loss is not None:  # fused-linear-ce: the "logits" are the hidden states
-            return self.fused_loss(model, logits, targets)
-        return F.cross_entropy(logits, targets)
+        loss = self.technique_loss(model, logits, targets)  # fused-linear-ce's, from the hidden states
+        return loss if loss is not None else F.cross_entropy(logits, targets)
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.fabric is None:
@@ -192,7 +178,7 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
     check_device(options.device)
     if recipe.sharded and options.device == "cpu":
         # Lightning refuses FSDP on the CPU; memclaims.measure.distributed shards with FSDP2 over gloo.
-        raise UsageError(f"{recipe.id} is sharded: run it with memclaims.run.measure")
+        raise UsageError(f"{recipe.id} is sharded: run it with memclaims.run.run_recipe")
     memory_steps = resolve_memory_steps(recipe, options)
     probe = probe or probe_module.make_probe(options.device)
     matmul_precision, threads = torch.get_float32_matmul_precision(), torch.get_num_threads()
@@ -201,12 +187,14 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
         # spin-waiting on a shared 2-core machine made them 10x slower.
         torch.set_num_threads(1)
     try:
-        from memclaims.measure.allocator_setting import expandable_segments
         from memclaims.measure.determinism import deterministic
 
-        # CUDA only: accuracy run to run; the allocator setting a recipe asks for.
-        with deterministic(options.device) as determinism_notes, \
-                expandable_segments(recipe.expandable_segments and options.device == "cuda", getattr(probe, "cuda", None)):
+        # CUDA only: accuracy run to run; around it what a technique sets for the run (an allocator setting).
+        with deterministic(options.device) as determinism_notes, ExitStack() as around:
+            for hooks in recipe.hooks:
+                context = hooks.run_context(recipe, options, getattr(probe, "cuda", None))
+                if context is not None:
+                    around.enter_context(context)
             record = pipeline.run(FabricEngine(recipe, options), probe, memory_steps)
         record.notes.extend(determinism_notes)
         return record

@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from memclaims.core import techniques as registry
 from memclaims.core import tested_versions
 from memclaims.core.machine import Machine
 from memclaims.core.names import DATA_DIR_ENV, Tier
 from memclaims.core.settings import BY_NAME as OPTION_BY_NAME
 from memclaims.core.settings import OPTIONS, BadValue, Option, Settings, parse, settings_from
-from memclaims.pytest.options import SELECTIONS, pytest_addoption  # noqa: F401 - the hook, registered here
+from memclaims.pytest.addoption import SELECTIONS, pytest_addoption  # noqa: F401 - the hook, registered here
 from memclaims.recipes import requirements
+from memclaims.techniques import technique_registry as registry
 
 if TYPE_CHECKING:
     from memclaims.baselines.compare import Summary
@@ -46,7 +46,7 @@ pytest.register_assert_rewrite("memclaims.pytest.cases")
 # Registered once the preflight has passed: they import the training stack. Named, not imported
 # here: each of them imports this module.
 LATE_PLUGINS = ("memclaims.pytest.records", "memclaims.pytest.baselines", "memclaims.pytest.claims",
-                "memclaims.pytest.run_summary")
+                "memclaims.pytest.summary_files")
 
 TIERS: tuple[Tier, ...] = ("cpu", "gpu")  # the technique matrix's real-run tiers
 # The suite's markers, registered by the plugin so that any project using it gets them with help.
@@ -129,7 +129,7 @@ def gpu_budget_line(config: pytest.Config) -> str:
     """The gpu tier's estimated cost for this selection (memclaims.report.budget's per-case model,
     which knows the vit workload only: another selected workload gets no estimate, and says so)."""
     from memclaims.core.errors import UsageError
-    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.run_options import RunOptions
     from memclaims.report import budget
 
     chosen = settings(config)
@@ -345,7 +345,7 @@ _STACK_NOTES = pytest.StashKey[list[str]]()  # set once the preflight ran: its h
 
 
 def check_stack(config: pytest.Config) -> None:
-    """The environment preflight (memclaims.pytest.preflight), once per session: a package every run or
+    """The environment preflight (memclaims.pytest.stack_preflight), once per session: a package every run or
     the selected workload needs that does not work stops the run with one line (a usage error,
     exit status 4) before any conftest or test module imports it; any other is a header line."""
     if _STACK_NOTES in config.stash:
@@ -354,18 +354,18 @@ def check_stack(config: pytest.Config) -> None:
     asked = config.known_args_namespace  # parsed already in pytest_load_initial_conftests
     if getattr(asked, "help", False) or getattr(asked, "version", False):
         return  # --help and --version must work on a broken install too
-    from memclaims.pytest import preflight
+    from memclaims.pytest import stack_preflight
 
-    found = preflight.problems()
+    found = stack_preflight.problems()
     # Before the session's Settings exist (pytest_configure builds them, after the conftests this
     # guards), so the workload as given: known_args_namespace holds the plugin's options when its
     # entry point loaded it, config.option once a conftest.py has registered it.
     option = OPTION_BY_NAME["workload"]
     workload = (getattr(config.option, option.pytest_dest, None) or getattr(asked, option.pytest_dest, None)
                 or str(config.getini(option.ini_name))).strip()
-    if preflight.stopping(found, workload or "vit"):
-        raise pytest.UsageError(preflight.message(found))
-    config.stash[_STACK_NOTES] = [preflight.note(p) for p in found]
+    if stack_preflight.stopping(found, workload or "vit"):
+        raise pytest.UsageError(stack_preflight.message(found))
+    config.stash[_STACK_NOTES] = [stack_preflight.note(p) for p in found]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -460,4 +460,4 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for entry in oom:
             size = "unknown" if entry["requested_bytes"] is None else f"{entry['requested_bytes']:,} B"
             terminalreporter.write_line(f"{entry['case']}  phase {entry['phase']}  requested {size}")
-    # The summary JSON, the HTML report and the CI step summary: memclaims.pytest.run_summary.
+    # The summary JSON, the HTML report and the CI step summary: memclaims.pytest.summary_files.

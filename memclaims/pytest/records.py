@@ -17,9 +17,9 @@ from memclaims.core.names import tier_device
 from memclaims.core.record import Record
 from memclaims.pytest.plugin import note_out_of_memory, settings, tier_scale
 from memclaims.recipes import requirements
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Recipe, resolve
-from memclaims.run import measure, model_parameters, needs
+from memclaims.recipes.run_options import RunOptions
+from memclaims.run import model_parameters, needs, run_recipe
 
 # The xdist group of the tests that read the cpu tier's converged Records (test_accuracy.py's cases,
 # test_claims.py's accuracy claims): under ``--dist loadgroup`` (pytest.ini) one worker runs them all
@@ -75,7 +75,7 @@ class RecordCache:
             return full or self.get(tier, recipe)
         key = (tier, f"{recipe.id} (memory only)")
         if key not in self.records:
-            self.records[key] = measure(recipe, replace(self.options(tier), evaluate=False))[0]
+            self.records[key] = run_recipe(recipe, replace(self.options(tier), evaluate=False))[0]
         return self.records[key]
 
     def lookup(self, tier: str, claim: Claim) -> Lookup:
@@ -90,13 +90,13 @@ class RecordCache:
 
     def _measure(self, tier: str, recipe: Recipe, seed: int | None = None, load_only: bool = False) -> Record:
         if tier == "sim":
-            return measure(recipe, RunOptions(device="sim", profile=settings(self.config).sim_profile,
+            return run_recipe(recipe, RunOptions(device="sim", profile=settings(self.config).sim_profile,
                                               memory_steps=settings(self.config).steps,
                                               load_only=load_only))[0]
         options = self.options(tier)
         if recipe.scale.plateau:  # a fixed task and schedule: its baselines mean the same everywhere
             options = RunOptions(device=options.device)
-        return measure(recipe, options if seed is None else replace(options, seed=seed))[0]
+        return run_recipe(recipe, options if seed is None else replace(options, seed=seed))[0]
 
     def accuracy_at(self, tier: str, recipe: Recipe, seed: int) -> float:
         """The recipe's accuracy at another seed (memclaims.baselines.noise reruns a case with its stored seeds)."""

@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from memclaims.core import techniques as registry
 from memclaims.core.errors import UsageError
+from memclaims.techniques import technique_registry as registry
+from memclaims.techniques.base import Hooks
 from memclaims.workloads.registry import workload as find_workload
 from memclaims.workloads.types import Scale, Workload
 
@@ -56,7 +57,8 @@ class Recipe:
     optimizer: str
     init_on_device: bool
     plain_pytorch: bool
-    # Multi-device (memclaims.measure.distributed); defaults keep single-device recipes unchanged.
+    # The strategy and what the multi-rank engines read of the techniques that combine with one
+    # (memclaims.measure.distributed, memclaims.sim.sharded); the one-device engines call ``hooks`` instead.
     strategy: str | None = None  # Lightning's strategy= name (fsdp, ddp, deepspeed_stage_2); None: one device
     sharded: bool = False
     sharding: str | None = None  # FSDP's ShardingStrategy name of a sharded recipe (FULL_SHARD for fsdp)
@@ -64,18 +66,22 @@ class Recipe:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     delayed_init: bool = False
-    offload_activations: bool = False  # save_on_cpu around the forward pass (memclaims.measure.offload)
-    optimizer_in_backward: bool = False  # per-parameter steps in backward (memclaims.measure.in_backward)
-    expandable_segments: bool = False  # the CUDA allocator's setting (memclaims.measure.allocator_setting)
     numerics_neutral: bool = False  # only techniques that compute as others do (Technique.computes_as)
-    lora: bool = False  # peft's LoRA adapters put on the model as it is built (memclaims.measure.lora)
-    fused_loss: bool = False  # fused-linear-ce: the loss from hidden states and head weight (memclaims.measure.fused_loss)
-    quantize_base: str | None = None  # qlora: the base's linear layers in bitsandbytes 4-bit ("nf4")
     sizes: Sizes = Sizes()
 
     @property
     def id(self) -> str:
         return f"{self.workload.name}-{self.scale.name}{self.sizes.suffix()}/{'+'.join(self.techniques)}"
+
+    @property
+    def hooks(self) -> tuple[Hooks, ...]:
+        """What the recipe's techniques do to a run (memclaims.techniques.base), in registry order."""
+        return tuple(registry.BY_NAME[name].hooks for name in self.techniques)
+
+    @property
+    def converters(self) -> tuple[Hooks, ...]:
+        """``hooks`` in the order their ``convert_module`` and ``sim_adapt`` change the model."""
+        return tuple(sorted(self.hooks, key=lambda hooks: hooks.convert_order))
 
     @property
     def micro_batch_size(self) -> int:
@@ -169,13 +175,7 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         activation_checkpointing=any(t.activation_checkpointing for t in chosen),
         cpu_offload=any(t.cpu_offload for t in chosen),
         delayed_init=any(t.delayed_init for t in chosen),
-        offload_activations=any(t.offloads_activations for t in chosen),
-        optimizer_in_backward=any(t.optimizer_in_backward for t in chosen),
-        expandable_segments=any(t.expandable_segments for t in chosen),
         numerics_neutral=bool(chosen) and all(t.computes_as is not None for t in chosen),
-        lora=any(t.lora for t in chosen),
-        fused_loss=any(t.fused_loss for t in chosen),
-        quantize_base=next((t.quantize_base for t in chosen if t.quantize_base), None),
         sizes=sizes,
     )
 

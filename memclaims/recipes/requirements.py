@@ -17,10 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from memclaims.core import techniques as registry
 from memclaims.core.errors import UsageError
 from memclaims.core.machine import DEVICES, Machine
 from memclaims.core.names import tier_device
+from memclaims.techniques import technique_registry as registry
 
 if TYPE_CHECKING:
     pass

@@ -20,8 +20,8 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from memclaims.recipes.options import RunOptions, accuracy_schedule, evaluates, resolve_memory_steps
 from memclaims.recipes.recipe import Recipe
+from memclaims.recipes.run_options import RunOptions, accuracy_schedule, evaluates, resolve_memory_steps
 
 FP32_FLOPS = 25e12
 HALF_FLOPS = 300e12

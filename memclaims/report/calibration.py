@@ -12,17 +12,17 @@ from memclaims.baselines.compare import spread_tolerances
 from memclaims.baselines.store import Baseline, BaselineStore, overrides
 from memclaims.core.environment import environment_id
 from memclaims.core.record import Record
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Recipe, parse_id
+from memclaims.recipes.run_options import RunOptions
 
 # (recipe, device, devices, timeout) -> one Record per rank
 RanksFn = Callable[[Recipe, str, "int | None", "float | None"], Sequence[Record]]
 
 
 def _launch(recipe: Recipe, device: str, devices: int | None, timeout_s: float | None) -> Sequence[Record]:
-    from memclaims.run import measure
+    from memclaims.run import run_recipe
 
-    return measure(recipe, RunOptions(device=device, evaluate=False, devices=devices, timeout_s=timeout_s))
+    return run_recipe(recipe, RunOptions(device=device, evaluate=False, devices=devices, timeout_s=timeout_s))
 
 
 def calibrate_ranks(recipe_id: str, runs: int, store: BaselineStore, *, device: str = "cpu",

@@ -26,14 +26,14 @@ from typing import Any
 
 from memclaims.claims import accuracy
 from memclaims.core import progress
-from memclaims.core import techniques as registry
 from memclaims.core.errors import MemclaimsError
 from memclaims.core.names import CONVERGED
 from memclaims.recipes import requirements
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Recipe, for_workload, resolve
+from memclaims.recipes.run_options import RunOptions
 from memclaims.run import case_needs
 from memclaims.run import needs as run_needs
+from memclaims.techniques import technique_registry as registry
 
 TIERS = ("cpu", "converged", "dist", "sim", "sim-current")
 CHAIN = registry.CHAIN
@@ -92,13 +92,13 @@ def done(path: Path) -> set[tuple[str, str, int | None]]:
 
 def measure_case(tier: str, recipe: Recipe, options: RunOptions) -> list[dict[str, Any]]:
     """The case's lines: one per Record (a sharded run has one per rank), or why it has none."""
-    from memclaims.run import measure
+    from memclaims.run import run_recipe
 
     reason = why_not(recipe, options)
     if reason:
         return [{"tier": tier, "recipe": recipe.id, "skipped": reason}]
     try:
-        records = measure(recipe, options)
+        records = run_recipe(recipe, options)
     except MemclaimsError as error:
         return [{"tier": tier, "recipe": recipe.id, "error": str(error)}]
     return [{"tier": tier, "recipe": recipe.id, "record": record.to_dict()} for record in records]

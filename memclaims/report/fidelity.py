@@ -58,8 +58,8 @@ def _states(record: Any) -> int:
 
 def article_rows(profile: str, progress: Callable[[str], None] | None) -> list[FidelityRow]:
     from memclaims.core import published as published_numbers
-    from memclaims.recipes.options import LOAD_RECIPES, RunOptions
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import LOAD_RECIPES, RunOptions
+    from memclaims.run import run_recipe
 
     published = published_numbers.data()
     rows: list[FidelityRow] = []
@@ -69,7 +69,7 @@ def article_rows(profile: str, progress: Callable[[str], None] | None) -> list[F
         recipe = resolve("vit", "article", entry["techniques"])
         if progress:
             progress(recipe.id)
-        record = measure(recipe, RunOptions(device="sim", profile=profile))[0]
+        record = run_recipe(recipe, RunOptions(device="sim", profile=profile))[0]
         rows.append(FidelityRow(entry["script"], recipe.id, "published reserved GB (A100)",
                                 int(round(entry["peak_reserved_gb"] * 1e9)),
                                 int(record.peak_reserved_total_bytes or 0), _states(record)))
@@ -77,7 +77,7 @@ def article_rows(profile: str, progress: Callable[[str], None] | None) -> list[F
         mode = LOAD_ROWS.get(entry["script"])
         if mode is None or entry.get("load_peak_reserved_gb") is None:
             continue
-        load = measure(resolve("vit", "article", LOAD_RECIPES[mode]),
+        load = run_recipe(resolve("vit", "article", LOAD_RECIPES[mode]),
                        RunOptions(device="sim", profile=profile, load_only=True))[0]
         rows.append(FidelityRow(entry["script"], f"vit-article load ({mode})", "published reserved GB after loading",
                                 int(round(entry["load_peak_reserved_gb"] * 1e9)), int(load.peak_reserved_bytes or 0),
@@ -86,17 +86,17 @@ def article_rows(profile: str, progress: Callable[[str], None] | None) -> list[F
 
 
 def hf_rows(progress: Callable[[str], None] | None) -> list[FidelityRow]:
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import Sizes
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
     rows: list[FidelityRow] = []
     for name, techniques in HF_MODELS:
         recipe = resolve(name, "smoke", techniques, Sizes(seq_len=HF_SEQ))
         if progress:
             progress(recipe.id)
-        measured = measure(recipe, RunOptions(device="cpu", memory_steps=2, evaluate=False))[0]
-        predicted = measure(recipe, RunOptions(device="sim", profile="cpu-kernels", memory_steps=2))[0]
+        measured = run_recipe(recipe, RunOptions(device="cpu", memory_steps=2, evaluate=False))[0]
+        predicted = run_recipe(recipe, RunOptions(device="sim", profile="cpu-kernels", memory_steps=2))[0]
         live = max(int(p.get("live_bytes", 0)) for p in predicted.phases.values())  # the step phases have none
         rows.append(FidelityRow(name, recipe.id, "measured: cpu tier, exact live tensor bytes",
                                 measured.peak_allocated_bytes, live, _states(measured)))

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from memclaims.core import progress as progress_bar
-from memclaims.core import techniques as registry
 from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Recipe, Sizes, resolve
-from memclaims.run import check, measure
+from memclaims.recipes.run_options import RunOptions
+from memclaims.run import check, run_recipe
+from memclaims.techniques import technique_registry as registry
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -202,9 +202,9 @@ def _at_depth(recipe: Recipe, layers: int) -> Recipe:
 
 
 def _predicted(recipe: Recipe, profile: str, limit_bytes: int | None = None, devices: int | None = None) -> Record:
-    """The recipe's sim Record on ``profile`` (through the one door, memclaims.run.measure); a
+    """The recipe's sim Record on ``profile`` (through the one door, memclaims.run.run_recipe); a
     strategy's on ``devices`` simulated GPUs (its largest rank)."""
-    return measure(recipe, RunOptions(device="sim", profile=profile, limit_bytes=limit_bytes,
+    return run_recipe(recipe, RunOptions(device="sim", profile=profile, limit_bytes=limit_bytes,
                                       devices=devices if recipe.strategy else None))[0]
 
 

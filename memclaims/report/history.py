@@ -17,7 +17,7 @@ from typing import Any
 
 from memclaims.baselines.compare import ACCURACY, LOSSES, STEP_TIME, fmt_short
 from memclaims.core.errors import UsageError
-from memclaims.report.run_summary import load
+from memclaims.report.summary_document import load
 
 # A series is one (environment, case, metric).
 Key = tuple[str, str, str]

@@ -1,6 +1,6 @@
 """The HTML report of one pytest run: one self-contained file (inline CSS, bars drawn with CSS, no
 script, nothing fetched at view time) made from the run's summary document
-(memclaims.report.run_summary). Written by ``pytest --memclaims-html PATH`` and by ``memclaims report
+(memclaims.report.summary_document). Written by ``pytest --memclaims-html PATH`` and by ``memclaims report
 SUMMARY.json``.
 
 Order: what failed and why (the terminal's message), the comparisons that need a look, the claims
@@ -17,7 +17,7 @@ from typing import Any
 
 from memclaims.baselines.compare import Summary, fmt_short
 from memclaims.core.published import TIERS
-from memclaims.report.run_summary import claim_verdicts, environment_changes, phase_bars
+from memclaims.report.summary_document import claim_verdicts, environment_changes, phase_bars
 
 MIB = 1024 * 1024
 # A verdict's colour class: failing, needs a look, fine, not run.

@@ -127,11 +127,11 @@ class Spec:
 
 def _reserved_bytes(workload: str, techniques: tuple[str, ...], profile: str) -> tuple[int, Record]:
     """The recipe's predicted reserved peak (bytes), and its Record."""
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
-    record = measure(resolve(workload, "article", techniques), RunOptions(device="sim", profile=profile))[0]
+    record = run_recipe(resolve(workload, "article", techniques), RunOptions(device="sim", profile=profile))[0]
     assert record.peak_reserved_total_bytes is not None  # the sim always predicts the reserved total
     return record.peak_reserved_total_bytes, record
 
@@ -190,11 +190,11 @@ def _sim_sharded(workload: str, techniques: tuple[str, ...], profile: str, scrip
 
 def _load_record(mode: str) -> Record:
     """The sim's load-only replay of the 07 script that loads by ``mode`` (the stock model, article profile)."""
-    from memclaims.recipes.options import LOAD_RECIPES, RunOptions
     from memclaims.recipes.recipe import resolve
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import LOAD_RECIPES, RunOptions
+    from memclaims.run import run_recipe
 
-    return measure(resolve("vit", "article", LOAD_RECIPES[mode]), RunOptions(device="sim", load_only=True))[0]
+    return run_recipe(resolve("vit", "article", LOAD_RECIPES[mode]), RunOptions(device="sim", load_only=True))[0]
 
 
 def _load(mode: str) -> Callable[[], float]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memclaims.core.record import VERSIONED_PACKAGES, Record
-from memclaims.core.techniques import CHAIN as ARTICLE_ROWS
+from memclaims.techniques.technique_registry import CHAIN as ARTICLE_ROWS
 
 CHAIN = tuple("+".join(t) for t in (*ARTICLE_ROWS, ("bf16-true", "init-module")))
 # The article's FSDP runs as the dist tier measures them: rank 0 of two CPU processes (gloo).

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 from memclaims.baselines.compare import MIB
 from memclaims.baselines.store import Baseline, BaselineStore, overrides
 from memclaims.core import progress, published
-from memclaims.core import techniques as registry
 from memclaims.core.environment import environment_id
 from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.names import device_tier
 from memclaims.core.record import Record
 from memclaims.recipes.recipe import Recipe, parse_id, resolve
 from memclaims.report.series import MeasureFn
+from memclaims.techniques import technique_registry as registry
 
 if TYPE_CHECKING:
     from memclaims.claims.lookup import Lookup
@@ -32,7 +32,7 @@ RunFn = Callable[[Recipe, str, bool], Record]  # (recipe, device, evaluate) -> R
 LoadFn = Callable[[Recipe, str], Record]  # (recipe, device) -> the Record of its load only (the sim's 07 replay)
 
 # (row, published script, techniques, the claim that judges the row's size against the row before).
-# Row 01 (plain PyTorch) and the chain (core.techniques.CHAIN, 01-2 -> 06); each row's script is its
+# Row 01 (plain PyTorch) and the chain (techniques.technique_registry.CHAIN, 01-2 -> 06); each row's script is its
 # logged row in published.json; the claim judges row 01 against 01-2 and every later row against the one before.
 _ROW_CLAIMS = ("fabric-memory", None, "16-mixed-memory", "bf16-true-memory", "small-batch-memory",
                "grad-accum-memory", "sgd-memory")
@@ -69,17 +69,17 @@ class Row:
 
 
 def _default_run(recipe: Recipe, device: str, evaluate: bool) -> Record:
-    from memclaims.recipes.options import RunOptions
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
-    return measure(recipe, RunOptions(device=device, evaluate=evaluate))[0]
+    return run_recipe(recipe, RunOptions(device=device, evaluate=evaluate))[0]
 
 
 def _default_load(recipe: Recipe, device: str) -> Record:
-    from memclaims.recipes.options import RunOptions
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
-    return measure(recipe, RunOptions(device=device, load_only=True))[0]
+    return run_recipe(recipe, RunOptions(device=device, load_only=True))[0]
 
 
 def _train_bytes(record: Record, device: str) -> int | None:
@@ -108,11 +108,11 @@ def _label(techniques: tuple[str, ...], previous: tuple[str, ...] | None) -> str
 def _default_measure(recipes: Sequence[Recipe], device: str) -> list[list[Record]]:
     """The series' one dispatch: single-process recipes one by one, sharded ones in one process group
     (starting ranks costs seconds); memory only. One list of Records per recipe, rank 0 first."""
-    from memclaims.recipes.options import RunOptions
-    from memclaims.run import measure_many
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipes
 
     sharded = [r for r in recipes if r.strategy]
-    ranks = dict(zip([r.id for r in sharded], measure_many(sharded, RunOptions(device=device, evaluate=False))))
+    ranks = dict(zip([r.id for r in sharded], run_recipes(sharded, RunOptions(device=device, evaluate=False))))
 
     def single(recipe: Recipe) -> list[Record]:
         try:
@@ -128,7 +128,7 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
               load_fn: LoadFn | None = None) -> list[Row]:
     """Run the chain on ``device`` (with ``series``: also the ViT-H/14 series and the LLM bonus rows,
     memclaims.report.series); write reproduce.md, reproduce.json and reproduce.png under ``out``.
-    ``load_fn``: the sim's load-only replays of the 07 scripts (through memclaims.run.measure unless given)."""
+    ``load_fn``: the sim's load-only replays of the 07 scripts (through memclaims.run.run_recipe unless given)."""
     from memclaims.claims import catalogue as claims
     from memclaims.claims.lookup import Key, Lookup, recipe_of
     from memclaims.run import model_parameters

@@ -17,8 +17,8 @@ from memclaims.claims.lookup import Key, Lookup, load_only, recipe_of
 from memclaims.core import published
 from memclaims.core.errors import UsageError
 from memclaims.core.record import Record
-from memclaims.recipes.options import RunOptions
-from memclaims.run import measure, model_parameters
+from memclaims.recipes.run_options import RunOptions
+from memclaims.run import model_parameters, run_recipe
 
 SIM_SCALE = "article"
 
@@ -46,7 +46,7 @@ def predict(source: str, profile: str = "article") -> list[SourceRow]:
 
         def record(key: Key, workload: str = workload, scale: str = scale) -> Record:
             options = RunOptions(device="sim", profile=profile, load_only=load_only(key))
-            return measure(recipe_of(key, workload, scale), options)[0]
+            return run_recipe(recipe_of(key, workload, scale), options)[0]
 
         verdict = claim.check.run("sim", Lookup(record, model_parameters))
         rows.append(SourceRow(claim.name, claim.statement, claim.published,

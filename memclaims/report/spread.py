@@ -46,11 +46,11 @@ LOSS_TIERS = ("cpu", "converged", "dist")  # the tiers whose cases compare a los
 
 def converged_accuracy(techniques: tuple[str, ...], seed: int) -> float:
     from memclaims.core.names import CONVERGED
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
-    record = measure(resolve("vit", CONVERGED, techniques), RunOptions(device="cpu", seed=seed))[0]
+    record = run_recipe(resolve("vit", CONVERGED, techniques), RunOptions(device="cpu", seed=seed))[0]
     assert record.accuracy is not None
     return record.accuracy
 

@@ -1,6 +1,6 @@
 """A short markdown summary of one pytest run for a CI job page (GitHub Actions appends what a step
 writes to ``$GITHUB_STEP_SUMMARY``): failures first, the claims' verdict counts per tier, the
-environment. Made from the run's summary document (memclaims.report.run_summary); the HTML report
+environment. Made from the run's summary document (memclaims.report.summary_document); the HTML report
 holds the rest.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from memclaims.baselines.compare import Summary, fmt_short
-from memclaims.report.run_summary import claim_verdicts
+from memclaims.report.summary_document import claim_verdicts
 
 # A job page is read at a glance: the first failures in full-width lines, the rest counted.
 SHOWN_FAILURES = 10

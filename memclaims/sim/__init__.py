@@ -1,6 +1,6 @@
 """The `sim` device: predicted CUDA allocator peaks at article scale, on fake tensors, without a GPU.
 
-Callers run it through the one door, ``memclaims.run.measure(recipe, RunOptions(device="sim", ...))``;
+Callers run it through the one door, ``memclaims.run.run_recipe(recipe, RunOptions(device="sim", ...))``;
 its entry points, for the door and the sim's own tests:
 - ``simulate(recipe, *, profile="article", memory_steps=None, allocator_events=None, limit_bytes=None) -> Record``
 - ``simulate_load_record(recipe, *, profile="article", ...) -> Record``: the load-only replay of the 07 scripts

@@ -83,7 +83,7 @@ def _gpu_tier_profile(name: str, gpu: str, workspace: int, total_memory: int) ->
     )
 
 
-# The gpu tier's targets (memclaims.pytest.preflight). Capacities: the smallest common variant of each card,
+# The gpu tier's targets (memclaims.pytest.stack_preflight). Capacities: the smallest common variant of each card,
 # about what torch.cuda.get_device_properties().total_memory reports (the box says 40 / 80 / 141 GB;
 # the driver keeps some), rounded down to 0.01 GiB.
 GPU_TIER_PROFILES = ("a100", "h100", "h200")

@@ -42,25 +42,22 @@ from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.precision import precision as precision_spec
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record
-from memclaims.core.techniques import reshard_after_forward
-from memclaims.measure import checkpointing, optimizers
-from memclaims.measure.fused_loss import apply as bypass_head
+from memclaims.measure import optimizers
 from memclaims.measure.loop import TrainingLoop
-from memclaims.measure.lora import parameter_fields as lora_fields
 from memclaims.measure.probes import PhaseRecorder, Reading
 from memclaims.measure.record_builder import SIM_PHASES, build_record, failed_phase
 from memclaims.measure.tensors import optimizer_state_tensors
-from memclaims.recipes.options import memory_steps as resolve_steps
+from memclaims.recipes.run_options import memory_steps as resolve_steps
 from memclaims.sim.allocator import CachingAllocator, DeviceFull, TraceEvent
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.fake_build import naming_the_module, same_mode_copies
-from memclaims.sim.fused_loss import SimulatedFusedLoss
-from memclaims.sim.lora import apply as adapt
-from memclaims.sim.offload import SimulatedOffload
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
+from memclaims.techniques.base import merge_observed
+from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
+from memclaims.techniques.technique_registry import reshard_after_forward
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -246,14 +243,24 @@ def _move(module: nn.Module, dtype: torch.dtype | None = None) -> None:
 
 def _with_allocator_settings(chosen: Profile, recipe: Recipe) -> Profile:
     """The profile with the recipe's allocator settings (expandable-segments) in its allocator model."""
-    if not recipe.expandable_segments:
-        return chosen
-    return dataclasses.replace(chosen, allocator=dataclasses.replace(chosen.allocator, expandable_segments=True))
+    allocator = chosen.allocator
+    for hooks in recipe.hooks:
+        allocator = hooks.sim_allocator(allocator)
+    return chosen if allocator == chosen.allocator else dataclasses.replace(chosen, allocator=allocator)
 
 
-def _allocator_observed(session: _Session, recipe: Recipe) -> dict[str, Any]:
-    """What the allocator model shows of the recipe's allocator settings (memclaims.measure.active)."""
-    return {"expandable_segment_bytes": session.allocator.expandable_bytes} if recipe.expandable_segments else {}
+def _merged(states: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(states)
+    merge_observed(merged, after)
+    return merged
+
+
+def _observed_after(session: _Session, recipe: Recipe) -> dict[str, Any]:
+    """What the allocator model shows of the recipe's techniques once the replay has ended (memclaims.measure.active)."""
+    observed: dict[str, Any] = {}
+    for hooks in recipe.hooks:
+        merge_observed(observed, hooks.sim_observe_run(session))
+    return observed
 
 
 def _tf32_matmul(recipe: Recipe) -> bool:
@@ -328,7 +335,7 @@ def _load(session: _Session, recipe: Recipe, build: Callable[[Any, int | None], 
     classes = recipe.workload.num_classes
     spec = PRECISIONS[recipe.precision]
     true_dtype = None if spec.mixed else spec.param_dtype
-    if recipe.init_on_device:
+    if _builds_on_device(recipe):
         # fabric.init_module(): built on the device, in the half dtype for true precisions.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
             return _adapted(recipe, build(recipe.scale, classes))
@@ -340,15 +347,18 @@ def _load(session: _Session, recipe: Recipe, build: Callable[[Any, int | None], 
     return model
 
 
+def _builds_on_device(recipe: Recipe) -> bool:
+    """Whether a technique builds the model on the device (init-module: fabric.init_module())."""
+    return any(hooks.sim_builds_on_device() for hooks in recipe.hooks)
+
+
 def _adapted(recipe: Recipe, model: nn.Module) -> nn.Module:
-    """The model with the fused loss's head bypass and the lora technique's adapters where the recipe has
-    them (the real pipeline's order: built, then bypassed and adapted, then set up)."""
-    if recipe.fused_loss and recipe.workload.fused_loss_head is not None:
-        model = bypass_head(model, recipe.workload.fused_loss_head)
-    if not recipe.lora:
-        return model
-    with naming_the_module(recipe.workload.name):
-        return adapt(model, recipe.workload, lambda module, dtype: _move(module, dtype))
+    """The model as the recipe's techniques change it as built (the fused loss's head bypass, the lora
+    technique's adapters: the real pipeline's order, built, then bypassed and adapted, then set up)."""
+    for hooks in recipe.converters:
+        with naming_the_module(recipe.workload.name):  # an error in peft's wrap names the module
+            model = hooks.sim_adapt(model, recipe, lambda module, dtype: _move(module, dtype))
+    return model
 
 
 def _load_only(session: _Session, mode: str, scale: Any, num_classes: int | None,
@@ -426,7 +436,7 @@ def _replay_load(mode: str, chosen: Profile, workload: str, scale: Any, num_clas
 
 def load_mode(recipe: Recipe) -> str:
     """The 07 script whose load a load-only replay of ``recipe`` is: 07_03 (init-module) or 07_01."""
-    return "init-module" if recipe.init_on_device else "build-then-convert"
+    return "init-module" if _builds_on_device(recipe) else "build-then-convert"
 
 
 def simulate_load_record(recipe: Recipe, *, profile: str = "article", allocator_events: list[TraceEvent] | None = None,
@@ -518,10 +528,8 @@ class _SimLoop(TrainingLoop):
         self.attention = _attention_context(session.profile, self.precision.compute)
         self.logits: torch.Tensor | None = None
         self.step_ends: list[float] = []  # the timeline's time after each optimizer step
-        if recipe.offload_activations:
-            self.offload = SimulatedOffload(session.memory)
-        if recipe.fused_loss:
-            self.fused_loss = SimulatedFusedLoss(self.precision.compute)
+        for hooks in recipe.hooks:  # activation-offload's saved-tensor hooks, the fused loss, on fake tensors
+            hooks.sim_attach(self, session)
 
     def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         with self.attention:
@@ -534,9 +542,8 @@ class _SimLoop(TrainingLoop):
                 del x
                 self.logits = self.precision.convert_output(out)
                 del out
-        if self.fused_loss is not None:  # fused-linear-ce: the "logits" are the hidden states
-            return self.fused_loss(model, self.logits, targets)
-        return F.cross_entropy(self.logits, targets)
+        loss = self.technique_loss(model, self.logits, targets)  # fused-linear-ce's, from the hidden states
+        return loss if loss is not None else F.cross_entropy(self.logits, targets)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss)
@@ -591,8 +598,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
         if p.requires_grad:  # lora's frozen base weights get no gradient (and take no hook)
             p.register_post_accumulate_grad_hook(lambda param: memory.tag(param.grad, GRADIENTS))
     loop = _SimLoop(session, recipe)
-    if recipe.optimizer_in_backward:  # after the tagging hooks: a gradient is tagged before its step frees it
-        loop.fuse(optimizer)
+    for hooks in recipe.hooks:  # optimizer-in-backward, after the tagging hooks
+        hooks.sim_before_train(loop, optimizer)
     # Each batch is made while the previous one is still bound, as a loader's next batch is moved
     # to the device; one more than the steps need, as the loop stops at the last step.
     batches = (inputs_fn(recipe.scale, recipe.micro_batch_size)
@@ -602,10 +609,8 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
     states["grad_bytes"] = loop.grad_bytes or 0
     states.update(loop.measured_fields())
     states["predicted_step_s"] = last_step_seconds(loop.step_ends)
-    if recipe.optimizer in optimizers.PAGED:  # unified memory: the state tensors the device does not hold
-        states["paged_state_bytes"] = memory.host_bytes(optimizer_state_tensors(optimizer))
-    if recipe.lora:
-        states.update(lora_fields(model))
+    for hooks in recipe.hooks:  # paged state in unified memory, the adapted model's parameters
+        merge_observed(states, hooks.sim_observe(model, optimizer, session))
     loop.logits = None
     return states
 
@@ -673,11 +678,10 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         return _simulate_sharded(recipe, chosen, steps, notes, limit_bytes, devices)
 
     reference = None
-    if recipe.init_on_device:
-        reference = simulate_load("build-then-convert", profile=chosen.name, workload=recipe.workload.name,
-                                  scale=recipe.scale, num_classes=recipe.workload.num_classes,
-                                  precision=recipe.precision if recipe.precision.endswith("-true") else "32-true",
-                                  lora=recipe.lora)
+    for hooks in recipe.hooks:  # init-module: 07_01's load, to compare with
+        asked = hooks.sim_reference(recipe)
+        if asked is not None:
+            reference = simulate_load(**asked, profile=chosen.name)
 
     if recipe.strategy == "ddp":
         notes.append("DDP rank (memclaims.sim.ddp): the whole model, gradients and optimizer state, plus "
@@ -697,8 +701,8 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     with _out_of_memory(recipe, chosen, limit_bytes, phases), session.active():
         with session.phase(phases, "load"):
             model = _load(session, recipe, build)
-            if recipe.activation_checkpointing:  # as the real engine's build (wrapping allocates nothing)
-                notes.append(checkpointing.enable(model, recipe.workload))
+            for hooks in recipe.hooks:  # activation-checkpointing's wrap, as the real engine's build
+                hooks.sim_after_load(model, recipe, notes)
             # fabric.setup under DDP: the Reducer's gradient buckets, alive for the whole run.
             buckets = ddp.allocate_buckets(list(model.parameters())) if recipe.strategy == "ddp" else []
         param_count = sum(p.numel() for p in model.parameters())
@@ -715,7 +719,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         step_peaks=session.recorder.step_peaks,
         peak_reserved_total_bytes=session.allocator.stats.reserved_high_water,  # never reset: the article's figure
         reference_load_peak_bytes=reference.peak.allocated_bytes if reference else None,
-        weights="random", data=FAKE_DATA, notes=notes, observed={**states, **_allocator_observed(session, recipe)},
+        weights="random", data=FAKE_DATA, notes=notes, observed=_merged(states, _observed_after(session, recipe)),
     )
 
 
@@ -753,7 +757,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
     shard_dtype = PRECISIONS[recipe.precision].param_dtype
     if recipe.fsdp2:
         # ModelParallelStrategy with memclaims' parallelize_fn: no MixedPrecisionPolicy, every collective in the
-        # parameters' dtype; reshard_after_forward is the recipe's (memclaims.core.techniques.reshard_after_forward).
+        # parameters' dtype; reshard_after_forward is the recipe's (memclaims.techniques.technique_registry.reshard_after_forward).
         param_dtype = reduce_dtype = shard_dtype
         notes.append(f"FSDP2 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): {sharded.FSDP2_NOTE}; "
                      f"reshard_after_forward={reshard_after_forward(recipe.sharding)} on each block (the root: "
@@ -819,15 +823,11 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,
         phases=session.recorder.phases, step_peaks=session.recorder.step_peaks,
         peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, weights="random", data=FAKE_DATA,
-        notes=notes, observed={**states, **_allocator_observed(session, recipe)}, devices=world, rank=0,
+        notes=notes, observed=_merged(states, _observed_after(session, recipe)), devices=world, rank=0,
     )
 
 
 # Recipe flags the sim cannot replay, with the reason.
-_UNSUPPORTED_FLAGS: dict[str, str] = {
-    "quantize_base": "qlora's 4-bit base is quantized by bitsandbytes from the weights' values (NF4, a block-wise "
-                     "absmax), which fake tensors do not have; run it on --device cpu or cuda",
-}
 # Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
 # real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit.
 _OPTIMIZERS = ("adam", "sgd", "adamw", "adafactor", *optimizers.EIGHT_BIT)
@@ -855,8 +855,9 @@ def check(recipe: Recipe) -> None:
                                                    or recipe.optimizer != "adam"):
         raise UsageError(f"the sim device cannot run {recipe.id}: its DeepSpeed ZeRO-2 accounting (memclaims.sim.zero) "
                          "covers 16-mixed or bf16-mixed with Adam, as bonus_distilbert-before ran")
-    for flag, reason in _UNSUPPORTED_FLAGS.items():
-        if getattr(recipe, flag):
+    for hooks in recipe.hooks:  # a technique the sim cannot replay (qlora)
+        reason = hooks.sim_refusal(recipe)
+        if reason:
             raise UsageError(f"the sim device cannot run {recipe.id}: {reason}")
     if recipe.optimizer not in _OPTIMIZERS:
         raise UsageError(f"the sim device cannot run {recipe.id}: optimizer {recipe.optimizer!r} does not run "

@@ -49,7 +49,7 @@ skips the reshard after each unit's forward (every unit stays gathered until its
 so nothing is left for the run-ahead either); NO_SHARD keeps each whole flat parameter as its "shard",
 gathers nothing (a ``param_dtype`` copy under mixed precision), keeps the whole flat gradient (all-reduced
 in place) and whole optimizer state; HYBRID_SHARD shards each unit over one simulated node's ranks
-(``memclaims.core.techniques.shard_group_size``) and all-reduces the shard across nodes in place.
+(``memclaims.techniques.technique_registry.shard_group_size``) and all-reduces the shard across nodes in place.
 
 FSDP2 (issue #27; ``fully_shard``, Lightning's ``ModelParallelStrategy``; ``wrap(..., fsdp2=True)``,
 ``_Fsdp2Group``), as the installed torch's ``torch/distributed/fsdp/_fully_shard`` does it (verified in its
@@ -110,13 +110,13 @@ from torch import nn
 
 from memclaims.core.errors import UsageError
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS
-from memclaims.core.techniques import SHARDINGS, reshard_after_forward, shard_group_size
 from memclaims.measure import optimizers
 from memclaims.measure.tensors import optimizer_state_tensors
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.repeat import RepeatedMicroBatches
 from memclaims.sim.timeline import last_step_seconds, ring_seconds
 from memclaims.sim.tracker import DeviceMemory
+from memclaims.techniques.technique_registry import SHARDINGS, reshard_after_forward, shard_group_size
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe

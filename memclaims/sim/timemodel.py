@@ -23,9 +23,9 @@ from typing import Any, cast
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memclaims.core import techniques as registry
 from memclaims.recipes.recipe import Recipe, resolve
 from memclaims.sim.timeline import A100_40GB, GpuPeaks, op_seconds
+from memclaims.techniques import technique_registry as registry
 
 
 @dataclass(slots=True)  # an accumulator of four sums, updated on every op

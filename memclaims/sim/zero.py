@@ -103,7 +103,7 @@ def zero2_rank_bytes(param_count: int, activations: int, config: Zero2Config = L
 # bonus_distilbert-before's one-GPU replay (workload, scale, techniques): 16-true, since under DeepSpeed the
 # model is fp16 (``module.half()``) and Fabric's ``DeepSpeedPrecision.forward_context`` only sets the default
 # dtype, no autocast, so the forward runs as the sim's 16-true does, not as its 16-mixed (autocast: fp32
-# copies saved for backward). Its callers measure it through the one door (memclaims.run.measure).
+# copies saved for backward). Its callers measure it through the one door (memclaims.run.run_recipe).
 DISTILBERT_ONE_GPU = ("distilbert", "article", ("16-true",))
 
 

@@ -442,7 +442,7 @@ def _workload(canonical: str) -> Workload:
         architecture=lambda s, _classes: architecture(chosen, s),
         fake_inputs=lambda s, batch: fake_inputs(chosen, s, batch),
         logits_fn=causal_logits if causal else None,
-        # peft's default target modules for the model type (memclaims.measure.lora refuses a type it has
+        # peft's default target modules for the model type (memclaims.techniques.impl.peft_adapters refuses a type it has
         # none for); a classification head ("classifier" or "score" by architecture) trained in full.
         lora_targets=LoraTargets(None, () if causal else ("classifier", "score")),
         fused_loss_head=fused_loss_head(chosen, article_config),

@@ -155,7 +155,7 @@ def test_gpu_check_step_saves_the_trace_and_reports_the_replay(tmp_path: Path, m
 
     record, events = model_history
     recipe_seen: list[str] = []
-    real_measure = memclaims.run.measure
+    real_measure = memclaims.run.run_recipe
 
     def fake_measure(recipe: Any, options: Any) -> list[Record]:
         if options.device == "sim":
@@ -170,7 +170,7 @@ def test_gpu_check_step_saves_the_trace_and_reports_the_replay(tmp_path: Path, m
         path.write_bytes(pickle.dumps(as_snapshot(events)))
         return [record]
 
-    monkeypatch.setattr("memclaims.run.measure", fake_measure)
+    monkeypatch.setattr("memclaims.run.run_recipe", fake_measure)
     monkeypatch.setattr(gpucheck, "TRACE_WORKLOAD", "vit")
     monkeypatch.setattr(gpucheck, "SIM_PROFILE", "h100")
     monkeypatch.setattr(diagnosis, "_history_stacks", True)

@@ -42,7 +42,7 @@ def no_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_args: Any, **_kwargs: Any) -> Any:
         raise Replayed
 
-    monkeypatch.setattr(run, "measure", refuse)  # memclaims run's engine call
+    monkeypatch.setattr(run, "run_recipe", refuse)  # memclaims run's engine call
     monkeypatch.setattr(fit, "predict", refuse)  # memclaims fit's first replay
 
 

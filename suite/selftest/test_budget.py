@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from memclaims.core import techniques as registry
 from memclaims.measure.runner import run
-from memclaims.recipes.options import RunOptions, accuracy_schedule
 from memclaims.recipes.recipe import for_workload, resolve
+from memclaims.recipes.run_options import RunOptions, accuracy_schedule
 from memclaims.report import budget
+from memclaims.techniques import technique_registry as registry
 
 
 def test_article_scale_has_a_budgeted_schedule_and_full_epochs_on_request() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memclaims.measure import distributed, launcher, lightning_fsdp
-from memclaims.recipes.options import DEFAULT_TIMEOUT_S
+from memclaims.recipes.run_options import DEFAULT_TIMEOUT_S
 
 # What `srun` exports to a one-task job step: Lightning's SLURMEnvironment.detect() is True with these.
 SLURM = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "nightly", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0",
@@ -108,8 +108,8 @@ def test_cli_run_timeout_is_an_option_not_a_hidden_limit(monkeypatch, capsys) ->
 def test_sharded_fabric_is_given_the_environment_memclaims_chose(monkeypatch, in_slurm_job) -> None:
     import lightning.fabric
 
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
+    from memclaims.recipes.run_options import RunOptions
 
     built: list[dict] = []
 

@@ -206,7 +206,7 @@ def fake_measure(recipe, options):
         raise OutOfMemory(recipe.id, options.device, "train", 123_456_789, "CPU out of memory (fake)")
     return [Record(**{f.name: None for f in dataclasses.fields(Record)} | {"recipe": recipe.id})]
 
-memclaims.pytest.records.measure = fake_measure
+memclaims.pytest.records.run_recipe = fake_measure
 """
 OOM_TESTS = """
 import pytest
@@ -223,11 +223,11 @@ def test_out_of_memory_case_is_listed_and_the_session_goes_on(pytester: pytest.P
 
     make_project(pytester, ROOT, conftest=OOM_CONFTEST)
     pytester.makepyfile(test_oom=OOM_TESTS)
-    real_measure = memclaims.pytest.records.measure
+    real_measure = memclaims.pytest.records.run_recipe
     try:
         result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--memclaims-summary-json", "s.json")
     finally:
-        memclaims.pytest.records.measure = real_measure  # the conftest patched the shared module
+        memclaims.pytest.records.run_recipe = real_measure  # the conftest patched the shared module
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines([
         "vit-smoke/sgd ran out of memory on cpu in the train phase while allocating 123456789 B*",

@@ -1,20 +1,21 @@
 """Facts defined once (issue #25, item 5), with a check where a copy could creep back: the memory
-categories are core.record's constants, and the article's chain is core.techniques.CHAIN."""
+categories are core.record's constants, and the article's chain is techniques.technique_registry.CHAIN."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from memclaims.core import techniques as registry
 from memclaims.core.record import CATEGORIES
+from memclaims.techniques import technique_registry as registry
 
 PACKAGE = Path(__file__).resolve().parents[2] / "memclaims"
 
 
 def _modules_outside_core() -> list[tuple[str, ast.Module]]:
     return [(path.relative_to(PACKAGE).as_posix(), ast.parse(path.read_text()))
-            for path in sorted(PACKAGE.rglob("*.py")) if path.relative_to(PACKAGE).parts[0] != "core"]
+            for path in sorted(PACKAGE.rglob("*.py"))
+            if path.relative_to(PACKAGE).parts[0] != "core" and path.relative_to(PACKAGE).as_posix() != "techniques/technique_registry.py"]
 
 
 def category_literals(tree: ast.Module) -> list[str]:
@@ -42,7 +43,7 @@ def test_only_core_composes_the_article_chain() -> None:
     found = {name: [f"{n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
                     if isinstance(n, ast.Starred) and "ARTICLE_CHAIN" in ast.unparse(n)]
              for name, tree in _modules_outside_core()}
-    assert {name: hits for name, hits in found.items() if hits} == {}, "import core.techniques.CHAIN"
+    assert {name: hits for name, hits in found.items() if hits} == {}, "import techniques.technique_registry.CHAIN"
     assert registry.CHAIN == ((registry.REFERENCE,), *registry.ARTICLE_CHAIN)
 
 

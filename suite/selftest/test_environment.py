@@ -16,7 +16,7 @@ import pytest
 
 from memclaims.core import machine
 from memclaims.core.environment import cpu_capability
-from memclaims.pytest import preflight
+from memclaims.pytest import stack_preflight as preflight
 from memclaims.pytest.testing import make_project
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -76,7 +76,7 @@ def test_the_matrix_is_pruned_where_a_subset_already_fits(result: fit.FitResult)
             assert not has_fitting_subset, row  # nothing was replayed that a cheaper combination answers
     assert sum(r.status == "pruned" for r in result.rows) > 0
     # Every combination of the full matrix has a row.
-    from memclaims.core import techniques
+    from memclaims.techniques import technique_registry as techniques
 
     assert len(result.rows) == len(techniques.full_matrix(tuple(techniques.BY_NAME[n] for n in POOL))) + 1  # + fabric
 
@@ -149,7 +149,7 @@ def test_single_device_checkpointing_and_adafactor_are_ranked() -> None:
 
 def test_the_new_techniques_are_considered_by_default() -> None:
     """Without -t, fit's pool is every single-process technique: #27's offload and in-backward too."""
-    from memclaims.core import techniques as registry
+    from memclaims.techniques import technique_registry as registry
 
     pool = {name for combo in registry.full_matrix() for name in combo}
     assert {"activation-offload", "optimizer-in-backward", "activation-checkpointing", "adafactor"} <= pool

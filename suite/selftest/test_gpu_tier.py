@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from memclaims.claims import catalogue as claims
-from memclaims.core import techniques as registry
 from memclaims.core.names import GPU_SMOKE
 from memclaims.recipes.recipe import parse_id, resolve
+from memclaims.techniques import technique_registry as registry
 from memclaims.workloads.registry import WORKLOADS, gpu_tier_scale
 from suite.selftest.test_baselines import fake_record
 

@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 from memclaims.core.errors import UsageError
-from memclaims.measure import active, lora
+from memclaims.measure import active
 from memclaims.pytest.testing import fake_record
 from memclaims.recipes.recipe import resolve
-from memclaims.sim.lora import _fake_to
+from memclaims.techniques.impl import peft_adapters as lora
+from memclaims.techniques.impl.peft_adapters_fake import _fake_to
 from memclaims.workloads.registry import workload
 from memclaims.workloads.types import LoraTargets
 

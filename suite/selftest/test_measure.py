@@ -1,4 +1,4 @@
-"""measure() picks the engine: the sim for --device sim, the ranks for a sharded recipe or several
+"""run_recipe() picks the engine: the sim for --device sim, the ranks for a sharded recipe or several
 devices, Fabric on one device otherwise; every caller goes through it."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from memclaims import sim
 from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.measure import distributed, runner
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import resolve
-from memclaims.run import measure, measure_many, runs_ranks
+from memclaims.recipes.run_options import RunOptions
+from memclaims.run import run_recipe, run_recipes, runs_ranks
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
 @pytest.mark.cpu
 def test_a_sharded_recipe_runs_on_ranks(engines) -> None:
     recipe = resolve("vit", "smoke", ("fsdp",))
-    assert measure(recipe, RunOptions(devices=2, timeout_s=90.0)) == ["rank0", "rank1"]
+    assert run_recipe(recipe, RunOptions(devices=2, timeout_s=90.0)) == ["rank0", "rank1"]
     assert engines == [("ranks", (recipe.id, 2, 90.0))]
 
 
@@ -45,8 +45,8 @@ def test_a_sharded_recipe_runs_on_ranks(engines) -> None:
 def test_several_devices_run_on_ranks_and_one_device_in_this_process(engines) -> None:
     fabric = resolve("vit", "smoke", ("fabric",))
     assert runs_ranks(fabric, RunOptions(devices=2)) and not runs_ranks(fabric, RunOptions())
-    measure(fabric, RunOptions(devices=2))
-    assert measure(fabric, RunOptions()) == ["record"]
+    run_recipe(fabric, RunOptions(devices=2))
+    assert run_recipe(fabric, RunOptions()) == ["record"]
     assert [kind for kind, _ in engines] == ["ranks", "one"]
 
 
@@ -54,7 +54,7 @@ def test_several_devices_run_on_ranks_and_one_device_in_this_process(engines) ->
 def test_the_sim_is_the_engine_of_device_sim(engines) -> None:
     recipe = resolve("vit", "smoke", ("fsdp", "bf16-true"))
     assert not runs_ranks(recipe, RunOptions(device="sim", devices=4))
-    (record,) = measure(recipe, RunOptions(device="sim", profile="h100", memory_steps=1))
+    (record,) = run_recipe(recipe, RunOptions(device="sim", profile="h100", memory_steps=1))
     assert record.to_json() == sim.simulate(recipe, profile="h100", memory_steps=1).to_json()
     assert record.probe == "sim:h100" and engines == []
 
@@ -66,14 +66,14 @@ def test_the_sims_options_reach_it_through_the_door_beside_the_records() -> None
     recipe = resolve("vit", "smoke", ("bf16-true",))
     events: list[Any] = []
     direct = sim.simulate(recipe, profile="h100", memory_steps=1, allocator_events=events)
-    traced = measure(recipe, RunOptions(device="sim", profile="h100", memory_steps=1, allocator_events=True))
+    traced = run_recipe(recipe, RunOptions(device="sim", profile="h100", memory_steps=1, allocator_events=True))
     assert events and traced.allocator_events == events
-    plain = measure(recipe, RunOptions(device="sim", profile="h100", memory_steps=1))
+    plain = run_recipe(recipe, RunOptions(device="sim", profile="h100", memory_steps=1))
     assert plain.allocator_events is None
     assert traced[0].to_json() == plain[0].to_json() == direct.to_json()
     limit = direct.peak_allocated_bytes - 2**20
     with pytest.raises(OutOfMemory) as starved:
-        measure(recipe, RunOptions(device="sim", profile="h100", memory_steps=1, limit_bytes=limit))
+        run_recipe(recipe, RunOptions(device="sim", profile="h100", memory_steps=1, limit_bytes=limit))
     assert starved.value.phase == "train" and f"allocator limited to {limit} B" in str(starved.value)
 
 
@@ -82,7 +82,7 @@ def test_a_real_device_refuses_the_sims_options(engines) -> None:
     recipe = resolve("vit", "smoke", ("fabric",))
     for asked in ({"limit_bytes": 2**30}, {"allocator_events": True}, {"load_only": True}):
         with pytest.raises(UsageError, match=f"{next(iter(asked))}: the sim's options"):
-            measure(recipe, RunOptions(device="cpu", **asked))
+            run_recipe(recipe, RunOptions(device="cpu", **asked))
     assert engines == []
 
 
@@ -96,7 +96,7 @@ def test_measure_many_starts_the_ranks_once_for_every_sharded_recipe(engines, mo
 
     monkeypatch.setattr(distributed, "run_distributed_many", many)
     fsdp, fabric, fsdp_ac = (resolve("vit", "smoke", t) for t in (("fsdp",), ("fabric",), ("fsdp", "activation-checkpointing")))
-    assert measure_many([fsdp, fabric, fsdp_ac], RunOptions()) == [
+    assert run_recipes([fsdp, fabric, fsdp_ac], RunOptions()) == [
         [f"{fsdp.id}@0", f"{fsdp.id}@1"], ["record"], [f"{fsdp_ac.id}@0", f"{fsdp_ac.id}@1"]]
     assert groups == [[fsdp.id, fsdp_ac.id]] and engines == [("one", fabric.id)]
 

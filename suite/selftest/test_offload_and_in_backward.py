@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from memclaims.measure import optimizers
-from memclaims.measure.in_backward import OptimizerInBackward
 from memclaims.recipes.recipe import resolve
+from memclaims.techniques.impl.per_parameter_optimizers import OptimizerInBackward
 from suite.selftest.test_sharded_cuda_wiring import (
     _run,
     fake_cuda,  # noqa: F401  (the fixture)
@@ -20,7 +20,7 @@ from suite.selftest.test_sharded_cuda_wiring import (
 
 pytestmark = pytest.mark.cpu
 
-# The optimizers a recipe can fuse into backward (the 8-bit ones conflict: memclaims.core.techniques).
+# The optimizers a recipe can fuse into backward (the 8-bit ones conflict: memclaims.techniques.technique_registry).
 FUSABLE = ("adam", "sgd", "adamw", "adafactor")
 STEPS = 3  # past the first step: Adam's bias correction and SGD's cosine schedule both move
 

@@ -1,5 +1,5 @@
 """The architecture's two boundaries around the engines (issue #25): every caller runs a recipe through
-``memclaims.run.measure``, the sim included, and the claims are relations over Records that import no
+``memclaims.run.run_recipe``, the sim included, and the claims are relations over Records that import no
 engine (their callers measure what they look up)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_only_the_sim_and_the_door_call_the_sim() -> None:
         found = sim_calls(path.read_text())
         if found:
             callers[relative] = found
-    assert callers == {}, f"run recipes on the sim through memclaims.run.measure(recipe, RunOptions(device='sim', ...)): {callers}"
+    assert callers == {}, f"run recipes on the sim through memclaims.run.run_recipe(recipe, RunOptions(device='sim', ...)): {callers}"
 
 
 def test_no_sim_helper_replays_around_the_door() -> None:
@@ -61,7 +61,7 @@ def test_no_sim_helper_replays_around_the_door() -> None:
         found = sim_calls(path.read_text())
         if found:
             callers[path.relative_to(ROOT).as_posix()] = found
-    assert callers == {}, f"a sim helper takes a Record measured through memclaims.run.measure: {callers}"
+    assert callers == {}, f"a sim helper takes a Record measured through memclaims.run.run_recipe: {callers}"
 
 
 def test_the_claims_import_no_engine() -> None:

@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memclaims.core import machine, optim_state, techniques
+from memclaims.core import machine, optim_state
 from memclaims.core.errors import UsageError
 from memclaims.measure import optimizers
 from memclaims.measure.tensors import optimizer_state_tensors, storage_bytes
 from memclaims.recipes import requirements
+from memclaims.techniques import technique_registry as techniques
 from memclaims.workloads.registry import workload
 
 PARAMS, TENSORS = 65_783_042, 104  # the course's distilbert-base-cased with a 2-label head

@@ -127,7 +127,7 @@ def test_installed_the_entry_point_loads_the_plugin_once_with_its_fixtures(pytes
 def test_importing_the_plugin_imports_nothing_of_the_training_stack() -> None:
     """pytest imports the plugin before the preflight has looked at the stack; a broken torch or
     torchvision imported here would be a traceback instead of the preflight's line."""
-    code = ("import sys, memclaims.pytest.plugin, memclaims.pytest.options; "
+    code = ("import sys, memclaims.pytest.plugin, memclaims.pytest.addoption; "
             "print(sorted(m for m in ('torch', 'torchvision', 'lightning', 'torchmetrics', 'transformers', "
             "'bitsandbytes', 'numpy') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},

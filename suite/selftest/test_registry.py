@@ -6,9 +6,9 @@ from itertools import combinations
 
 import pytest
 
-from memclaims.core import techniques as registry
 from memclaims.core.errors import UsageError
 from memclaims.recipes.recipe import parse_id, resolve
+from memclaims.techniques import technique_registry as registry
 
 
 def test_names_are_the_public_contract() -> None:

@@ -15,12 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memclaims.core import techniques as registry
 from memclaims.core.errors import MemclaimsError, OutOfMemory
 from memclaims.measure.probes import CpuProbe
 from memclaims.measure.runner import out_of_memory_request, run
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import parse_id, resolve
+from memclaims.recipes.run_options import RunOptions
+from memclaims.techniques import technique_registry as registry
 
 # Fields that legitimately differ between two runs of the same recipe: wall time, and the process's
 # resident set (allocator arenas and what earlier work left mapped), per step phase too.
@@ -46,7 +46,7 @@ def test_same_recipe_five_times_gives_identical_bytes() -> None:
 _RUN_IN_ORDER = textwrap.dedent("""
     import json, sys
     from memclaims.recipes.recipe import parse_id
-    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.run_options import RunOptions
     from memclaims.measure.runner import run
     records = {}
     for recipe_id in sys.argv[1:]:

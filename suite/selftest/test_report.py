@@ -244,7 +244,7 @@ def test_fidelity_hf_rows_read_the_live_bytes_of_the_phases_that_have_them(monke
                   "forward": {"allocated_bytes": 990}}
         return [fake_record(recipe.id, device="sim", phases=phases)]
 
-    monkeypatch.setattr(memclaims.run, "measure", fake_measure)
+    monkeypatch.setattr(memclaims.run, "run_recipe", fake_measure)
     monkeypatch.setattr(fidelity, "HF_MODELS", (("hf:gpt2", ("bf16-true",)),))
     (row,) = fidelity.hf_rows(None)
     assert (row.reference_bytes, row.predicted_bytes) == (1000, 900)

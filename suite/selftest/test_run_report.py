@@ -15,7 +15,8 @@ from memclaims.baselines.store import BaselineStore
 from memclaims.cli import main
 from memclaims.core.record import Record
 from memclaims.pytest.testing import FAKE_PEAK, fake_record, make_project
-from memclaims.report import html_report, run_summary, step_summary
+from memclaims.report import html_report, step_summary
+from memclaims.report import summary_document as run_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]

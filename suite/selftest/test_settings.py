@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from memclaims import cli
-from memclaims.core import names, techniques
+from memclaims.core import names
 from memclaims.core import settings as table
 from memclaims.core.settings import OPTIONS, Settings
 from memclaims.pytest.testing import make_project
+from memclaims.techniques import technique_registry as techniques
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
@@ -51,7 +52,7 @@ def test_settings_has_one_field_per_option_with_its_default() -> None:
 
 
 def test_the_table_names_what_the_registries_hold() -> None:
-    from memclaims.recipes.options import DEVICES
+    from memclaims.recipes.run_options import DEVICES
     from memclaims.sim import PROFILES
 
     assert table.MATRICES == tuple(techniques.SELECTIONS)
@@ -278,8 +279,8 @@ def test_the_tier_to_device_mapping_is_spelled_once() -> None:
 
 
 def test_the_default_step_count_is_defined_once() -> None:
-    from memclaims.recipes.options import RunOptions, memory_steps, resolve_memory_steps
     from memclaims.recipes.recipe import resolve
+    from memclaims.recipes.run_options import RunOptions, memory_steps, resolve_memory_steps
 
     recipe = resolve("vit", "article", ())
     assert memory_steps(recipe, None, "sim") == names.SIM_MEMORY_STEPS != recipe.scale.memory_steps
@@ -289,4 +290,4 @@ def test_the_default_step_count_is_defined_once() -> None:
         memory_steps(recipe, 0, "sim")
     assert f"{names.SIM_MEMORY_STEPS} on the sim" in table.BY_NAME["steps"].help
     # The engines ask memory_steps; none keeps a default of its own.
-    assert _sources_saying(r"must be at least 1 \(got \{steps\}\)") == ["memclaims/recipes/options.py"]
+    assert _sources_saying(r"must be at least 1 \(got \{steps\}\)") == ["memclaims/recipes/run_options.py"]

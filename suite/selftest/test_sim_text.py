@@ -8,8 +8,8 @@ import torch
 
 from memclaims import sim
 from memclaims.measure.runner import run
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Sizes, resolve
+from memclaims.recipes.run_options import RunOptions
 from memclaims.sim.autocast import cuda_autocast
 
 pytestmark = pytest.mark.sim
@@ -62,7 +62,8 @@ def test_checkpointing_and_adafactor_on_one_device_replay_the_cpu_tier(monkeypat
     within 0.1 % (the tolerance the fp32 Adam and SGD rows of test_sim's cross-check meet), the same
     linears recomputed in backward; and a checkpointing that does nothing is named."""
     from memclaims.core.optim_state import adafactor_bytes
-    from memclaims.measure import active, checkpointing
+    from memclaims.measure import active
+    from memclaims.techniques.impl import block_checkpointing as checkpointing
 
     recipe = resolve("hf:bert", "smoke", ("adafactor", "activation-checkpointing"), Sizes(seq_len=32))
     measured = run(recipe, RunOptions(device="cpu", memory_steps=2, evaluate=False))

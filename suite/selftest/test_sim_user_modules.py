@@ -13,9 +13,9 @@ from torch import nn
 from memclaims import sim
 from memclaims.core.errors import UsageError
 from memclaims.measure.runner import run
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import resolve
-from memclaims.run import measure
+from memclaims.recipes.run_options import RunOptions
+from memclaims.run import run_recipe
 from memclaims.workloads import user as user_workloads
 from memclaims.workloads.batch_shapes import BatchShapes
 from memclaims.workloads.types import Scale
@@ -108,7 +108,7 @@ def test_a_batch_without_a_leading_batch_dimension_is_refused() -> None:
 def test_fsdp_on_a_user_workload_accounts_per_rank(registered: str) -> None:
     """--devices N reaches the sharded replay: each of N ranks keeps a 1/N shard of every unit."""
     recipe = resolve(registered, "smoke", ["fsdp"])
-    two, four = (measure(recipe, RunOptions(device="sim", memory_steps=2, devices=n))[0] for n in (2, 4))
+    two, four = (run_recipe(recipe, RunOptions(device="sim", memory_steps=2, devices=n))[0] for n in (2, 4))
     assert (two.devices, four.devices, two.param_count) == (2, 4, four.param_count)
     assert two.param_bytes == pytest.approx(4 * two.param_count / 2, rel=0.01)  # fp32 shards, padding aside
     assert four.param_bytes == pytest.approx(4 * four.param_count / 4, rel=0.01)

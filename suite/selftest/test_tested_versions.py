@@ -82,11 +82,11 @@ def test_the_header_says_which_releases_run_and_where_they_lie(own_table: object
 
 @pytest.mark.reads_versions
 def test_a_record_says_where_its_releases_lie_and_old_records_still_load(installed_stack: dict[str, str]) -> None:
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
-    from memclaims.run import measure
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.run import run_recipe
 
-    (record,) = measure(resolve("vit", "smoke", ("sgd",)), RunOptions(device="sim", evaluate=False, memory_steps=1))
+    (record,) = run_recipe(resolve("vit", "smoke", ("sgd",)), RunOptions(device="sim", evaluate=False, memory_steps=1))
     assert record.versions_tested == tested_versions.classify(record.versions)
     assert {p: record.versions[p] for p in installed_stack} == installed_stack  # the Record reads the installed
     assert set(record.versions_tested) == set(tested_versions.PACKAGES)

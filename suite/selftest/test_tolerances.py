@@ -32,8 +32,8 @@ def _smoke_record(technique: str, lr_factor: float = 1.0, break_accumulation: bo
     import dataclasses
 
     from memclaims.measure.runner import run
-    from memclaims.recipes.options import RunOptions
     from memclaims.recipes.recipe import resolve
+    from memclaims.recipes.run_options import RunOptions
 
     recipe = resolve("vit", "smoke", (technique,))
     scale = dataclasses.replace(recipe.scale, learning_rate=recipe.scale.learning_rate * lr_factor)

@@ -143,7 +143,7 @@ def test_the_worker_writes_a_line_per_case_and_resumes(tmp_path: Path, monkeypat
             raise MemclaimsError(f"{recipe.id} ran out of memory")
         return [fake_record(recipe.id)]
 
-    monkeypatch.setattr(measure, "measure", fake_measure)
+    monkeypatch.setattr(measure, "run_recipe", fake_measure)
     out = tmp_path / "records.jsonl"
     ids = [r.id for r, _ in candidate.cases("converged")]
     assert candidate.main(["--out", str(out), "--tiers", "converged"]) == 1  # the sgd case failed

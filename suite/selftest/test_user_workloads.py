@@ -111,17 +111,17 @@ def test_the_readme_example_predicts_on_the_sim_and_through_fit(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's workload, defined through define() alone, at article scale (24 blocks of width
     4096: 403 M parameters): one device, FSDP rank 0 of 2, and fit's ranking of a small pool."""
-    from memclaims.recipes.options import RunOptions
+    from memclaims.recipes.run_options import RunOptions
     from memclaims.report import fit
-    from memclaims.run import measure
+    from memclaims.run import run_recipe
 
     (tmp_path / "simwork.py").write_text(readme_example())
     monkeypatch.syspath_prepend(str(tmp_path))
     user_workloads.register_spec("simwork:make")
     try:
         options = RunOptions(device="sim", memory_steps=2)
-        one = measure(resolve("clusters-mlp", "article", ["bf16-true"]), options)[0]
-        sharded = measure(resolve("clusters-mlp", "article", ["fsdp"]), RunOptions(device="sim", memory_steps=2,
+        one = run_recipe(resolve("clusters-mlp", "article", ["bf16-true"]), options)[0]
+        sharded = run_recipe(resolve("clusters-mlp", "article", ["fsdp"]), RunOptions(device="sim", memory_steps=2,
                                                                                     devices=2))[0]
         ranked = fit.fit("clusters-mlp", 5 * 10**9, only=("bf16-true", "sgd")).ranked()
     finally:

@@ -8,8 +8,8 @@ import torch
 from memclaims import cli
 from memclaims.core.errors import UsageError
 from memclaims.measure.runner import run
-from memclaims.recipes.options import RunOptions
 from memclaims.recipes.recipe import Sizes, parse_id, resolve
+from memclaims.recipes.run_options import RunOptions
 from memclaims.workloads import hf
 
 TINY_LLAMA = "hidden_size=32,intermediate_size=64,num_attention_heads=2,num_key_value_heads=2,vocab_size=128"

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 from memclaims.core.machine import STACK, StackProblem, stack_problem
 from memclaims.core.names import workload_packages
-from memclaims.core.techniques import TECHNIQUES
+from memclaims.techniques.technique_registry import TECHNIQUES
 
 __all__ = ["STACK", "StackProblem", "message", "note", "problems", "stopping"]
 

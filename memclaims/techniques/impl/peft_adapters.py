@@ -9,7 +9,7 @@ state for it. ``parameter_fields`` says what the run saw: the Record's ``trainab
 ``total_parameters`` (``memclaims.measure.active`` checks the fraction and the optimizer state against them).
 
 The real engines call ``apply`` in the load phase (``memclaims.measure.pipeline``); the sim calls it on its
-fake model (``memclaims.sim.lora``), so both count the same parameters.
+fake model (``memclaims.techniques.impl.peft_adapters_fake``), so both count the same parameters.
 """
 
 from __future__ import annotations

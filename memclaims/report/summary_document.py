@@ -4,7 +4,7 @@ step summary and ``memclaims history`` read.
 Schema 2 keeps schema 1's ``rows`` (every baseline comparison) and ``out_of_memory``, and adds what a
 reader needs without the terminal: the run's failures with their messages, the test outcomes, the
 claim table with a verdict per tier, the installed library versions, the selection, and the
-diagnosis files the run saved. The pytest plugin fills it (``memclaims.pytest.run_summary``); this
+diagnosis files the run saved. The pytest plugin fills it (``memclaims.pytest.summary_files``); this
 module only reads and counts it, so that every reader agrees on its meaning.
 """
 

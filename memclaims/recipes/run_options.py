@@ -1,4 +1,4 @@
-"""What a measurement is asked for besides the recipe: ``memclaims.run.measure(recipe, options)``.
+"""What a measurement is asked for besides the recipe: ``memclaims.run.run_recipe(recipe, options)``.
 
 The defaults that follow from a recipe (measured steps, the accuracy schedule) are resolved here,
 once, for every engine.

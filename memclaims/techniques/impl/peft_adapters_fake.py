@@ -1,4 +1,4 @@
-"""The ``lora`` technique on the sim's fake tensors: ``memclaims.measure.lora.apply``, as the real engines call it.
+"""The ``lora`` technique on the sim's fake tensors: ``memclaims.techniques.impl.peft_adapters.apply``, as the real engines call it.
 
 peft builds the adapters as ordinary ``nn.Linear`` modules (fake tensors, counted where a GPU run would
 allocate them) and then moves each onto its base layer's device and dtype with ``Module.to``. On fake
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from memclaims.measure import lora
+from memclaims.techniques.impl import peft_adapters as lora
 
 if TYPE_CHECKING:
     from memclaims.workloads.types import Workload

@@ -1,4 +1,4 @@
-"""The run's summary document (memclaims.report.run_summary) and what is made from it at the end of a
+"""The run's summary document (memclaims.report.summary_document) and what is made from it at the end of a
 session: the summary JSON (``--memclaims-summary-json``), the HTML report (``--memclaims-html``) and,
 where ``$GITHUB_STEP_SUMMARY`` names a file (a GitHub Actions job), a markdown summary appended to it.
 
@@ -21,8 +21,8 @@ import pytest
 from memclaims.claims import runs as claim_runs
 from memclaims.core.record import library_versions
 from memclaims.pytest.plugin import OOM_KEY, SUMMARY_KEY, settings
-from memclaims.report import html_report, run_summary, step_summary
-from memclaims.report.run_summary import SCHEMA
+from memclaims.report import html_report, step_summary, summary_document
+from memclaims.report.summary_document import SCHEMA
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 # A failure's message as the terminal shows it, up to this many characters (a traceback of a
@@ -92,7 +92,7 @@ class RunSummary:
         data = self.document(exitstatus)
         written: list[Path] = []
         if chosen.summary_json is not None:
-            chosen.summary_json.write_text(run_summary.dump(data), encoding="utf-8")
+            chosen.summary_json.write_text(summary_document.dump(data), encoding="utf-8")
             written.append(chosen.summary_json)
         if chosen.html is not None:
             html_report.write(data, chosen.html)

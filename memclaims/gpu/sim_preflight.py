@@ -28,8 +28,8 @@ from memclaims.claims.catalogue import CLAIMS, Claim
 from memclaims.claims.lookup import Key, Lookup, load_only, options_for, recipe_of
 from memclaims.core.errors import UsageError
 from memclaims.core.record import Record
-from memclaims.recipes.options import RunOptions
-from memclaims.run import check, measure
+from memclaims.recipes.run_options import RunOptions
+from memclaims.run import check, run_recipe
 from memclaims.sim.profiles import GPU_TIER_PROFILES, Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.workloads.registry import gpu_tier_scale
@@ -98,7 +98,7 @@ class Preflight:
             options = options_for(wanted, RunOptions(device="sim", profile=chosen.name, memory_steps=self.memory_steps))
             try:
                 check(recipe, options)
-                self._records[key] = measure(recipe, options)[0]
+                self._records[key] = run_recipe(recipe, options)[0]
                 self.simulations += 1
             except UsageError as reason:
                 self._records[key] = reason

@@ -10,14 +10,16 @@ and stays on the device, being a parameter.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_leaves
 
-from memclaims.measure.offload import ActivationOffload
-from memclaims.sim.tracker import DeviceMemory
+from memclaims.techniques.impl.saved_tensor_offload import ActivationOffload
+
+if TYPE_CHECKING:
+    from memclaims.sim.tracker import DeviceMemory
 
 
 class SimulatedOffload(ActivationOffload):

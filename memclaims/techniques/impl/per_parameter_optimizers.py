@@ -20,8 +20,10 @@ from typing import Any
 
 import torch
 
+from memclaims.techniques.base import LoopHelper
 
-class OptimizerInBackward:
+
+class OptimizerInBackward(LoopHelper):
     """Per-parameter optimizers for every parameter of ``optimizer``, stepped in backward by ``step``
     (the loop's: the sim attributes the step's temporaries)."""
 

@@ -18,6 +18,8 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_leaves
 
+from memclaims.techniques.base import LoopHelper
+
 
 def host_bytes(packed: Any) -> int:
     """Bytes of the host tensors in what a pack function returned (save_on_cpu: ``(device, tensor)``)."""
@@ -25,7 +27,7 @@ def host_bytes(packed: Any) -> int:
                if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu")
 
 
-class ActivationOffload:
+class ActivationOffload(LoopHelper):
     """Makes the hooks for each forward pass and counts what their pack function put on the host
     in the passes it is asked to count (the first measured one: ``offloaded_activation_bytes``)."""
 
@@ -56,3 +58,10 @@ class ActivationOffload:
 
         hooks.pack_hook = counted  # read when the hooks are entered, so this one is pushed
         return hooks
+
+    def forward_context(self) -> saved_tensors_hooks:
+        """The loop's forward pass under the hooks; the first pass under them counts what they offload."""
+        return self.forward(count=self.host_bytes is None)
+
+    def measured_fields(self) -> dict[str, Any]:
+        return {"offloaded_activation_bytes": self.host_bytes}

@@ -1,0 +1,41 @@
+"""The techniques: each one module, ``<name>.py``, that owns what the technique is and what it does to a run.
+
+A technique's module defines ``ENTRY``, its registry entry (``base.Technique``: name, summary, source, group,
+conflicts and the reasons for them, requirements, the workloads it needs), whose ``hooks`` object
+(``base.Hooks``) is called by every engine at fixed points: how it changes a real run (``attach``,
+``init_context``, ``convert_module``, ``setup_options``, ``before_setup``, ``run_context``, ``refusal``), what
+it observes for the Record (``observe``), its active check (``check``, ``rank_check``), what the case test
+expects of it, and its replay on the sim (``sim_*``). The engines iterate over ``Recipe.hooks`` and never ask
+which technique a recipe has. ``technique_registry.py`` is the list of entries, in the order case ids name them, and the
+rules of combining them (``canonical``, the selections).
+
+Where the line is drawn. Three kinds of choice stay **core fields of the recipe** (``Recipe.precision``,
+``batch_size`` / ``accumulation_steps``, ``optimizer``, and the loop: ``plain_pytorch``): their techniques
+(``16-mixed``, ``bf16-true``, ..., ``small-batch``, ``grad-accum``, ``sgd``, ``adamw``, ``adam8bit``, ...,
+``pytorch``, ``fabric``) are entries of ``technique_registry.py`` without a module. Every engine must make each of those
+choices for every recipe (one precision, one batch, one optimizer, one loop), Lightning's own ``precision=``
+and optimizer arguments are what they set, and a hook for each would only forward a value the engine needs
+anyway; they are read as data, as Lightning's ``Fabric(precision=...)`` takes a string. A technique that
+*changes* a run (wraps, converts, attaches, offloads, sets the allocator, observes something of its own) is a
+module here, paged-adamw8bit included: its optimizer is the core field, its paging and what shows it are its
+module's.
+
+The strategies (``fsdp.py``: fsdp and FSDP1's sharding strategies; ``fsdp2.py``; ``distributed_data_parallel.py``;
+``deepspeed_zero2.py``) own their entries, the sharding arithmetic and their active checks; the multi-rank
+engines (``memclaims.measure.distributed``, ``memclaims.measure.lightning_fsdp``, ``memclaims.sim.sharded``,
+``memclaims.sim.zero``, ``memclaims.sim.ddp``) still read the entry's ``strategy``, ``sharding`` and ``fsdp2``,
+and the four flags of the techniques that combine with a strategy (``activation_checkpointing``,
+``cpu_offload``, ``delayed_init``, ``init_on_device``) to build their strategy: a strategy is an engine, and
+turning those engines into strategy objects (Lightning's ``Strategy``, torchtitan's ``parallelize_fn``) is the
+step after this one (``scripts/technique-flag-reads`` counts what is left).
+
+``impl/`` holds the torch code that hooks of several techniques share or that is large (peft's adapters on real
+and fake tensors, the block checkpointing the ranks' engines use too, save_on_cpu's offload, the per-parameter
+optimizers, the CUDA allocator setting); a technique may also keep its torch code in its own module
+(``fused_linear_ce.py``), imported lazily.
+
+Imports: a technique module imports ``core`` and ``techniques.base`` at import time, torch and ``impl/`` only
+inside its hooks (the registry loads before the pytest plugin's preflight has looked at the stack), and never
+an engine (``measure``, ``sim``, ``run``): the claims import the registry and must reach no engine. The engines
+import ``impl/`` and ``base`` (for the loop's helpers); recipes import the registry.
+"""

@@ -1,0 +1,56 @@
+"""activation-checkpointing: each transformer block's activations recomputed in backward (article 08).
+
+On one device each block is wrapped in ``torch.utils.checkpoint`` (hf: and text models through their own
+``gradient_checkpointing_enable()``: ``memclaims.techniques.impl.block_checkpointing``); under a sharded strategy it is
+Lightning's ``activation_checkpointing_policy``, which the multi-rank engines set from the entry's flag.
+It shows against the same recipe without it: the forward pass keeps less for the backward.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memclaims.techniques.base import Hooks, Say, Technique
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
+
+
+class ActivationCheckpointing(Hooks):
+    convert_order = 0  # the blocks as built, before a head bypass or adapters change the model
+
+    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+        if not engine.recipe.sharded:  # sharded: the FSDP strategy's policy
+            from memclaims.techniques.impl import block_checkpointing as checkpointing
+
+            engine.notes.append(checkpointing.enable(model, engine.recipe.workload))
+        return model
+
+    def compare_without(self) -> bool:
+        return True
+
+    def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
+        if record.recomputed_linear_calls == 0:  # None: an engine that does not observe it (FSDP on the sim)
+            say("no nn.Linear ran inside the first backward pass: nothing was recomputed")
+        if without is None:
+            say("no Record of the same recipe without it was given to compare with")
+            return
+        saved = record.phases.get("forward", {}).get("above_start_bytes")
+        plain_saved = without.phases.get("forward", {}).get("above_start_bytes")
+        if saved is None or plain_saved is None or saved >= plain_saved:
+            say(f"phases.forward.above_start_bytes (what the forward pass keeps for backward) is {saved} B with "
+                f"it, {plain_saved} B without")
+
+    def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
+        from memclaims.techniques.impl import block_checkpointing as checkpointing
+
+        notes.append(checkpointing.enable(model, recipe.workload))  # as the real engine's (wrapping allocates nothing)
+
+
+# Needs no sharding: on one device each block is wrapped in torch.utils.checkpoint (hf: and
+# text models through their own gradient_checkpointing_enable()); with fsdp, Lightning's policy.
+ENTRY = Technique("activation-checkpointing", "recompute each transformer block's activations in backward",
+                  "08_fsdp-with-01-2", activation_checkpointing=True, hooks=ActivationCheckpointing())

@@ -1,0 +1,258 @@
+"""What a technique is (``Technique``, its registry entry) and what it does (``Hooks``, called by the engines).
+
+A technique's module (``memclaims/techniques/<name>.py``) defines both: ``ENTRY = Technique(..., hooks=...)``.
+The engines call the hooks of the recipe's techniques (``Recipe.hooks``, registry order) at fixed points
+and never ask which technique a recipe has: every hook's default does nothing, so a technique overrides
+only the points it changes. The points, by engine:
+
+- the real run on one device (``memclaims.measure.pipeline``, ``memclaims.measure.runner``):
+  ``refusal`` (before anything runs), ``run_context`` (around the whole run), ``attach`` (the loop's
+  helpers), ``reference_load`` (a load to compare with), ``init_context`` (around the model's build), ``convert_module`` (after the build, by
+  ``convert_order``), ``reference_module`` (07_01's reference model), ``setup_options`` (Fabric's
+  ``setup``), ``before_setup`` (the optimizer before Fabric wraps it), ``observe`` (the Record's fields of
+  what it did, after the measured steps);
+- the active check (``memclaims.measure.active``): ``check``, ``rank_check``; the case test (``memclaims.pytest.cases``):
+  ``compare_without``, ``expected_grad_bytes``, ``accuracy_reported_only``;
+- the sim (``memclaims.sim.replay``): ``sim_refusal``, ``sim_allocator``, ``sim_builds_on_device``, ``sim_reference``,
+  ``sim_attach``, ``sim_adapt`` (by ``convert_order``), ``sim_after_load``, ``sim_before_train``, ``sim_observe``,
+  ``sim_observe_run``.
+
+Nothing here imports torch or the engines: the registry loads before the plugin's preflight has looked at the
+stack. A hook imports the helpers it drives (``memclaims.techniques.impl.peft_adapters``, ``memclaims.techniques.impl.peft_adapters_fake``, ...)
+when it is called, inside the engine that calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
+    from memclaims.recipes.run_options import RunOptions
+    from memclaims.workloads.types import Workload
+
+# Precision names are Lightning Fabric's own ``precision=`` strings.
+FP32 = "32-true"
+TRUE_HALF_PRECISIONS = ("16-true", "bf16-true")
+
+# The sharded techniques besides the article's fsdp (FULL_SHARD), by name: FSDP1's other sharding
+# strategies, and FSDP2 (fully_shard) with reshard_after_forward on and off.
+FSDP1_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid")
+FSDP2_TECHNIQUES = ("fsdp2", "fsdp2-no-reshard")
+FSDP_SHARDINGS = (*FSDP1_SHARDINGS, *FSDP2_TECHNIQUES)
+# Every multi-rank strategy technique: what the one-device techniques name in their conflicts.
+STRATEGIES = ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2")
+
+Say = Callable[[str], None]  # an active check's complaint, prefixed with the technique's name by the caller
+
+
+class Hooks:
+    """What a technique does to a run, at the engines' fixed points; each default changes nothing."""
+
+    # Where ``convert_module`` and ``sim_adapt`` run among the recipe's techniques (lower first, then registry
+    # order): checkpointing wraps the blocks as built, the fused loss bypasses the head, then the adapters go on.
+    convert_order = 1
+
+    # --- the real run, one device ------------------------------------------------------------------
+
+    def refusal(self, recipe: Recipe, options: RunOptions) -> str | None:
+        """Why ``recipe`` cannot run on ``options.device`` (a UsageError's text), or None."""
+        return None
+
+    def run_context(self, recipe: Recipe, options: RunOptions, cuda: Any) -> AbstractContextManager[Any] | None:
+        """A context around the whole run (an allocator setting); None: none."""
+        return None
+
+    def attach(self, engine: Any) -> None:
+        """Put the technique's helpers on the engine's training loop (``engine``: a ``pipeline.Engine``)."""
+
+    def init_context(self, engine: Any) -> AbstractContextManager[Any] | None:
+        """A context the model is built inside (Fabric's ``init_module``); None: built as the workload builds it."""
+        return None
+
+    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+        """The model after the build, in the load phase, before the optimizer sees its parameters."""
+        return model
+
+    def reference_load(self, engine: Any, probe: Any) -> int | None:
+        """A reference load measured before the recipe's own (07_01's for init-module): its peak; None: none."""
+        return None
+
+    def reference_module(self, model: nn.Module, workload: Workload) -> nn.Module:
+        """07_01's reference model (built in fp32, then converted) as this technique changes the recipe's."""
+        return model
+
+    def setup_options(self) -> dict[str, Any]:
+        """Keyword arguments of Fabric's ``setup``."""
+        return {}
+
+    def before_setup(self, engine: Any, optimizer: Any) -> None:
+        """The optimizer before ``setup`` (Fabric's wrapper is no optimizer to copy)."""
+
+    def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
+        """The Record's fields of what the technique did, read right after the measured steps: the flat fields
+        the techniques before issue #41 fill, or ``{"by_technique": {ENTRY.name: {...}}}`` for a new one."""
+        return {}
+
+    # --- the active check and the case test -----------------------------------------------------------
+
+    def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
+        """``say`` what ``record`` does not show of the technique's effect; ``without``: the same recipe's Record
+        without it, where ``compare_without`` asks for one."""
+
+    def rank_check(self, records: Sequence[Record]) -> list[str]:
+        """What only the ranks of one run together show (DDP's all-reduced gradients), one line each."""
+        return []
+
+    def compare_without(self) -> bool:
+        """Whether the check compares with the recipe without this technique (its effect shows only so)."""
+        return False
+
+    def expected_grad_bytes(self, record: Record, bytes_per_param: int, expected: int) -> int:
+        """The gradient bytes the case expects after a backward, given what the other techniques expect."""
+        return expected
+
+    def accuracy_reported_only(self, record: Record) -> bool:
+        """Whether the case reports the accuracy rather than asserting it learned."""
+        return False
+
+    # --- the sim ----------------------------------------------------------------------------------------
+
+    def sim_refusal(self, recipe: Recipe) -> str | None:
+        """Why the sim cannot replay the technique (a UsageError's reason), or None."""
+        return None
+
+    def sim_allocator(self, allocator: Any) -> Any:
+        """The profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) under the technique."""
+        return allocator
+
+    def sim_builds_on_device(self) -> bool:
+        """Whether the model is built on the device (``init_module``) rather than on the host and moved."""
+        return False
+
+    def sim_reference(self, recipe: Recipe) -> dict[str, Any] | None:
+        """The arguments of a reference load the sim replays before the recipe's (07_01's for init-module:
+        ``memclaims.sim.replay.simulate_load``'s, but the profile); None: none."""
+        return None
+
+    def sim_attach(self, loop: Any, session: Any) -> None:
+        """Put the technique's fake-tensor helpers on the sim's loop (``session``: the replay's session)."""
+
+    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, Any], None]) -> nn.Module:
+        """The fake model as built, before it is moved to the device (by ``convert_order``)."""
+        return model
+
+    def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
+        """The fake model after the load, in the load phase."""
+
+    def sim_before_train(self, loop: Any, optimizer: Any) -> None:
+        """The sim's loop and optimizer before the measured steps."""
+
+    def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
+        """The Record's fields of what the technique did on the sim, right after the measured steps."""
+        return {}
+
+    def sim_observe_run(self, session: Any) -> dict[str, Any]:
+        """The Record's fields of what the technique did on the sim, read once the replay has ended (the
+        allocator model's state)."""
+        return {}
+
+
+NO_HOOKS = Hooks()
+
+
+def merge_observed(into: dict[str, Any], observed: dict[str, Any]) -> None:
+    """Add a hook's ``observe`` fields to the Record's: flat fields by name, ``by_technique`` by technique."""
+    for key, value in observed.items():
+        if key == "by_technique":
+            into.setdefault("by_technique", {}).update(value)
+        else:
+            into[key] = value
+
+
+class LoopHelper:
+    """What a technique puts on one run's training loop (``TrainingLoop.helpers``, from ``Hooks.attach``,
+    ``Hooks.sim_attach`` or ``Hooks.before_setup``): the loop calls each helper at its fixed points, and the
+    hooks object, shared by every run, keeps no state of its own. Each default changes nothing."""
+
+    def forward_context(self) -> AbstractContextManager[Any] | None:
+        """A context around each forward pass (saved-tensor hooks); None: none."""
+        return None
+
+    def loss(self, model: nn.Module, output: Any, targets: Any) -> Any:
+        """The micro-batch's loss from the model's output, in place of cross-entropy over it; None: that."""
+        return None
+
+    def compute_dtypes(self, seen: list[str]) -> list[str]:
+        """The dtypes the first forward pass computed in, given those its linear layers' outputs had."""
+        return seen
+
+    def measured_fields(self) -> dict[str, Any]:
+        """The Record's fields of what the helper saw over the measured steps."""
+        return {}
+
+
+@dataclass(frozen=True)
+class Technique:
+    """A technique's registry entry: what it is, what it sets of the recipe's core fields, how it combines."""
+
+    name: str
+    summary: str
+    source: str  # the article script (row) it comes from
+    group: str | None = None  # at most one technique per group in a recipe
+    # The recipe's core fields a technique may set (memclaims/techniques/__init__.py: why these stay fields).
+    precision: str | None = None
+    batch_divisor: int = 1
+    accumulates: bool = False  # micro-batches of the scale's accumulation count
+    optimizer: str | None = None
+    plain_pytorch: bool = False
+    alone: bool = False  # a whole recipe by itself; combines with nothing
+    requires: frozenset[str] = field(default_factory=frozenset)  # capabilities, e.g. "bitsandbytes"
+    needs: frozenset[str] = field(default_factory=frozenset)  # other techniques it builds on
+    # Multi-device techniques (article 08-11, the LLM bonus): Lightning's ``strategy=`` name; a recipe
+    # with a strategy runs on ranks through memclaims.measure.distributed. ``sharded``: FSDP's sharding.
+    strategy: str | None = None
+    sharded: bool = False
+    # FSDP's ``ShardingStrategy`` name (torch.distributed.fsdp, Lightning's ``sharding_strategy=``) of a
+    # sharded technique: FULL_SHARD for the article's fsdp; the others from issue #27 (``SHARDINGS``).
+    sharding: str | None = None
+    # Which FSDP a sharded technique is: FSDP1 (``FullyShardedDataParallel``: one FlatParameter per wrapped
+    # unit; Lightning's FSDPStrategy) or FSDP2 (``fully_shard``: per-parameter dim-0 DTensor shards;
+    # Lightning's ModelParallelStrategy). FSDP2's ``reshard_after_forward`` is its ``sharding``:
+    # FULL_SHARD is True, SHARD_GRAD_OP is False (``reshard_after_forward``).
+    fsdp2: bool = False
+    # What the multi-rank engines (memclaims.measure.distributed, memclaims.measure.lightning_fsdp,
+    # memclaims.sim.sharded) still read of the techniques that combine with a strategy; the one-device
+    # engines call the technique's hooks instead. Until the strategies are objects too (see __init__).
+    init_on_device: bool = False
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    delayed_init: bool = False
+    # The technique whose computation this one repeats exactly (the same kernels on the same data;
+    # only where memory lives differs): the reference for an allocator setting, adamw8bit for its paged
+    # variant. A recipe of such techniques alone trains no accuracy phase: its accuracy is the one of
+    # the recipe with these in their place (memclaims.recipes.run_options.evaluates). None: its own numerics.
+    computes_as: str | None = None
+    # A technique only some workloads take: (the Workload attribute a workload sets to take it, why the
+    # others cannot). memclaims.recipes.recipe refuses the rest with the reason; the tiers leave them out.
+    workload_needs: tuple[str, str] | None = None
+    # Techniques it does not combine with, each with the reason: (technique name, why not).
+    conflicts: tuple[tuple[str, str], ...] = ()
+    # Whether it joins the default selection's pairwise cover. The techniques added after the article's
+    # do not: each would re-plan the greedy cover, renaming its combinations and orphaning their
+    # baselines, and add fp32 ViT-L/16 cases past the nightly's 30 GPU-minutes (suite/selftest/test_budget.py:
+    # the two singles already take it from 26.7 to 29.4). Their pairs run in the full matrix.
+    in_cover: bool = True
+    # Whether its single case joins the default selection (the nightly). paged-adamw8bit does not: its
+    # arithmetic is adamw8bit's, which the default runs, its memory effect is asserted by the sim tier
+    # (claim paged-optimizer-unified-memory), and one more CUDA case would pass the nightly's 30
+    # GPU-minutes (30.2 with it). Its cases run in the full matrix.
+    in_default: bool = True
+    # What it does to a run (``Hooks``); not part of the entry's identity.
+    hooks: Hooks = field(default=NO_HOOKS, compare=False, repr=False)

@@ -1,0 +1,32 @@
+"""cpu-offload: FSDP's parameters offloaded to CPU memory, ``setup(move_to_device=False)`` (article 09).
+
+Offloading parameters to host memory only means something from a GPU (``requires`` cuda). The strategy's
+``CPUOffload`` is set by the multi-rank engines from the entry's flag; Fabric's setup leaves the model on the
+host through ``setup_options``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memclaims.techniques.base import Hooks, Say, Technique
+
+if TYPE_CHECKING:
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
+
+
+class CpuOffload(Hooks):
+    def setup_options(self) -> dict[str, Any]:
+        return {"move_to_device": False}  # FSDP moves what it needs
+
+    def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
+        on_device = {d: b for d, b in record.param_bytes_by_device.items() if d != "cpu" and b}
+        if on_device or not record.param_bytes_by_device.get("cpu"):
+            say(f"parameter bytes by device after setup are {record.param_bytes_by_device}; offloaded parameters "
+                "live on the CPU only")
+
+
+ENTRY = Technique("cpu-offload", "FSDP parameters offloaded to CPU memory, setup(move_to_device=False)",
+                  "09_fsdp-cpu-offload-with-01-2", cpu_offload=True, needs=frozenset({"fsdp"}),
+                  requires=frozenset({"cuda"}), hooks=CpuOffload())

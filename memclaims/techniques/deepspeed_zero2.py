@@ -1,0 +1,43 @@
+"""deepspeed-zero2: DeepSpeed ZeRO stage 2 through Lightning's DeepSpeedStrategy (the LLM bonus's
+bonus_distilbert-before): optimizer state, fp32 master weights and gradients partitioned over the ranks. Run by
+the multi-rank engines from the entry's ``strategy`` (on the sim: ``memclaims.sim.zero``'s accounting); what
+shows it: no rank holds more than its partition.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memclaims.techniques.base import Hooks, Say, Technique
+
+if TYPE_CHECKING:
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
+
+# ZeRO stage 2 per rank: the fp32 master copy and Adam's two fp32 states (12 B per parameter) and the
+# fp32 gradient partition (4 B) are each 1/N of the model's; flat-buffer padding adds at most a few
+# elements per rank, so 1 % above 1/N is already more than a partition holds.
+ZERO2_STATE_BYTES_PER_PARAMETER = 12
+ZERO2_GRAD_BYTES_PER_PARAMETER = 4
+ZERO2_SLACK = 1.01
+
+
+class DeepSpeedZero2(Hooks):
+    def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
+        if record.devices == 1:
+            return
+        world = record.devices
+        for field_name, per_parameter, what in (
+                ("optimizer_state_bytes", ZERO2_STATE_BYTES_PER_PARAMETER, "fp32 master weights and Adam state"),
+                ("grad_bytes", ZERO2_GRAD_BYTES_PER_PARAMETER, "fp32 gradient partition")):
+            held = getattr(record, field_name)
+            share = per_parameter * record.param_count / world
+            if held > share * ZERO2_SLACK:
+                say(f"rank {record.rank} holds {field_name} {held:,} B, above 1/{world} of the model's {what} "
+                    f"({share:,.0f} B): ZeRO-2 partitions them over the ranks")
+
+
+ENTRY = Technique("deepspeed-zero2", "DeepSpeed ZeRO stage 2 through Lightning's DeepSpeedStrategy: optimizer "
+                  "state, fp32 master weights and gradients partitioned over the ranks", "bonus_distilbert-before",
+                  group="strategy", strategy="deepspeed_stage_2", requires=frozenset({"deepspeed"}),
+                  hooks=DeepSpeedZero2())

@@ -1,0 +1,46 @@
+"""ddp (distributed data parallel): the LLM bonus "before" scripts: the whole model on every rank, gradients
+all-reduced in buckets (Lightning's DDPStrategy passes no DDP options: torch's 25 MiB buckets, no bucket views).
+The multi-rank engines run it from the entry's ``strategy``; what shows it: every rank holds the whole model,
+and the ranks' gradients, hashed after the first backward (``attach``: the loop's ``digests_gradients``), agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from memclaims.techniques.base import TRUE_HALF_PRECISIONS, Hooks, Say, Technique
+
+if TYPE_CHECKING:
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
+
+
+class Ddp(Hooks):
+    def attach(self, engine: Any) -> None:
+        engine.digests_gradients = True  # the ranks compare them (rank_check)
+
+    def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
+        if record.devices == 1:
+            return
+        full = record.param_count * (2 if record.precision in TRUE_HALF_PRECISIONS else 4)
+        if record.param_bytes != full:
+            say(f"rank {record.rank} holds {record.param_bytes:,} B of parameters, not the whole model's {full:,} B: "
+                "DDP replicates the model on every rank")
+        if record.grad_digest is None:
+            say(f"rank {record.rank} recorded no gradient digest: nothing shows an all-reduce")
+
+    def rank_check(self, records: Sequence[Record]) -> list[str]:
+        """The gradients, all-reduced, are bit for bit the same on every rank after the backward (each rank's
+        own batch gave different local ones)."""
+        ranks = [r for r in records if r.devices > 1]
+        digests = {r.rank: r.grad_digest for r in ranks}
+        if len(set(digests.values())) > 1:
+            return [f"{ranks[0].recipe}: ddp is not active: the ranks' gradients differ after the backward "
+                    f"(SHA-256 by rank: {digests}); DDP all-reduces them"]
+        return []
+
+
+ENTRY = Technique("ddp", "distributed data parallel: the whole model, gradients and optimizer state on every "
+                  "rank, gradients all-reduced", "bonus_bigbird-before", group="strategy", strategy="ddp",
+                  hooks=Ddp())

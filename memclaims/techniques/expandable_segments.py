@@ -1,0 +1,65 @@
+"""expandable-segments: the CUDA caching allocator's ``expandable_segments:True`` (one segment per stream and
+pool that grows by mapping pages, instead of a segment per large request).
+
+A setting of the CUDA caching allocator: the CPU has none (``refusal``), a CUDA run switches it for the run
+(``memclaims.techniques.impl.cuda_allocator_setting``), the sim replays it in its allocator model. What shows it: bytes
+mapped in expandable segments after the measured steps (the Record's ``expandable_segment_bytes``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from memclaims.techniques.base import Hooks, Say, Technique
+
+if TYPE_CHECKING:
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
+    from memclaims.recipes.run_options import RunOptions
+
+
+class ExpandableSegments(Hooks):
+    def refusal(self, recipe: Recipe, options: RunOptions) -> str | None:
+        if options.device != "cpu":
+            return None
+        return (f"{recipe.id}: expandable-segments is a setting of the CUDA caching allocator, which the CPU has "
+                "none of; run it with --device cuda, or --device sim for the allocator model's prediction")
+
+    def run_context(self, recipe: Recipe, options: RunOptions, cuda: Any) -> AbstractContextManager[Any] | None:
+        if options.device != "cuda":
+            return None
+        from memclaims.techniques.impl.cuda_allocator_setting import expandable_segments
+
+        return expandable_segments(True, cuda)
+
+    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+        from memclaims.techniques.impl import cuda_allocator_setting as allocator_setting
+
+        cuda = getattr(probe, "cuda", None)  # a CUDA probe's (real or injected) torch.cuda; the CPU's has none
+        if cuda is None:
+            return {}
+        return {"expandable_segment_bytes": allocator_setting.expandable_segment_bytes(cuda)}
+
+    def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
+        # The setting applies to segments created after it: a run whose segments all came from the
+        # default allocator shows none mapped in expandable segments.
+        mapped = record.expandable_segment_bytes
+        if not mapped:
+            say(f"expandable_segment_bytes is {mapped} B after phase train: no segment of the run was expandable "
+                "(the allocator made a segment per request as by default)")
+
+    def sim_allocator(self, allocator: Any) -> Any:
+        return dataclasses.replace(allocator, expandable_segments=True)
+
+    def sim_observe_run(self, session: Any) -> dict[str, Any]:
+        return {"expandable_segment_bytes": session.allocator.expandable_bytes}
+
+
+# A setting of the CUDA caching allocator: there is no caching allocator on the CPU; the sim
+# replays it (memclaims.sim.allocator).
+ENTRY = Technique("expandable-segments", "the CUDA caching allocator's expandable_segments:True: one segment per "
+                  "stream and pool that grows by mapping pages, instead of a segment per large request",
+                  "torch docs: CUDA semantics, expandable_segments", in_cover=False,
+                  requires=frozenset({"cuda"}), computes_as="fabric", hooks=ExpandableSegments())

@@ -1,0 +1,66 @@
+"""paged-adamw8bit: bitsandbytes' PagedAdamW8bit, AdamW8bit whose large states live in CUDA unified memory,
+paged to the host when the GPU runs out (on the CPU: unpaged, as bitsandbytes falls back).
+
+The optimizer is the recipe's core field (``optimizer="paged_adamw8bit"``, built by
+``memclaims.measure.optimizers``); this module owns what only paging shows: the state bytes in unified memory
+(the Record's ``paged_state_bytes``, outside the caching allocator's figures) and their check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from memclaims.techniques.base import Hooks, Say, Technique
+
+if TYPE_CHECKING:
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
+
+
+# bitsandbytes puts a state of this many elements or more of a CUDA parameter in CUDA unified memory
+# (Optimizer8bit.get_state_buffer: ``p.numel() < 1e5`` stays an ordinary tensor; on the CPU it warns and
+# falls back); the sim's 8-bit model reads it too (memclaims.measure.optimizers re-exports it).
+PAGED_MIN_NUMEL = 100_000
+
+
+def state_tensors(optimizer: Any) -> Iterator[Any]:
+    """The optimizer's state tensors (``memclaims.measure.tensors.optimizer_state_tensors``' walk)."""
+    import torch
+
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                yield value
+
+
+def paged_state_bytes(states: Iterable[Any]) -> int:
+    """Bytes of the optimizer state tensors bitsandbytes allocated in unified memory (``is_paged``)."""
+    return sum(t.untyped_storage().nbytes() for t in states if getattr(t, "is_paged", False))
+
+
+class PagedAdamW8bit(Hooks):
+    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+        paged = paged_state_bytes(state_tensors(optimizer))
+        if not paged:
+            engine.notes.append(f"{engine.recipe.optimizer}: no optimizer state in unified memory on "
+                                f"{engine.options.device} (bitsandbytes pages the states of CUDA parameters only: "
+                                "'Paged optimizers are not supported on CPU. Falling back to non-paged optimizer "
+                                "behavior.')")
+        return {"paged_state_bytes": paged}
+
+    def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
+        if record.device != "cpu" and not record.paged_state_bytes:
+            say(f"paged_state_bytes is {record.paged_state_bytes} B after phase optimizer_step: no optimizer state in "
+                f"unified memory (bitsandbytes pages states of {PAGED_MIN_NUMEL:,} elements or more)")
+
+    def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
+        # Unified memory: the state tensors the device does not hold.
+        return {"paged_state_bytes": session.memory.host_bytes(state_tensors(optimizer))}
+
+
+ENTRY = Technique("paged-adamw8bit", "bitsandbytes PagedAdamW8bit: AdamW8bit whose large states live in CUDA unified "
+                  "memory, paged to the host when the GPU runs out (on the CPU: unpaged, as bitsandbytes falls back)",
+                  "bitsandbytes docs: paged optimizers", group="optimizer", optimizer="paged_adamw8bit",
+                  requires=frozenset({"bitsandbytes"}), in_cover=False, in_default=False, computes_as="adamw8bit",
+                  hooks=PagedAdamW8bit())

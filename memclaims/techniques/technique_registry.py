@@ -1,0 +1,259 @@
+"""The technique registry: every memory-saving technique of the article, as data.
+
+A technique only says what it changes in a recipe; the runner reads those fields. Cases,
+combinations and the CLI are all generated from ``TECHNIQUES``, so adding a technique is adding
+one entry here (and, if it changes something new, one field the runner reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from functools import cache
+from itertools import combinations
+
+from memclaims.core.errors import UsageError
+from memclaims.techniques import (
+    activation_checkpointing,
+    activation_offload,
+    cpu_offload,
+    deepspeed_zero2,
+    delayed_init,
+    distributed_data_parallel,
+    expandable_segments,
+    fsdp,
+    fsdp2,
+    fused_linear_ce,
+    init_module,
+    lora,
+    optimizer_in_backward,
+    paged_adamw8bit,
+    qlora,
+)
+
+# The registry's names where its readers import them (explicit re-exports).
+from memclaims.techniques.base import FP32 as FP32
+from memclaims.techniques.base import FSDP1_SHARDINGS as FSDP1_SHARDINGS
+from memclaims.techniques.base import FSDP2_TECHNIQUES as FSDP2_TECHNIQUES
+from memclaims.techniques.base import FSDP_SHARDINGS as FSDP_SHARDINGS
+from memclaims.techniques.base import TRUE_HALF_PRECISIONS as TRUE_HALF_PRECISIONS
+from memclaims.techniques.base import Technique as Technique
+from memclaims.techniques.fsdp import HYBRID_NODES as HYBRID_NODES
+from memclaims.techniques.fsdp import SHARDINGS as SHARDINGS
+from memclaims.techniques.fsdp import reshard_after_forward as reshard_after_forward
+from memclaims.techniques.fsdp import shard_group_size as shard_group_size
+
+TECHNIQUES: tuple[Technique, ...] = (
+    Technique("pytorch", "plain PyTorch loop, fp32, Adam (no Fabric)", "01_pytorch-vit",
+              group="loop", plain_pytorch=True, alone=True),
+    Technique("fabric", "the same loop through Lightning Fabric, fp32: the reference recipe",
+              "01-2_pytorch-fabric", group="loop", alone=True),
+    Technique("16-mixed", "float16 automatic mixed precision", "02_mixed-precision",
+              group="precision", precision="16-mixed"),
+    Technique("bf16-mixed", "bfloat16 automatic mixed precision", "02_mixed-precision (bf16 variant)",
+              group="precision", precision="bf16-mixed"),
+    Technique("16-true", "parameters and activations in float16 (diverges to NaN in the article)",
+              "02_mixed-precision (text: 16-true)", group="precision", precision="16-true"),
+    Technique("bf16-true", "parameters and activations in bfloat16", "03_bfloat16",
+              group="precision", precision="bf16-true"),
+    Technique("small-batch", "batch size divided by 4 (64 -> 16 at article scale)",
+              "04_lower-batchsize", batch_divisor=4),
+    Technique("grad-accum", "gradient accumulation over the scale's micro-batches (4: a quarter of the "
+              "batch each), same effective batch", "05_gradient-accum", accumulates=True),
+    Technique("sgd", "SGD lr 0.01 without momentum + cosine schedule instead of Adam",
+              "06_sgd-with-scheduler", group="optimizer", optimizer="sgd"),
+    # The course's lesson "Mixed precision training with 8-bit Adam" (distilbert-base-cased).
+    Technique("adamw", "AdamW, weight decay on all but LayerNorm weights and biases (the course's "
+              "recipe)", "course: 8-bit Adam (AdamW)", group="optimizer", optimizer="adamw"),
+    Technique("adam8bit", "bitsandbytes Adam8bit: both Adam states in 8 bits, block-wise quantized",
+              "course: 8-bit Adam lesson", group="optimizer", optimizer="adam8bit",
+              requires=frozenset({"bitsandbytes"})),
+    Technique("adamw8bit", "bitsandbytes AdamW8bit: AdamW with 8-bit block-wise quantized states",
+              "course: 8-bit Adam lesson", group="optimizer", optimizer="adamw8bit",
+              requires=frozenset({"bitsandbytes"})),
+    paged_adamw8bit.ENTRY,
+    Technique("adafactor", "transformers Adafactor: factored second moment, no first moment",
+              "course: 8-bit Adam (Adafactor)", group="optimizer", optimizer="adafactor"),
+    init_module.ENTRY,
+    *fsdp.ENTRIES,
+    *fsdp2.ENTRIES,
+    distributed_data_parallel.ENTRY,
+    deepspeed_zero2.ENTRY,
+    activation_checkpointing.ENTRY,
+    cpu_offload.ENTRY,
+    delayed_init.ENTRY,
+    activation_offload.ENTRY,
+    optimizer_in_backward.ENTRY,
+    expandable_segments.ENTRY,
+    lora.ENTRY,
+    qlora.ENTRY,
+    fused_linear_ce.ENTRY,
+)
+
+BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}
+REFERENCE = "fabric"
+
+# The article's cumulative single-GPU chain, 02 -> 06: each entry changes the previous by one thing
+# (01-2, the REFERENCE, comes before it). The one table of the chain's recipes; each step's logged
+# script and numbers are its row in memclaims/resources/published.json (``published.chain_row``).
+ARTICLE_CHAIN: tuple[tuple[str, ...], ...] = (
+    ("16-mixed",),
+    ("bf16-true",),
+    ("bf16-true", "small-batch"),
+    ("bf16-true", "small-batch", "grad-accum"),
+    ("bf16-true", "small-batch", "grad-accum", "sgd"),
+)
+# The article's table from its reference: 01-2 -> 06, the one definition every reader of the chain
+# imports (the claims, the time model, gpu-check, reproduce, candidate, releases).
+CHAIN: tuple[tuple[str, ...], ...] = ((REFERENCE,), *ARTICLE_CHAIN)
+
+
+def technique(name: str) -> Technique:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown technique {name!r}; valid techniques: {', '.join(BY_NAME)}"
+        ) from None
+
+
+def canonical(names: Iterable[str]) -> tuple[str, ...]:
+    """Validate a set of technique names and return them in registry order.
+
+    The empty set and ``("fabric",)`` both mean the reference recipe and canonicalise to
+    ``("fabric",)`` so that a recipe has exactly one id.
+    """
+    chosen = [technique(n) for n in dict.fromkeys(names)]
+    problem = violation(chosen)
+    if problem:
+        raise UsageError(f"invalid combination {'+'.join(t.name for t in chosen)}: {problem}")
+    if not chosen:
+        return (REFERENCE,)
+    return tuple(t.name for t in TECHNIQUES if t in chosen)
+
+
+def violation(chosen: list[Technique]) -> str | None:
+    """The validity rule a combination breaks, or None when it is valid."""
+    names = {t.name for t in chosen}
+    for t in chosen:
+        if t.alone and len(chosen) > 1:
+            return f"{t.name!r} is a whole recipe by itself and combines with no other technique"
+        missing = t.needs - names
+        if missing:
+            return f"{t.name!r} needs {', '.join(sorted(missing))}"
+        for other, reason in t.conflicts:
+            if other in names:
+                return f"{t.name!r} does not combine with {other!r}: {reason}"
+    groups: dict[str, list[str]] = {}
+    for t in chosen:
+        if t.group:
+            groups.setdefault(t.group, []).append(t.name)
+    for group, members in groups.items():
+        if len(members) > 1:
+            return f"at most one {group} technique per recipe (got {', '.join(members)})"
+    return None
+
+
+def single_process() -> tuple[Technique, ...]:
+    """Techniques that run in one process; the multi-device ones have their own (dist) cases."""
+    ranked = {t.name for t in TECHNIQUES if t.strategy}
+    return tuple(t for t in TECHNIQUES if t.name not in ranked and not t.needs & ranked)
+
+
+def _never_valid(chosen: list[Technique]) -> bool:
+    """Whether ``chosen`` breaks a rule no further technique can mend (alone, a conflict, two of a group);
+    ``needs`` can be met by adding the technique needed, so it is not one of them."""
+    names = {t.name for t in chosen}
+    groups = [t.group for t in chosen if t.group]
+    return (len(groups) != len(set(groups)) or any(t.alone for t in chosen) and len(chosen) > 1
+            or any(other in names for t in chosen for other, _ in t.conflicts))
+
+
+def _valid_of_size(pool: tuple[Technique, ...], size: int, start: int,
+                   chosen: list[Technique]) -> Iterator[tuple[str, ...]]:
+    """The valid combinations of ``size`` that extend ``chosen`` with techniques from ``pool[start:]``, in
+    ``itertools.combinations`` order; a prefix no technique can mend is not extended (the registry's 2^n
+    subsets stay affordable as it grows)."""
+    if len(chosen) == size:
+        if violation(chosen) is None:
+            yield tuple(t.name for t in chosen)
+        return
+    for index in range(start, len(pool) - (size - len(chosen)) + 1):
+        extended = [*chosen, pool[index]]
+        if not _never_valid(extended):
+            yield from _valid_of_size(pool, size, index + 1, extended)
+
+
+def valid_combinations(pool: tuple[Technique, ...] = TECHNIQUES) -> Iterator[tuple[str, ...]]:
+    """Every valid non-empty combination of ``pool``, in a stable order (by size, then registry order)."""
+    for size in range(1, len(pool) + 1):
+        yield from _valid_of_size(pool, size, 0, [])
+
+
+def compatible_pairs(pool: tuple[Technique, ...]) -> set[frozenset[str]]:
+    return {
+        frozenset(pair)
+        for pair in combinations((t.name for t in pool), 2)
+        if violation([BY_NAME[n] for n in pair]) is None
+    }
+
+
+def pairwise_cover(pool: tuple[Technique, ...]) -> list[tuple[str, ...]]:
+    """A small set of valid combinations of ``pool`` in which every compatible pair appears at least once.
+
+    Greedy set cover (largest number of still-uncovered pairs first, ties by the stable order of
+    ``valid_combinations``); deterministic, so case ids never move between runs.
+    """
+    uncovered = compatible_pairs(pool)
+    candidates = [c for c in valid_combinations(pool) if len(c) >= 2]
+    cover: list[tuple[str, ...]] = []
+    while uncovered:
+        best = max(candidates, key=lambda c: len(uncovered & {frozenset(p) for p in combinations(c, 2)}))
+        cover.append(best)
+        uncovered -= {frozenset(p) for p in combinations(best, 2)}
+    return cover
+
+
+def singles(pool: tuple[Technique, ...] = TECHNIQUES) -> list[tuple[str, ...]]:
+    """Each technique on its own, together with the techniques it needs (offload needs fsdp)."""
+    return list(dict.fromkeys(canonical((t.name, *sorted(t.needs))) for t in pool))
+
+
+def default_selection(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ...]]:
+    """What the tiers run by default: every single technique ``in_default``, the article's chain, a
+    pairwise cover of the techniques ``in_cover``."""
+    pool = single_process() if pool is None else pool
+    selected: dict[tuple[str, ...], None] = dict.fromkeys(singles(tuple(t for t in pool if t.in_default)))
+    for step in ARTICLE_CHAIN:
+        selected[canonical(step)] = None
+    for combo in pairwise_cover(tuple(t for t in pool if t.in_cover)):
+        selected[combo] = None
+    return list(selected)
+
+
+def full_matrix(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ...]]:
+    return list(_full_matrix(single_process() if pool is None else pool))
+
+
+@cache
+def _full_matrix(pool: tuple[Technique, ...]) -> tuple[tuple[str, ...], ...]:
+    # Cached: about 11,000 combinations, seconds to enumerate, asked by every pytest session's header.
+    return tuple(canonical(c) for c in valid_combinations(pool))
+
+
+# The named selections of technique combinations (pytest's --memclaims-matrix, ``memclaims
+# benchmark --matrix``, ``memclaims list``'s case counts); memclaims.core.settings.Matrix names them
+# for the options' table.
+SELECTIONS: dict[str, Callable[[], list[tuple[str, ...]]]] = {
+    "singles": lambda: singles(single_process()),
+    "default": lambda: default_selection(),
+    "full": lambda: full_matrix(),
+}
+
+
+def selection(name: str) -> list[tuple[str, ...]]:
+    """The combinations the selection ``name`` runs (``SELECTIONS``)."""
+    try:
+        select = SELECTIONS[name]
+    except KeyError:
+        raise UsageError(f"unknown selection {name!r}; valid selections: {', '.join(SELECTIONS)}") from None
+    return select()
