@@ -23,7 +23,7 @@ Verdict = Literal["holds", "does not hold", "does not hold (expected)", "skipped
                   "holds, but the catalogue says it does not: correct its source's file (memclaims/resources/sources/)"]
 VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 NOT_RUN: Verdict = "not run"
-_CLAIM_NODE = re.compile(r"suite/test_claims\.py::test_claim\[(?P<tier>\w+):(?P<claim>[^\]]+)\]$")
+_CLAIM_NODE = re.compile(r"suite/cases/test_claims\.py::test_claim\[(?P<tier>\w+):(?P<claim>[^\]]+)\]$")
 
 
 def external_checks() -> dict[str, list[tuple[str, str]]]:
