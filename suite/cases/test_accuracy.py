@@ -18,7 +18,7 @@ from memclaims.claims import accuracy
 from memclaims.core.names import CONVERGED
 from memclaims.measure import active
 from memclaims.pytest.baselines import BaselineCheck
-from memclaims.pytest.records import CPU_CONVERGED_GROUP, NIGHTLY_CONVERGED, RecordCache
+from memclaims.pytest.records import CPU_CONVERGED_GROUP, RecordCache
 from memclaims.recipes.recipe import resolve
 
 # Far below any converged recipe (96-98 % on the digits) and far above chance (10 %): a recipe
@@ -34,8 +34,6 @@ def _params() -> list[Any]:
             marks = [getattr(pytest.mark, tier), pytest.mark.requires(run.case_needs(recipe, tier))]
             if tier == "cpu":  # with test_claims.py's accuracy claims, which read the same Records
                 marks.append(pytest.mark.xdist_group(CPU_CONVERGED_GROUP))
-                if techniques in NIGHTLY_CONVERGED:
-                    marks.append(pytest.mark.slow)
             params.append(pytest.param(tier, techniques, id=f"{tier}:{recipe.id}", marks=marks))
     return params
 

@@ -20,7 +20,7 @@ from memclaims.claims.catalogue import CLAIMS, Claim, coverage_problems, skip_re
 from memclaims.claims.lookup import Lookup
 from memclaims.core import published
 from memclaims.core.names import CONVERGED
-from memclaims.pytest.records import CPU_CONVERGED_GROUP, NIGHTLY_CONVERGED, RecordCache, claim_needs
+from memclaims.pytest.records import CPU_CONVERGED_GROUP, RecordCache, claim_needs
 
 
 def _params() -> list[Any]:
@@ -36,23 +36,8 @@ def _params() -> list[Any]:
                 marks.append(pytest.mark.xfail(reason=expected_failure, strict=True))
             if tier == "cpu" and claim.kind == "accuracy":  # the converged Records of test_accuracy.py
                 marks.append(pytest.mark.xdist_group(CPU_CONVERGED_GROUP))
-                if any(key in NIGHTLY_CONVERGED for key in claim.check.recipes_on(tier)):
-                    marks.append(pytest.mark.slow)
-            if (tier, claim.name) in NIGHTLY_CLAIMS:
-                marks.append(pytest.mark.slow)
             params.append(pytest.param(tier, claim, id=f"{tier}:{claim.name}", marks=marks))
     return params
-
-
-# Claims whose Records cost too much for CI's 15 minutes on 2 cores; the nightly checks them.
-# batch-1-further-75 on the sim replays micro-batch 1 of the article chain (about 30 s) for a verdict
-# that is an expected failure (the sim predicts a few percent, not 75 %).
-# lora-few-trainable-parameters on the cpu tier trains and scores DistilBERT smoke with and without the adapters
-# (about 10 s); its sim case, suite/cases/techniques/test_lora.py's cpu baseline and sim injection run in CI.
-# fused-linear-ce-logits-never-whole on the cpu tier trains GPT-2 smoke with and without the fused loss (about
-# 10 s); its sim case and suite/cases/techniques/test_fused_linear_ce.py's cpu baseline and sim injection run in CI.
-NIGHTLY_CLAIMS = {("sim", "batch-1-further-75"), ("cpu", "lora-few-trainable-parameters"),
-                  ("cpu", "fused-linear-ce-logits-never-whole")}
 
 
 @pytest.mark.parametrize(("tier", "claim"), _params())

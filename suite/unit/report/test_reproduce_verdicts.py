@@ -26,7 +26,7 @@ MEMORY = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_reserved_total_by
 
 @pytest.fixture(autouse=True)
 def no_chart(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The chart is test_report's business; these tests read the verdicts only."""
+    """The chart is test_reproduce.py's business; these tests read the verdicts only."""
     monkeypatch.setattr(report, "_plot", lambda *args, **kwargs: None)
 
 

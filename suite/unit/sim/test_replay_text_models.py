@@ -59,7 +59,7 @@ def test_distilbert_at_the_bonus_settings() -> None:
 def test_checkpointing_and_adafactor_on_one_device_replay_the_cpu_tier(monkeypatch: pytest.MonkeyPatch) -> None:
     """A transformers model checkpointed through its own switch, stepped by transformers' Adafactor:
     the sim's state bytes are the cpu tier's exactly (and Adafactor's factored layout), its live peak
-    within 0.1 % (the tolerance the fp32 Adam and SGD rows of test_sim's cross-check meet), the same
+    within 0.1 % (the tolerance the fp32 Adam and SGD rows of suite/cases/test_sim_article.py's cross-check meet), the same
     linears recomputed in backward; and a checkpointing that does nothing is named."""
     from memclaims.core.optim_state import adafactor_bytes
     from memclaims.measure import active, checkpointing

@@ -35,7 +35,7 @@ def registered(request: pytest.FixtureRequest) -> Iterator[str]:
 @pytest.mark.parametrize("registered", list(ZOO), indirect=True)
 def test_replay_matches_the_cpu_tiers_exact_bytes(registered: str) -> None:
     """With the CPU's kernels the sim's live-byte peak is the real run's, within the 1 % the text
-    workloads meet (test_sim_text); SGD without momentum, as there (no foreach temporaries)."""
+    workloads meet (test_replay_text_models.py); SGD without momentum, as there (no foreach temporaries)."""
     recipe = resolve(registered, "smoke", ["sgd"])
     measured = run(recipe, RunOptions(device="cpu", memory_steps=2, evaluate=False))
     predicted = sim.simulate(recipe, profile="cpu-kernels", memory_steps=2)
