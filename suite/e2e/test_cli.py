@@ -83,6 +83,23 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str,
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_evaluate_each_epoch_reaches_the_run_and_is_off_by_default(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import memclaims.run
+    from memclaims.pytest.testing import fake_record
+
+    asked = []
+
+    def measure(recipe, options):  # type: ignore[no-untyped-def]
+        asked.append(options.evaluate_each_epoch)
+        return [fake_record()]
+
+    monkeypatch.setattr(memclaims.run, "measure", measure)
+    assert main(["run", "distilbert", "--json", "--evaluate-each-epoch"]) == 0
+    assert main(["run", "distilbert", "--json"]) == 0
+    assert asked == [True, False]
+
+
 def test_cuda_on_a_machine_without_one_is_a_clear_error(capsys: pytest.CaptureFixture[str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
