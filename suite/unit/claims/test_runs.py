@@ -95,3 +95,20 @@ def test_without_a_last_run_every_checked_tier_says_not_run(tmp_path: Path, caps
     out = capsys.readouterr().out
     assert next(row for row in out.splitlines() if row.startswith("overall-20x ")).split()[2:7] == ["text+logs", "-", "-", "-", "."]
     assert "absent: no pytest run has checked a claim here yet" in out
+
+
+def test_every_test_node_the_catalogue_names_exists() -> None:
+    """A moved or renamed test breaks the catalogue's ``checks`` (and ``memclaims claims``' verdicts): caught here."""
+    import re
+
+    from memclaims.core import published
+
+    named = [where for entry in published.claims() for where in entry["checks"].values() if where != "claims"]
+    named += [reason for entry in published.claims() for reason in entry.get("not_on", {}).values()]
+    missing = []
+    for path, function in {match for text in named for match in re.findall(r"(suite/[\w/]+\.py)(?:::(\w+))?", text)}:
+        file = ROOT / path
+        # Defined there, or imported (the technique matrix takes its test_case from the plugin).
+        if not file.exists() or (function and not re.search(rf"def {function}\(|import {function}\b", file.read_text())):
+            missing.append(f"{path}::{function}" if function else path)
+    assert named and missing == [], f"the catalogue names tests that do not exist: {sorted(missing)}"
