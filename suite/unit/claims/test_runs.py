@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,12 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def test_plugin_writes_each_verdict_and_the_cli_shows_them(project: pytest.Pytester, capsys) -> None:
-    # importlib mode: this session has imported a package named suite already (the real one).
+def test_plugin_writes_each_verdict_and_the_cli_shows_them(project: pytest.Pytester, capsys,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # importlib mode, and none of the real suite's modules: this session may have imported the real
+    # suite.cases.test_claims, which the throwaway project's module of the same name would resolve to.
+    for name in [name for name in sys.modules if name == "suite" or name.startswith("suite.")]:
+        monkeypatch.delitem(sys.modules, name)
     result = project.runpytest("-p", "no:cacheprovider", "--import-mode=importlib", "suite")
     result.assert_outcomes(passed=3, failed=2, skipped=1, xfailed=1)
     path = project.path / "memclaims-results" / claim_runs.LAST_RUN_NAME
