@@ -208,7 +208,8 @@ def cmd_run(args: Settings) -> int:
     recipe = resolve(workload_from(args), args.scale, args.technique or [], sizes_from(args))
     options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
                          data_dir=args.data_dir, devices=args.devices if (args.devices or 1) > 1 else None,
-                         profile=args.sim_profile, timeout_s=args.timeout or None)
+                         profile=args.sim_profile, timeout_s=args.timeout or None,
+                         evaluate_each_epoch=args.evaluate_each_epoch)
     if runs_ranks(recipe, options):
         from memclaims.measure.distributed import DistributedResult
 

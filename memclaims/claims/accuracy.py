@@ -53,7 +53,7 @@ PAIRS: tuple[AccuracyPair, ...] = (
     AccuracyPair("init-module-accuracy", ("bf16-true", "init-module"), ("bf16-true",)),
     AccuracyPair("overall-accuracy", CHAIN_06, ("fabric",), tiers=("gpu",)),
 )
-# The converged scale's cases (suite/test_accuracy.py): every recipe a cpu accuracy claim compares,
+# The converged scale's cases (suite/cases/test_accuracy.py): every recipe a cpu accuracy claim compares,
 # and the optimizers whose arithmetic a release could break without moving a byte.
 CONVERGED_CASES: tuple[tuple[str, ...], ...] = tuple(dict.fromkeys(
     [t for p in PAIRS if "cpu" in p.tiers for t in p.on("cpu")] + [("adamw",), ("adam8bit",), ("adafactor",)]))

@@ -50,7 +50,7 @@ SIM_BANDS = {"grad-accum-memory": (0.95, 1.06)}
 # +-10 %. The ratios that touch row 05 also reach what the installed torch predicts (the sim's
 # gpu-tier profiles): since July 2023 foreach Adam no longer holds a second parameter-sized
 # temporary (pytorch#97712), so 05 is 0.855 of the article's, 05/04 0.892 of the published ratio
-# and 06/05 1.170 (memclaims.gpu.sim_preflight, suite/test_gpu_preflight.py): +-10 % around both.
+# and 06/05 1.170 (memclaims.gpu.sim_preflight, suite/cases/test_gpu_preflight.py): +-10 % around both.
 GPU_BAND = (0.90, 1.10)
 GPU_BANDS = {"grad-accum-memory": (0.80, 1.10), "sgd-memory": (0.90, 1.29)}
 
@@ -109,7 +109,7 @@ class Claim:
 
     @property
     def tiers(self) -> frozenset[str]:
-        """The tiers where this module checks the claim (suite/test_claims.py)."""
+        """The tiers where this module checks the claim (suite/cases/test_claims.py)."""
         return frozenset(t for t, where in self.checks.items() if where == "claims")
 
     @property

@@ -1,7 +1,7 @@
 """What a claim's check reads: Records of this session, by key, and the facts beside them.
 
 A check never runs anything: it asks its ``Lookup`` for the Records it compares, and its caller
-(suite/test_claims.py through ``memclaims.pytest.records.RecordCache``, ``memclaims.report.reproduce``,
+(suite/cases/test_claims.py through ``memclaims.pytest.records.RecordCache``, ``memclaims.report.reproduce``,
 ``memclaims.gpu.sim_preflight``) measured them through ``memclaims.run.run_recipe``. A key is the techniques of
 a recipe at the claim's workload and the tier's scale (``("bf16-true",)``), or a ``Variant`` of one
 (the same recipe with smaller micro-batches, or only its load as the 07 scripts replay it); every

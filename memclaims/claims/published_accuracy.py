@@ -63,7 +63,8 @@ class Target:
 
 def targets() -> list[Target]:
     """Every logged accuracy memclaims can rerun as published: the single-GPU ViT chain on CIFAR-10,
-    DistilBERT's "after" on IMDb (its "before" used DeepSpeed, which memclaims does not have)."""
+    DistilBERT's "after" on IMDb (its "before" used DeepSpeed ZeRO-2 on 4 GPUs: memclaims has
+    deepspeed-zero2, on CUDA ranks and on the sim, but a published accuracy is rerun on one GPU)."""
     from memclaims.recipes.named import NAMED_RECIPES
 
     result = [Target(f"vit_chain/{row['script']}", "vit", tuple(row["techniques"]),

@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from memclaims.core import published
 
@@ -21,9 +21,8 @@ LAST_RUN_NAME = "claims-last-run.json"
 # A (claim, tier)'s verdict, as the last-run file stores it and ``memclaims claims`` shows it.
 Verdict = Literal["holds", "does not hold", "does not hold (expected)", "skipped", "error", "not run",
                   "holds, but the catalogue says it does not: correct its source's file (memclaims/resources/sources/)"]
-VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 NOT_RUN: Verdict = "not run"
-_CLAIM_NODE = re.compile(r"suite/test_claims\.py::test_claim\[(?P<tier>\w+):(?P<claim>[^\]]+)\]$")
+_CLAIM_NODE = re.compile(r"suite/cases/test_claims\.py::test_claim\[(?P<tier>\w+):(?P<claim>[^\]]+)\]$")
 
 
 def external_checks() -> dict[str, list[tuple[str, str]]]:

@@ -49,7 +49,7 @@ SEED = 123  # L.seed_everything(123) in every script of the article
 # replay of a cpu case all resolve it), and ``vit-smoke/fabric`` meaning two models by device
 # would break each of them. No '-' in the name: parse_id splits WORKLOAD-SCALE at the last '-'.
 GPU_SMOKE = "gpusmoke"
-# The simulated GPUs (memclaims.sim.profiles defines each; suite/selftest/test_settings.py keeps the
+# The simulated GPUs (memclaims.sim.profiles defines each; suite/unit/core/test_settings.py keeps the
 # two lists equal): the options' table checks --memclaims-sim-profile / --sim-profile against them
 # before torch is imported.
 SIM_PROFILES = ("article", "current", "torch-2.1", "article-untimed", "article-math", "cpu-kernels", "a100", "h100",

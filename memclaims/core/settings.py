@@ -216,6 +216,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("timeout", "seconds", "wall-clock limit of a sharded run's ranks (default 0: none)", default=0.0,
            metavar="SECONDS", cli=_flags("run", "baselines calibrate")),
     Option("no-eval", "flag", "skip the accuracy phase", default=False, cli=_flags("run", "benchmark")),
+    Option("evaluate-each-epoch", "flag", "also evaluate (eval loss, accuracy, F1) after every epoch of an "
+           "epochs accuracy schedule, as the course's Trainer logs (the Record's epoch_evaluations; one "
+           "device)", default=False, cli=_flags("run")),
     Option("devices", "count", "processes of a sharded recipe (default: 2 on the CPU, every GPU on CUDA, 4 on the sim)",
            metavar="N", cli={**_flags("run", "baselines calibrate"),
                              "fit": Use(help="GPUs of the budget: also consider the strategies (FSDP, DDP, ZeRO) "
@@ -441,6 +444,7 @@ class Settings:
     scale: Scale = "smoke"
     timeout: float = 0.0
     no_eval: bool = False
+    evaluate_each_epoch: bool = False
     devices: int | None = None
     batch_size: int | None = None
     seq_len: int | None = None

@@ -55,7 +55,7 @@ SIM_KINDS = ("memory", "ratio", "count")
 
 
 def gpu_tier_claims(claims: Iterable[Claim] | None = None) -> list[Claim]:
-    """The claims whose gpu-tier check lives in memclaims.claims.catalogue (suite/test_claims.py runs them)."""
+    """The claims whose gpu-tier check lives in memclaims.claims.catalogue (suite/cases/test_claims.py runs them)."""
     return [c for c in (CLAIMS if claims is None else claims)
             if c.checks.get("gpu") == "claims" and c.check is not None and "gpu" in c.check.tiers]
 

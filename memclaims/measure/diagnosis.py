@@ -20,8 +20,6 @@ from typing import Any
 
 from memclaims.core.record import CATEGORIES, Record
 
-DEFAULT_HISTORY_ENTRIES = 100_000
-
 # How many allocator events CudaProbe.prepare asks torch to keep (0: history off). A process-wide
 # setting because the runner builds its probe itself; the pytest plugin sets it per session.
 _history_entries = 0

@@ -43,7 +43,6 @@ from memclaims.measure.loop import PhaseCallback
 RSS = "rss_bytes"
 MALLOC = "malloc_bytes"
 PYTHON_BLOCKS = "python_blocks"
-COUNTERS = (RSS, MALLOC, PYTHON_BLOCKS)
 BYTE_COUNTERS = (RSS, MALLOC)
 
 

@@ -159,14 +159,10 @@ def gpu_budget_line(config: pytest.Config) -> str:
             "not a measurement)")
 
 
-# The pairwise cover's longest chains train for accuracy at 4x the micro-batches (small-batch, grad-accum) and
-# recompute every block (checkpointing): 20-30 s each on the cpu tier with 2 cores. They run in the nightly
-# (slow); CI keeps their sim cases and every technique's own cpu case.
-_LONG_ON_CPU = {"small-batch", "grad-accum", "activation-checkpointing"}
-
-
 def case_params(config: pytest.Config, workload: str = "vit") -> list[Any]:
-    """One pytest param per (tier, combination), with the tier's marker and a readable id."""
+    """One pytest param per (tier, combination), with the tier's marker and a readable id. Which cases a
+    project's CI leaves to a nightly run is the project's choice (this repository's: suite/conftest.py);
+    the plugin marks none ``slow``."""
     from memclaims.recipes.recipe import for_workload
     from memclaims.run import case_needs
 
@@ -175,8 +171,6 @@ def case_params(config: pytest.Config, workload: str = "vit") -> list[Any]:
         for techniques in for_workload(workload, selection(config)):
             recipe = resolve(workload, tier_scale(config, tier, workload), techniques)
             marks = [getattr(pytest.mark, tier), pytest.mark.requires(case_needs(recipe, tier))]
-            if tier == "cpu" and _LONG_ON_CPU <= set(techniques):
-                marks.append(pytest.mark.slow)
             params.append(pytest.param(tier, techniques, id=f"{tier}:{recipe.id}", marks=marks))
     return params
 

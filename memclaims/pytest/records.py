@@ -25,9 +25,6 @@ from memclaims.run import model_parameters, needs, run_recipe
 # test_claims.py's accuracy claims): under ``--dist loadgroup`` (pytest.ini) one worker runs them all
 # and its RecordCache measures each Record once instead of once per worker.
 CPU_CONVERGED_GROUP = "cpu-converged"
-# The converged recipes too slow for CI's 15 minutes on 2 cores (small-batch trains 4x the steps of
-# the others: 50 to 90 s); the nightly (pytest without -m "not slow") checks them and their claims.
-NIGHTLY_CONVERGED = (("small-batch",),)
 
 
 @dataclass

@@ -123,10 +123,3 @@ NAMED_RECIPES: dict[str, NamedRecipe] = {r.name: r for r in (
         state_bytes=_course()[1],
     ),
 )}
-
-
-def named_recipe(name: str) -> NamedRecipe:
-    try:
-        return NAMED_RECIPES[name]
-    except KeyError:
-        raise UsageError(f"unknown named recipe {name!r}; valid: {', '.join(NAMED_RECIPES)}") from None

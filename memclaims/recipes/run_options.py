@@ -38,7 +38,8 @@ class RunOptions:
     # Whole epochs for accuracy even where the scale has a budgeted schedule (the weekly run).
     accuracy_full_epochs: bool = False
     # Evaluate after every epoch of an "epochs" accuracy schedule too, as the course's Trainer logs
-    # (Record.epoch_evaluations: eval loss, accuracy, F1); one-device runs only.
+    # (Record.epoch_evaluations: eval loss, accuracy, F1); one-device runs only. The command line's
+    # ``memclaims run --evaluate-each-epoch`` (core/settings.py's option table).
     evaluate_each_epoch: bool = False
     profile: str = "article"  # the simulated GPU of --device sim (memclaims.sim.profiles)
     timeout_s: float | None = DEFAULT_TIMEOUT_S  # how long a sharded run's ranks may take (None: no limit)

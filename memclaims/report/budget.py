@@ -49,7 +49,7 @@ def _shape(recipe: Recipe) -> tuple[int, int, int, int]:
 def _vit_shape(workload: str, scale: str, num_classes: int) -> tuple[int, int, int, int]:
     """Counted from the architecture's sizes, not by building it: the session header runs this,
     and importing torchvision's models there (inside pytester's in-process sessions too) would load
-    torch libraries that cannot be loaded twice. suite/selftest/test_budget.py checks the count
+    torch libraries that cannot be loaded twice. suite/unit/report/test_budget.py checks the count
     against the model torchvision builds."""
     from memclaims.workloads.vit import VIT_FAMILIES
 

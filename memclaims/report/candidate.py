@@ -10,7 +10,7 @@ The tiers (``TIERS``): ``cpu`` (the technique matrix at smoke scale, exact bytes
 reported), ``converged`` (the accuracy cases, trained to their plateau), ``sim`` (the matrix at
 article scale on the ``article`` profile) and ``sim-current`` (the article's chain on the
 ``current`` profile: what the installed torch itself allocates) and ``dist`` (the sharded
-recipes on 2 CPU ranks over gloo, one Record per rank, as suite/test_sharding.py runs them).
+recipes on 2 CPU ranks over gloo, one Record per rank, as suite/cases/test_sharding.py runs them).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def why_not(recipe: Recipe, options: RunOptions) -> str | None:
     """Why this machine cannot run the case (the cpu tier's reasons, memclaims.recipes.requirements)."""
     tier = "sim" if options.device == "sim" else "cpu"
     # A sharded recipe is no case of the technique matrix: its 16-mixed runs as bf16-mixed on CPU
-    # ranks and is baselined so (suite/test_sharding.py), where the matrix skips a 16-mixed case.
+    # ranks and is baselined so (suite/cases/test_sharding.py), where the matrix skips a 16-mixed case.
     needs = run_needs(recipe, tier) if recipe.strategy else case_needs(recipe, tier)
     return requirements.reason(needs)
 

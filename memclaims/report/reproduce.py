@@ -253,7 +253,7 @@ def _audit(tier: str, lookup: Lookup) -> dict[str, str]:
             continue
         said = f"text {claim.audit['text']}, logs {claim.audit['logs']}" if claim.audit else ""
         timed = next((t for t in claims.TIME_RATIOS if t.claim == claim.name), None)
-        if tier == "sim" and timed is not None and claim.checks.get("sim", "").startswith("suite/test_timemodel"):
+        if tier == "sim" and timed is not None and claim.checks.get("sim", "").startswith("suite/cases/test_sim_step_times"):
             from memclaims.sim.timemodel import predicted_ratio
 
             ratio = predicted_ratio(timed.candidate, timed.reference)

@@ -141,7 +141,6 @@ UNMODELLED = {
 FSDP2_NOTE = ("FSDP2 fully_shard (per-parameter dim-0 shards, one all-gather buffer per group copied out into "
               "per-parameter unsharded tensors, sharded gradients viewing one reduce-scatter output per group; CUDA "
               "events, no record_stream: no run-ahead)")
-REPLAYS = ("fsdp1", "fsdp2")
 
 SHARDING_NOTES = {
     "SHARD_GRAD_OP": "no reshard after a unit's forward: every unit's flat parameter stays gathered from its "

@@ -246,7 +246,7 @@ class Technique:
     conflicts: tuple[tuple[str, str], ...] = ()
     # Whether it joins the default selection's pairwise cover. The techniques added after the article's
     # do not: each would re-plan the greedy cover, renaming its combinations and orphaning their
-    # baselines, and add fp32 ViT-L/16 cases past the nightly's 30 GPU-minutes (suite/selftest/test_budget.py:
+    # baselines, and add fp32 ViT-L/16 cases past the nightly's 30 GPU-minutes (suite/unit/report/test_budget.py:
     # the two singles already take it from 26.7 to 29.4). Their pairs run in the full matrix.
     in_cover: bool = True
     # Whether its single case joins the default selection (the nightly). paged-adamw8bit does not: its

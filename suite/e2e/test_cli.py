@@ -1,0 +1,132 @@
+"""The memclaims console script: listing, running one recipe, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memclaims.cli import main
+
+REQUIRED_RECORD_KEYS = {
+    "recipe", "device", "scale", "param_count", "param_bytes", "grad_bytes", "optimizer_state_bytes",
+    "load_peak_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "accuracy", "final_loss",
+    "nan_loss", "step_time_s", "weights", "data", "versions",
+}
+
+
+def test_list_json_names_techniques_workloads_claims_and_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    techniques = {t["name"]: t for t in data["techniques"]}
+    assert techniques["bf16-true"]["article_row"] == "03_bfloat16"
+    assert "vit" in {w["name"] for w in data["workloads"]}
+    assert {"smoke", "article"} <= set(next(w for w in data["workloads"] if w["name"] == "vit")["scales"])
+    assert "init-module-load" in {c["name"] for c in data["claims"]}
+    assert data["case_counts"]["singles"] <= data["case_counts"]["default"] <= data["case_counts"]["full"]
+    named = {r["name"]: r for r in data["named_recipes"]}
+    assert named["distilbert-after"]["published_peak_gb"] == 1.15
+    assert named["distilbert-cased-adam8bit"]["needs"] == []
+    assert "article" in data["sim_profiles"]
+
+
+def test_claims_filtered_by_source(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["claims", "--json", "--source", "pytorch-docs", "--artifacts", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)["claims"]
+    assert rows and {r["document"] for r in rows} == {"pytorch-docs"}
+    assert "activation-offload-saved-on-host" in {r["claim"] for r in rows}
+    assert main(["claims", "--source", "course", "--artifacts", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "-- course: Course 'Efficient AI Model Training" in out and "fabric-memory" not in out
+    assert main(["claims", "--source", "nope"]) == 2
+    assert "--source nope: no such source; valid: article, bitsandbytes-docs, course, peft-docs, pytorch-docs" in capsys.readouterr().err
+
+
+def test_list_text_shows_the_same(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "06_sgd-with-scheduler" in out and "vit" in out and "overall-20x" in out
+
+
+@pytest.mark.cpu
+def test_run_prints_one_record_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "vit", "-t", "bf16-true", "-t", "sgd", "--device", "cpu", "--scale", "smoke",
+                 "--steps", "2", "--no-eval", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert REQUIRED_RECORD_KEYS <= set(record)
+    assert record["recipe"] == "vit-smoke/bf16-true+sgd"
+    assert record["accuracy"] is None and record["peak_reserved_bytes"] is None
+    assert record["optimizer_state_bytes"] == 0
+    for key in ("param_bytes", "grad_bytes", "load_peak_bytes", "peak_allocated_bytes"):
+        assert isinstance(record[key], int) and record[key] > 0, key
+    assert record["weights"] == "random" and record["data"] == "sklearn-digits"
+    assert {"torch", "torchvision", "lightning", "transformers", "bitsandbytes", "python"} <= set(record["versions"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "vit", "-t", "bogus"], "unknown technique 'bogus'; valid techniques:"),
+    (["run", "nope"], "unknown workload 'nope'; valid workloads: vit"),
+    (["run", "vit", "-t", "16-true", "-t", "bf16-true"], "at most one precision technique"),
+    (["run", "vit", "--steps", "zero"], "--steps: expected a positive integer, got 'zero'"),
+    (["run", "vit", "--device", "tpu"], "invalid choice: 'tpu'"),
+    (["run", "vit", "--scale", "huge"], "invalid choice: 'huge'"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_evaluate_each_epoch_reaches_the_run_and_is_off_by_default(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import memclaims.run
+    from memclaims.pytest.testing import fake_record
+
+    asked = []
+
+    def measure(recipe, options):  # type: ignore[no-untyped-def]
+        asked.append(options.evaluate_each_epoch)
+        return [fake_record()]
+
+    monkeypatch.setattr(memclaims.run, "measure", measure)
+    assert main(["run", "distilbert", "--json", "--evaluate-each-epoch"]) == 0
+    assert main(["run", "distilbert", "--json"]) == 0
+    assert asked == [True, False]
+
+
+def test_cuda_on_a_machine_without_one_is_a_clear_error(capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the error path, on any machine
+    assert main(["run", "vit", "--device", "cuda", "--no-eval"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_console_script_is_installed() -> None:
+    result = subprocess.run([sys.executable, "-m", "memclaims.cli", "list", "--json"],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["techniques"]
+
+
+@pytest.mark.sim
+def test_reproduce_one_source_on_the_sim(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Its claims the sim checks are judged on replays at the article's scale; the rest say why not."""
+    assert main(["reproduce", "--device", "sim", "--source", "bitsandbytes-docs", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# bitsandbytes-docs: The bitsandbytes documentation")
+    row = next(line for line in out.splitlines() if line.startswith("| paged-optimizer-unified-memory |"))
+    assert "| holds |" in row and "of optimizer state in unified memory" in row
+    rows = json.loads((tmp_path / "source-bitsandbytes-docs.json").read_text())
+    assert [r["verdict"] for r in rows] == ["holds"]
+    assert main(["reproduce", "--device", "cpu", "--source", "bitsandbytes-docs"]) == 2
+    assert "--source predicts on the sim only" in capsys.readouterr().err
+    assert main(["reproduce", "--device", "sim", "--source", "nope", "--out", str(tmp_path)]) == 2
+    assert "--source nope: no such source" in capsys.readouterr().err

@@ -1,0 +1,121 @@
+"""Under pytest-xdist with several workers, GPU cases refuse to share one device."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fixtures.paths import ROOT
+from memclaims.pytest.testing import CHECKOUT_CONFTEST, make_project
+
+pytest_plugins = ["pytester"]
+
+# The generated suite pretends to have a GPU (in every worker: the conftest runs there too), so
+# the guard is exercised on this CPU-only machine; the gpu case itself does not touch CUDA.
+CONFTEST = CHECKOUT_CONFTEST + """
+def pytest_configure(config):
+    import memclaims.pytest.plugin as plugin
+    plugin.gpu_available = lambda: True
+"""
+TESTS = """
+import pytest
+
+@pytest.mark.gpu
+def test_on_gpu():
+    pass
+
+@pytest.mark.cpu
+def test_on_cpu():
+    pass
+"""
+
+
+@pytest.fixture
+def tiny(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """Its tests require pytest-xdist (``requires(packages="xdist")``)."""
+    make_project(pytester, ROOT, conftest=CONFTEST).makepyfile(test_tiny=TESTS)
+    # A subprocess run: xdist workers must import the project, so it goes on PYTHONPATH.
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    return pytester
+
+
+def _run(tiny: pytest.Pytester, *args: str) -> pytest.RunResult:
+    result = tiny.runpytest_subprocess("-p", "no:cacheprovider", "-p", "xdist", *args, timeout=120)
+    # xdist installed but no workers is not "cannot check": the guard went unexercised, so fail.
+    assert "gw0" in result.stdout.str() or "created:" in result.stdout.str(), (
+        f"xdist could not start workers here:\n{result.stdout.str()[-500:]}")
+    return result
+
+
+@pytest.mark.slow  # two nested xdist sessions
+@pytest.mark.requires(packages="xdist")
+def test_gpu_case_fails_at_setup_with_two_workers(tiny: pytest.Pytester) -> None:
+    result = _run(tiny, "-n", "2", "-rE")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at setup of test_on_gpu*", "GPU cases share one device: run "
+                                 "`pytest -m gpu` without -n, or with -n 0 / -n 1*"])
+
+
+# Each test adds what a baseline check and a case out of memory add, in whichever worker runs it.
+REPORTING = """
+import pytest
+from memclaims.core.errors import OutOfMemory
+from memclaims.pytest.plugin import note_out_of_memory, summary
+
+@pytest.mark.parametrize("n", range(4))
+def test_case(request, n):
+    summary(request.config).add_note(f"case-{n}", "no baseline", "env-x")
+    if n == 3:
+        note_out_of_memory(request.config, "case-3", OutOfMemory("r", "cpu", "forward", 1234, "too big"))
+"""
+
+
+@pytest.mark.slow  # two nested xdist sessions
+@pytest.mark.requires(packages="xdist")
+def test_the_controller_prints_every_workers_comparisons(tiny: pytest.Pytester) -> None:
+    tiny.makepyfile(test_reporting=REPORTING)
+    result = _run(tiny, "-n", "2", "test_reporting.py", "--memclaims-summary-json", "summary.json")
+    result.assert_outcomes(passed=4)
+    out = result.stdout.str()
+    assert all(f"case-{n}" in out for n in range(4)), out[-2000:]
+    assert "case-3  phase forward  requested 1,234 B" in out
+    data = json.loads((tiny.path / "summary.json").read_text())
+    assert sorted(row["case"] for row in data["rows"]) == [f"case-{n}" for n in range(4)]
+    assert [entry["case"] for entry in data["out_of_memory"]] == ["case-3"]
+    assert data["outcomes"] == {"passed": 4}  # the controller counts its workers' tests once each
+
+
+class _Item:
+    """Just what the hook reads of a pytest.Item."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def get_closest_marker(self, name: str) -> object:
+        return object() if name == self.marker else None
+
+
+@pytest.mark.parametrize(("marker", "worker", "count", "gpu", "refused"), [
+    ("gpu", "gw0", "2", True, True),
+    ("gpu", "gw1", "8", True, True),
+    ("gpu", "gw0", "1", True, False),   # -n 1: one worker owns the device
+    ("gpu", None, None, True, False),   # no xdist
+    ("gpu", "gw0", "2", False, False),  # no GPU: the case skips with its own reason instead
+    ("cpu", "gw0", "2", True, False),   # CPU cases run in parallel freely
+])
+def test_guard_decision(monkeypatch: pytest.MonkeyPatch, marker: str, worker: str | None, count: str | None,
+                        gpu: bool, refused: bool) -> None:
+    from memclaims.pytest import plugin as pytest_plugin
+
+    for name, value in (("PYTEST_XDIST_WORKER", worker), ("PYTEST_XDIST_WORKER_COUNT", count)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(pytest_plugin, "gpu_available", lambda: gpu)
+    if refused:
+        with pytest.raises(pytest.fail.Exception, match="GPU cases share one device"):
+            pytest_plugin.pytest_runtest_setup(_Item(marker))  # type: ignore[arg-type]
+    else:
+        pytest_plugin.pytest_runtest_setup(_Item(marker))  # type: ignore[arg-type]
