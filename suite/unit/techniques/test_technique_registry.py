@@ -12,8 +12,8 @@ from itertools import chain, combinations
 import pytest
 
 from memclaims.core.errors import UsageError
-from memclaims.techniques import technique_registry as registry
 from memclaims.recipes.recipe import parse_id, resolve
+from memclaims.techniques import technique_registry as registry
 
 
 def test_names_are_the_public_contract() -> None:
