@@ -94,7 +94,7 @@ def test_evaluate_each_epoch_reaches_the_run_and_is_off_by_default(monkeypatch: 
         asked.append(options.evaluate_each_epoch)
         return [fake_record()]
 
-    monkeypatch.setattr(memclaims.run, "measure", measure)
+    monkeypatch.setattr(memclaims.run, "run_recipe", measure)
     assert main(["run", "distilbert", "--json", "--evaluate-each-epoch"]) == 0
     assert main(["run", "distilbert", "--json"]) == 0
     assert asked == [True, False]

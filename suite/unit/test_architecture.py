@@ -1,7 +1,7 @@
 """The architecture ARCHITECTURE.md states, held on memclaims' import graph (fixtures/import_graph.py, which
 scripts/import-layers prints): no import cycles, every import in the direction of the subpackages' table,
 the longest import chain at most ``MAX_LAYERS`` modules; and the two boundaries around the engines (every
-caller runs a recipe through ``memclaims.run.measure``; the claims import no engine).
+caller runs a recipe through ``memclaims.run.run_recipe``; the claims import no engine).
 
 Every import statement counts, function-local ones too (a lazy import only postpones a cycle and is a
 dependency all the same); not those under ``if TYPE_CHECKING:`` (never run) or a module's own ``if
@@ -198,7 +198,7 @@ def test_only_the_sim_and_the_door_call_the_sim() -> None:
         found = sim_calls(path.read_text())
         if found:
             callers[relative] = found
-    assert callers == {}, f"run recipes on the sim through memclaims.run.measure(recipe, RunOptions(device='sim', ...)): {callers}"
+    assert callers == {}, f"run recipes on the sim through memclaims.run.run_recipe(recipe, RunOptions(device='sim', ...)): {callers}"
 
 
 def test_no_sim_helper_replays_around_the_door() -> None:
@@ -213,7 +213,7 @@ def test_no_sim_helper_replays_around_the_door() -> None:
         found = sim_calls(path.read_text())
         if found:
             callers[path.relative_to(ROOT).as_posix()] = found
-    assert callers == {}, f"a sim helper takes a Record measured through memclaims.run.measure: {callers}"
+    assert callers == {}, f"a sim helper takes a Record measured through memclaims.run.run_recipe: {callers}"
 
 
 def test_the_claims_import_no_engine() -> None:
