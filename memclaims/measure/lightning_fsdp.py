@@ -130,24 +130,9 @@ def strategy(recipe: Recipe, world: int | None = None, device: str = "cuda") -> 
             # iteration"); the search for them walks the autograd graph each step and allocates nothing.
             ddp["find_unused_parameters"] = True
         if device == "cpu":
-            ddp["init_sync"] = False  # the ranks' states are broadcast by sync_module_states instead
+            ddp["init_sync"] = False  # the states are broadcast in place instead (techniques.distributed_data_parallel)
         return DDPStrategy(**ddp) if ddp else "ddp"
     return recipe.strategy
-
-
-def sync_module_states(module: Any) -> None:
-    """DDP's start on gloo (CPU ranks), made deterministic: every parameter and buffer broadcast from rank 0
-    in place, one tensor at a time, before ``DistributedDataParallel`` is built with ``init_sync=False``.
-
-    DDP's own sync (``_broadcast_coalesced``) flattens the states into one bucket, a parameter-sized copy
-    that the gloo worker thread frees after the broadcast completes; whether that happens before the main
-    thread allocates the reducer's gradient buckets is a race, so a rank's load peak was either 2x or 3x
-    its parameters (1 run in 9 failed its baseline by +50 %). In place, nothing is allocated: the load peak
-    is DDP's when the bucket is freed first (parameters and the reducer's buckets), on every run."""
-    import torch.distributed as dist
-
-    for tensor in (*module.parameters(), *module.buffers()):
-        dist.broadcast(tensor.data, src=0)
 
 
 def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:

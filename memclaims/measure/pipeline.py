@@ -197,8 +197,8 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         param_count = sum(p.numel() for p in model.parameters())
         param_tensor_count = len(list(model.parameters()))
         optimizer, scheduler = _make_optimizer(engine, model, steps_per_epoch, memory_steps)
-        for hooks in recipe.hooks:  # optimizer-in-backward: before setup, on the optimizer itself
-            hooks.before_setup(engine, optimizer)
+        for hooks in recipe.hooks:  # optimizer-in-backward on the optimizer itself; ddp's state sync on CPU ranks
+            hooks.before_setup(engine, model, optimizer)
         model, optimizer = engine.setup(model, optimizer)
 
     probe.track(model, optimizer)

@@ -103,10 +103,6 @@ class FabricEngine(pipeline.Engine):
     def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
         if self.fabric is None:
             return model, optimizer
-        if self.recipe.strategy == "ddp" and self.options.device == "cpu":
-            from memclaims.measure.lightning_fsdp import sync_module_states
-
-            sync_module_states(model)  # DDP on gloo without its racy bucketed init sync (lightning_fsdp.strategy)
         options: dict[str, Any] = {"move_to_device": True}
         for hooks in self.recipe.hooks:  # 09: with CPU offload the model stays on the host; FSDP moves what it needs
             options.update(hooks.setup_options())

@@ -92,8 +92,8 @@ class Hooks:
         """Keyword arguments of Fabric's ``setup``."""
         return {}
 
-    def before_setup(self, engine: Any, optimizer: Any) -> None:
-        """The optimizer before ``setup`` (Fabric's wrapper is no optimizer to copy)."""
+    def before_setup(self, engine: Any, model: nn.Module, optimizer: Any) -> None:
+        """The model and optimizer before ``setup`` (Fabric's wrappers are no optimizer to copy)."""
 
     def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
         """The Record's fields of what the technique did, read right after the measured steps: the flat fields

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 class OptimizerInBackward(Hooks):
-    def before_setup(self, engine: Any, optimizer: Any) -> None:
+    def before_setup(self, engine: Any, model: Any, optimizer: Any) -> None:
         # On the optimizer itself; setup on one device moves and converts the parameters in place, so the
         # hooks stay on them.
         from memclaims.techniques.impl.per_parameter_optimizers import OptimizerInBackward as PerParameter

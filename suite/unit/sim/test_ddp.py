@@ -93,7 +93,7 @@ def test_ddp_looks_for_unused_parameters_only_where_the_workload_has_them() -> N
 
 def test_ddp_on_cpu_ranks_syncs_its_states_in_place_not_in_a_bucket() -> None:
     """On gloo, DDP's bucketed init sync leaves a parameter-sized copy for gloo's thread to free, racing the
-    reducer's buckets; CPU ranks turn it off and broadcast each state in place (sync_module_states)."""
+    reducer's buckets; CPU ranks turn it off and broadcast each state in place (the ddp technique's before_setup)."""
     from lightning.fabric.strategies import DDPStrategy
 
     vit = lightning_fsdp.strategy(resolve("vit", "smoke", ["ddp"]), 2, "cpu")
