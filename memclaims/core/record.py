@@ -1,6 +1,6 @@
 """The Record: everything one run measured, in bytes and seconds, plus the environment it ran in.
 
-The key names are the public contract (../shared/CONTRACT.md): baseline files store Records.
+The key names are the public contract (docs/measurement.md, docs/commands.md): baseline files store Records.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from memclaims.core.errors import MemclaimsError, UsageError
 
 # How every lock of this project is compiled: the extras CI installs, every platform, the lowest Python
@@ -35,23 +38,22 @@ class LockError(MemclaimsError):
     """The candidate's lock could not be compiled: one line saying why."""
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise UsageError(f"--lock {path}: cannot read it ({error.strerror}); give the compiled lock, e.g. "
+                         "locks/ci.txt") from None
 
 
 def pins(path: Path) -> dict[str, str]:
     """Package (canonical name) -> pinned version, from a compiled lock; a package pinned once per
     platform (a marker each) keeps its first line's version."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise UsageError(f"--lock {path}: cannot read it ({error.strerror}); give the compiled lock, e.g. "
-                         "locks/ci.txt") from None
     found: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in _lines(path):
         match = _PIN.match(line.strip())
         if match:
-            found.setdefault(canonical(match.group(1)), match.group(2))
+            found.setdefault(canonicalize_name(match.group(1)), match.group(2))
     if not found:
         raise UsageError(f"--lock {path}: no 'package==version' line; give a lock compiled by uv pip compile")
     return found
@@ -76,7 +78,7 @@ def project_of(lock: Path) -> Path:
 def upgrade_arguments(upgrades: Sequence[str]) -> list[str]:
     """uv's ``--upgrade-package`` for each requirement (``torch==2.15.0``, or a bare ``torch``: its newest
     release); a torch upgrade also frees torchvision, which must be the build for its torch."""
-    names = {canonical(re.split(r"[<>=!~ ;\[]", text, maxsplit=1)[0]) for text in upgrades}
+    names = {canonicalize_name(Requirement(text).name) for text in upgrades}
     extra = ["torchvision"] if "torch" in names and "torchvision" not in names else []
     return [arg for text in (*upgrades, *extra) for arg in ("--upgrade-package", text)]
 
@@ -105,10 +107,8 @@ def mismatches(path: Path) -> list[str]:
     """Each pin of the lock that applies here (its marker holds) and is not what is installed."""
     from importlib import metadata
 
-    from packaging.requirements import InvalidRequirement, Requirement
-
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in _lines(path):
         if not _PIN.match(line.strip()):
             continue
         try:
@@ -126,11 +126,12 @@ def mismatches(path: Path) -> list[str]:
     return out
 
 
-def header(path: Path, packages: Sequence[str]) -> str:
-    """One line: which lock, its digest, the tested packages it pins, and whether this environment is it."""
+def header(path: Path, packages: Sequence[str], wrong: list[str] | None = None) -> str:
+    """One line: which lock, its digest, the tested packages it pins, and whether this environment is it
+    (``wrong``: its :func:`mismatches`, where the caller has them)."""
     pinned = pins(path)
     stack = ", ".join(f"{p} {pinned[p]}" for p in packages if p in pinned)
-    wrong = mismatches(path)
+    wrong = mismatches(path) if wrong is None else wrong
     state = "installed as locked" if not wrong else f"NOT as locked: {'; '.join(wrong[:5])}" + \
         (f" and {len(wrong) - 5} more" if len(wrong) > 5 else "")
     return f"memclaims: lock {path} (sha256 {digest(path)}, {len(pinned)} pins: {stack}): {state}"
@@ -146,8 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("lock", type=Path)
     args = parser.parse_args(argv)
     try:
-        print(header(args.lock, (*PACKAGES, "peft")))
-        return 1 if mismatches(args.lock) else 0
+        wrong = mismatches(args.lock)
+        print(header(args.lock, (*PACKAGES, "peft"), wrong))
+        return 1 if wrong else 0
     except MemclaimsError as error:
         print(f"memclaims: {error}")
         return 2
