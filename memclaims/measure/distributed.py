@@ -1,18 +1,20 @@
-"""Multi-device runs of a sharded recipe (article scripts 08-11): one Record per rank.
+"""Multi-device runs of a recipe with a strategy (article scripts 08-11, the LLM bonus): one Record per rank.
 
-- CUDA: every rank runs ``memclaims.measure.runner.run`` with Lightning Fabric's ``FSDPStrategy``
-  (``memclaims.measure.lightning_fsdp``: auto-wrap and activation checkpointing on the workload's block
-  class, ``cpu_offload``), as the article's scripts do.
-- DDP and DeepSpeed (``ddp``, ``deepspeed-zero2``), on CUDA or CPU ranks: the same Fabric engine with
-  Lightning's ``DDPStrategy`` / ``DeepSpeedStrategy`` over NCCL or gloo.
-- FSDP2 on CUDA (``fsdp2``, ``fsdp2-no-reshard``): Lightning's ``ModelParallelStrategy`` whose parallelize_fn
-  applies ``fully_shard`` as below (``memclaims.measure.lightning_fsdp.model_parallel_strategy``).
-- FSDP on the CPU: Lightning refuses FSDP on the CPU, so the same smoke model is sharded with PyTorch's FSDP2
-  (``fully_shard`` on each block, then the root) over gloo and measured by the exact CPU probe on
-  every rank (``CpuShardedEngine`` through ``memclaims.measure.pipeline``). Each rank trains on its slice
-  of the same global batch as the single-process run, so the mean loss is the single-process loss.
+The recipe's strategy (``Recipe.distributed``, a ``memclaims.techniques.base.Strategy``) says how its ranks run,
+and its plan (``Recipe.strategy_plan``) what they execute:
 
-``memclaims.run.run_recipe`` comes here for a sharded recipe; ``run_distributed_many`` runs
+- on the devices where Lightning runs the strategy (``Strategy.lightning_devices``: FSDP on CUDA, DDP and
+  DeepSpeed on CUDA or CPU), every rank runs ``memclaims.measure.runner.run``, the Fabric engine, with the
+  strategy's own Lightning object (``Strategy.lightning_strategy``: ``FSDPStrategy`` as the article's scripts
+  configure it, ``ModelParallelStrategy`` for FSDP2, ``DDPStrategy``, ``"deepspeed_stage_2"``; the Fabric is built
+  by ``memclaims.measure.lightning_fsdp``) over NCCL or gloo;
+- elsewhere (FSDP on the CPU: Lightning refuses it) ``CpuShardedEngine`` executes the plan itself over gloo, as
+  Lightning's ``ModelParallelStrategy`` would: the plan's device mesh, then the strategy's ``parallelize`` (for
+  FSDP, FSDP2's ``fully_shard`` on each block, then the root), measured by the exact CPU probe on every rank
+  through ``memclaims.measure.pipeline``. Each rank trains on its slice of the same global batch as the
+  single-process run, so the mean loss is the single-process loss.
+
+``memclaims.run.run_recipe`` comes here for a recipe with a strategy; ``run_distributed_many`` runs
 several recipes in one process group.
 """
 
@@ -35,7 +37,6 @@ from memclaims.core.record import Record, device_name
 from memclaims.measure import launcher, pipeline
 from memclaims.measure.probes import CpuProbe
 from memclaims.recipes.recipe import parse_id
-from memclaims.recipes.requirements import DEEPSPEED_ON_CPU
 from memclaims.recipes.run_options import (
     DEFAULT_TIMEOUT_S,
     RunOptions,
@@ -43,7 +44,7 @@ from memclaims.recipes.run_options import (
     default_devices,
     resolve_memory_steps,
 )
-from memclaims.techniques.technique_registry import HYBRID_NODES, reshard_after_forward, shard_group_size
+from memclaims.techniques.base import FSDP2_API, ON_CPU_RANKS
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -136,28 +137,26 @@ def run_distributed_many(recipes: Sequence[Recipe], options: RunOptions, devices
 
 def check_distributed(recipe: Recipe, device: str, devices: int, local: bool = True) -> None:
     """What a distributed run refuses up front, as one-line usage errors (``local``: every rank
-    runs on this machine)."""
-    if recipe.strategy is None:
+    runs on this machine): the recipe's own (its techniques' ``rank_refusal``), then what the CPU ranks'
+    sharded engine needs of a recipe it runs (the micro-batch split over the ranks)."""
+    strategy = recipe.distributed
+    if strategy is None:
         raise UsageError(f"{recipe.id} runs on one device: a distributed run needs a multi-device technique "
                          "('fsdp', 'ddp' or 'deepspeed-zero2')")
     if devices < 1:
         raise UsageError(f"--devices must be at least 1 (got {devices})")
     if device == "cuda" and local and devices > torch.cuda.device_count():
         raise UsageError(f"--devices {devices} needs {devices} CUDA devices; torch sees {torch.cuda.device_count()}")
-    if device == "cpu":
-        if recipe.cpu_offload:
-            raise UsageError(f"{recipe.id}: cpu-offload moves parameters off a GPU and needs --device cuda")
-        if recipe.plain_pytorch:
-            raise UsageError(f"{recipe.id}: the plain PyTorch loop does not shard")
-        if recipe.strategy == "deepspeed_stage_2":
-            raise UsageError(f"{recipe.id}: {DEEPSPEED_ON_CPU}; use --device cuda or --device sim")
-        if recipe.sharding == "HYBRID_SHARD":
-            shard_group_size(recipe.sharding, devices)  # UsageError unless the ranks split into the nodes
-        if recipe.sharded and recipe.micro_batch_size % devices:
-            raise UsageError(
-                f"{recipe.id}: micro-batch {recipe.micro_batch_size} does not split evenly over "
-                f"{devices} ranks; choose --devices that divides it"
-            )
+    # The strategy's own reasons after the others' (what the device cannot do at all before how the ranks split).
+    for hooks in sorted(recipe.hooks, key=lambda hooks: hooks is strategy):
+        refused = hooks.rank_refusal(recipe, device, devices)
+        if refused:
+            raise UsageError(refused)
+    if device not in strategy.lightning_devices and recipe.micro_batch_size % devices:
+        raise UsageError(
+            f"{recipe.id}: micro-batch {recipe.micro_batch_size} does not split evenly over "
+            f"{devices} ranks; choose --devices that divides it"
+        )
 
 
 def _rank_main(rank: int, world: int, recipe_ids: list[str], options: RunOptions) -> list[dict[str, Any]]:
@@ -165,19 +164,17 @@ def _rank_main(rank: int, world: int, recipe_ids: list[str], options: RunOptions
     results = []
     for recipe_id in recipe_ids:
         recipe = parse_id(recipe_id)
-        if options.device == "cuda" or not recipe.sharded:
-            # Lightning's own strategy (FSDP on CUDA; DDP and DeepSpeed on either device): each rank
-            # trains on its own batch of the recipe's size from Fabric's DistributedSampler.
+        strategy = recipe.distributed
+        assert strategy is not None  # check_distributed
+        if options.device in strategy.lightning_devices:
+            # Lightning's own strategy: each rank trains on its own batch of the recipe's size from Fabric's
+            # DistributedSampler.
             from memclaims.measure import runner
 
             record = runner.run(recipe, options)
-            if recipe.sharded and recipe.fsdp2:
-                record.fsdp_api = "fsdp2"
-                record.notes.append(f"rank {rank} of {world}: Lightning ModelParallelStrategy (FSDP2 fully_shard, "
-                                    f"reshard_after_forward={reshard_after_forward(recipe.sharding)})")
-            else:
-                record.fsdp_api = "fsdp1" if recipe.sharded else None
-                record.notes.append(f"rank {rank} of {world}: Lightning strategy={recipe.strategy!r}")
+            plan = recipe.strategy_plan(world)
+            record.fsdp_api = plan.fsdp_api
+            record.notes.extend(strategy.rank_notes(plan, rank, options.device))
         else:
             record = pipeline.run(CpuShardedEngine(recipe, options, rank, world), CpuProbe(),
                                   resolve_memory_steps(recipe, options))
@@ -221,16 +218,6 @@ def expected_shard_bytes(shapes: Sequence[Sequence[int]], itemsize: int, world: 
     }
 
 
-# What FSDP2 does for each FSDP1 sharding strategy on the CPU ranks (fully_shard's keywords).
-FSDP2_SHARDINGS = {
-    "SHARD_GRAD_OP": "reshard_after_forward=False (the gathered parameters stay until after the backward)",
-    "NO_SHARD": "HSDP over a (replicate N, shard 1) device mesh: every rank holds the whole model, gradients "
-                "all-reduced",
-    "HYBRID_SHARD": f"HSDP over a (replicate {HYBRID_NODES}, shard N/{HYBRID_NODES}) device mesh: "
-                    f"{HYBRID_NODES} simulated nodes",
-}
-
-
 def unsharded_params(model: nn.Module) -> int:
     """Parameter elements of ``model`` that are plain tensors, not FSDP2's DTensor shards: what is gathered."""
     from torch.distributed.tensor import DTensor
@@ -259,29 +246,24 @@ def _rank_slice(batch: Any, rank: int, world: int) -> Any:
 
 
 class CpuShardedEngine(pipeline.Engine):
-    """One rank of a CPU FSDP2 run."""
+    """One rank of a strategy Lightning does not run on the CPU (FSDP), executing the recipe's plan over gloo: the
+    plan's device mesh, the strategy's ``parallelize`` on the model, every rank's slice of the global batch."""
 
     declares_schedule = False
 
     def __init__(self, recipe: Recipe, options: RunOptions, rank: int, world: int) -> None:
         super().__init__(recipe, options)
         self.rank, self.world = rank, world
-        self.notes.append(f"rank {rank} of {world}: FSDP2 fully_shard over gloo on the CPU "
-                          "(Lightning refuses FSDP on the CPU)")
-        if recipe.fsdp2:
-            self.notes.append(f"FSDP2 as asked (fully_shard, reshard_after_forward={reshard_after_forward(recipe.sharding)} "
-                              "on each block, FSDP2's default, False, on the root)")
-        elif recipe.sharding not in (None, "FULL_SHARD"):
-            self.notes.append(f"{recipe.sharding} as FSDP2 runs it: {FSDP2_SHARDINGS[recipe.sharding]}")
+        strategy = recipe.distributed
+        assert strategy is not None  # check_distributed
+        self.strategy, self.plan = strategy, recipe.strategy_plan(world)
+        self.notes.extend(strategy.rank_notes(self.plan, rank, "cpu"))
         # Parameter elements held unsharded after the first measured forward pass (forward_loss).
         self.forward_unsharded_params: int | None = None
         self.spec = precision(recipe.precision)
         if self.precision_ran != recipe.precision:
             self.notes.append(f"ran {recipe.precision} as {self.precision_ran} on cpu")
-        if recipe.delayed_init:
-            self.notes.append("delayed-init changes nothing on the CPU: the model is built on the CPU either way")
-        if recipe.init_on_device:
-            self.notes.append("init-module changes nothing on the CPU tier")
+        self.notes.extend(self.plan.notes_on(ON_CPU_RANKS))
 
     @property
     def precision_ran(self) -> str:
@@ -297,29 +279,15 @@ class CpuShardedEngine(pipeline.Engine):
         return self.shard(model), weights
 
     def shard(self, model: nn.Module) -> nn.Module:
-        from memclaims.measure.lightning_fsdp import fully_shard_blocks
-
-        options = self.fsdp2_options()
-        mesh = {k: v for k, v in options.items() if k == "mesh"}  # the root's reshard_after_forward: FSDP2's own
-        return fully_shard_blocks(model, self.recipe.workload.block_class(),
-                                  checkpointing=self.recipe.activation_checkpointing,
-                                  auto_wrap=self.recipe.workload.fsdp_auto_wrap, workload=self.recipe.workload.name,
-                                  block_options=options, root_options=mesh)
-
-    def fsdp2_options(self) -> dict[str, Any]:
-        """FSDP2's equivalent of the recipe's FSDP1 sharding strategy, as ``fully_shard`` keywords:
-        SHARD_GRAD_OP is ``reshard_after_forward=False``; NO_SHARD and HYBRID_SHARD are HSDP over a
-        (replicate, shard) device mesh of (N, 1) and (HYBRID_NODES, N / HYBRID_NODES) (torch lets the CPU
-        ranks form one over gloo: HYBRID_SHARD's simulated nodes)."""
-        sharding = self.recipe.sharding or "FULL_SHARD"
-        options: dict[str, Any] = {"reshard_after_forward": reshard_after_forward(sharding)}
-        if sharding in ("NO_SHARD", "HYBRID_SHARD"):
+        """The strategy's ``parallelize`` on the model, over the plan's device mesh (torch lets the CPU ranks form
+        one over gloo: HYBRID_SHARD's simulated nodes), as Lightning's ModelParallelStrategy calls its
+        parallelize_fn."""
+        mesh = None
+        if self.plan.mesh_shape is not None:
             from torch.distributed.device_mesh import init_device_mesh
 
-            group = shard_group_size(sharding, self.world)
-            options["mesh"] = init_device_mesh("cpu", (self.world // group, group),
-                                               mesh_dim_names=("replicate", "shard"))
-        return options
+            mesh = init_device_mesh("cpu", self.plan.mesh_shape, mesh_dim_names=self.plan.mesh_dim_names)
+        return self.strategy.parallelize(self.plan, model, mesh, self.recipe.workload)
 
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
         return _local(tensor)
@@ -347,7 +315,7 @@ class CpuShardedEngine(pipeline.Engine):
 
     def measured_fields(self) -> dict[str, Any]:
         return {**super().measured_fields(), "forward_unsharded_params": self.forward_unsharded_params,
-                "fsdp_api": "fsdp2"}
+                "fsdp_api": FSDP2_API}  # fully_shard, whichever FSDP the recipe asked for (rank_notes say so)
 
     def loss_value(self, loss: torch.Tensor) -> float:
         """The global batch's loss: FSDP averages gradients over ranks, and the shares are equal,

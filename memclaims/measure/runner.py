@@ -49,7 +49,7 @@ class FabricEngine(pipeline.Engine):
         if not recipe.plain_pytorch:
             from lightning.fabric import Fabric
 
-            if recipe.strategy:
+            if recipe.distributed:
                 from memclaims.measure.lightning_fsdp import sharded_fabric
 
                 self.fabric = sharded_fabric(recipe, options)
@@ -172,7 +172,8 @@ def out_of_memory_request(error: BaseException) -> int | None:
 def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = None) -> Record:
     """Run ``recipe`` once in this process (one device, or this rank of a CUDA FSDP run)."""
     check_device(options.device)
-    if recipe.sharded and options.device == "cpu":
+    strategy = recipe.distributed
+    if strategy is not None and options.device not in strategy.lightning_devices:
         # Lightning refuses FSDP on the CPU; memclaims.measure.distributed shards with FSDP2 over gloo.
         raise UsageError(f"{recipe.id} is sharded: run it with memclaims.run.run_recipe")
     memory_steps = resolve_memory_steps(recipe, options)

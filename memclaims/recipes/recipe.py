@@ -9,7 +9,7 @@ from typing import Any
 
 from memclaims.core.errors import UsageError
 from memclaims.techniques import technique_registry as registry
-from memclaims.techniques.base import Hooks
+from memclaims.techniques.base import Hooks, Strategy, StrategyPlan
 from memclaims.workloads.registry import workload as find_workload
 from memclaims.workloads.types import Scale, Workload
 
@@ -57,8 +57,8 @@ class Recipe:
     optimizer: str
     init_on_device: bool
     plain_pytorch: bool
-    # The strategy and what the multi-rank engines read of the techniques that combine with one
-    # (memclaims.measure.distributed, memclaims.sim.sharded); the one-device engines call ``hooks`` instead.
+    # What the reports still read of the strategy and the techniques that combine with one; the engines ask
+    # ``distributed`` and execute ``strategy_plan`` instead.
     strategy: str | None = None  # Lightning's strategy= name (fsdp, ddp, deepspeed_stage_2); None: one device
     sharded: bool = False
     sharding: str | None = None  # FSDP's ShardingStrategy name of a sharded recipe (FULL_SHARD for fsdp)
@@ -77,6 +77,23 @@ class Recipe:
     def hooks(self) -> tuple[Hooks, ...]:
         """What the recipe's techniques do to a run (memclaims.techniques.base), in registry order."""
         return tuple(registry.BY_NAME[name].hooks for name in self.techniques)
+
+    @property
+    def distributed(self) -> Strategy | None:
+        """How the recipe runs on several ranks: its strategy technique's hooks (memclaims.techniques.base.Strategy),
+        which the multi-rank engines ask; None: it runs on one device."""
+        return next((hooks for hooks in self.hooks if isinstance(hooks, Strategy)), None)
+
+    def strategy_plan(self, world: int) -> StrategyPlan:
+        """What the recipe's ``world`` ranks execute: its strategy's plan as each of its techniques changes it
+        (``Hooks.plan_strategy``, registry order)."""
+        strategy = self.distributed
+        if strategy is None:
+            raise UsageError(f"{self.id} runs on one device: it has no strategy to plan")
+        plan = strategy.plan(self, world)
+        for hooks in self.hooks:
+            plan = hooks.plan_strategy(plan)
+        return plan
 
     @property
     def converters(self) -> tuple[Hooks, ...]:

@@ -21,6 +21,7 @@ from memclaims.core.errors import UsageError
 from memclaims.core.machine import DEVICES, Machine
 from memclaims.core.names import tier_device
 from memclaims.techniques import technique_registry as registry
+from memclaims.techniques.deepspeed_zero2 import DEEPSPEED_ON_CPU as DEEPSPEED_ON_CPU
 
 if TYPE_CHECKING:
     pass
@@ -34,9 +35,6 @@ INSTALL = {"bitsandbytes": "pip install 'bitsandbytes>=0.45'",  # pyproject.toml
 # Registry capabilities that are an operation of the installed torch (the technique's ``requires``), each
 # checked by running it (memclaims.core.machine.torch_feature_problem).
 TORCH_FEATURES = frozenset({"linear_cross_entropy"})
-# Lightning Fabric's DeepSpeedStrategy refuses every accelerator but CUDA (lightning 2.6,
-# fabric/strategies/deepspeed.py: "only supported on CUDA GPUs"), whatever DeepSpeed's own CPU accelerator does.
-DEEPSPEED_ON_CPU = "Lightning's DeepSpeedStrategy runs on CUDA GPUs only (it refuses Fabric's CPU accelerator)"
 # Registry capabilities that are an importable package and nothing more (the technique's ``requires``).
 PACKAGE_CAPABILITIES = frozenset({"deepspeed"})
 # Why an opt-in option exists: a case that costs too much to run unasked says so in its reason.

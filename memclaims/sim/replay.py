@@ -55,9 +55,9 @@ from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
-from memclaims.techniques.base import merge_observed
+from memclaims.techniques import technique_registry as registry
+from memclaims.techniques.base import FSDP2_API, ON_SIM, merge_observed
 from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
-from memclaims.techniques.technique_registry import reshard_after_forward
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -446,7 +446,8 @@ def simulate_load_record(recipe: Recipe, *, profile: str = "article", allocator_
     scripts load it (1000 classes for ``vit_l_16``). The door's ``RunOptions(load_only=True)``."""
     chosen = _with_allocator_settings(find_profile(profile), recipe)
     check(recipe)
-    if recipe.sharded:
+    strategy = recipe.distributed
+    if strategy is not None and strategy.shards_parameters:
         raise UsageError(f"{recipe.id}: the load-only replay (the 07 scripts) loads on one device; "
                          "a sharded recipe's load runs with its training")
     mode = load_mode(recipe)
@@ -658,10 +659,16 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     (``memclaims.gpu.alloc_trace``); one-device recipes only. ``limit_bytes``: what the allocator
     can get from the device (a card's memory less the CUDA context); past it the model frees its
     cache and retries as torch does, and raises OutOfMemory where torch would. None: unlimited.
-    ``devices``: the ranks of a sharded recipe (rank 0 is replayed); None: ``sharded.WORLD_SIZE``."""
+    ``devices``: the ranks of a sharded recipe (rank 0 is replayed); None: ``sharded.WORLD_SIZE``.
+
+    A recipe with a strategy is replayed as its strategy says (``Strategy.sim_replay``): one rank of FSDP by
+    memclaims.sim.sharded ("sharded"), of ZeRO-2 by memclaims.sim.zero ("zero"), or the one-device replay with the
+    strategy's plan (DDP's buckets and notes)."""
     chosen = _with_allocator_settings(find_profile(profile), recipe)
     check(recipe)
-    if recipe.strategy == "deepspeed_stage_2":
+    strategy = recipe.distributed
+    replay = "one-device" if strategy is None else strategy.sim_replay
+    if replay == "zero":
         if allocator_events is not None or limit_bytes is not None:
             raise UsageError(f"{recipe.id}: DeepSpeed's rank is per-rank accounting: no allocator history or limit")
         return _simulate_zero2(recipe, chosen.name, memory_steps)
@@ -672,10 +679,11 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         notes.append("one optimizer step only: the peak of the second step (gradients and optimizer "
                      "state alive during the forward) is not reached")
 
-    if recipe.sharded:
+    if replay == "sharded":
         if allocator_events is not None:
             raise UsageError(f"{recipe.id}: the allocator history is recorded for one-device recipes only")
         return _simulate_sharded(recipe, chosen, steps, notes, limit_bytes, devices)
+    plan = recipe.strategy_plan(devices or 1) if strategy is not None else None
 
     reference = None
     for hooks in recipe.hooks:  # init-module: 07_01's load, to compare with
@@ -683,10 +691,8 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         if asked is not None:
             reference = simulate_load(**asked, profile=chosen.name)
 
-    if recipe.strategy == "ddp":
-        notes.append("DDP rank (memclaims.sim.ddp): the whole model, gradients and optimizer state, plus "
-                     "gradient buckets of torch's default caps (gradient_as_bucket_view=False, as Lightning "
-                     "sets it); not modelled: gloo/NCCL buffers")
+    if plan is not None:
+        notes.extend(plan.notes_on(ON_SIM))
     if recipe.optimizer in optimizers.EIGHT_BIT:
         notes.append(f"{recipe.optimizer}: state from bitsandbytes {_eight_bit_layout().version}'s layout "
                      f"(memclaims.sim.eight_bit); the fused step allocates no temporaries")
@@ -704,7 +710,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
             for hooks in recipe.hooks:  # activation-checkpointing's wrap, as the real engine's build
                 hooks.sim_after_load(model, recipe, notes)
             # fabric.setup under DDP: the Reducer's gradient buckets, alive for the whole run.
-            buckets = ddp.allocate_buckets(list(model.parameters())) if recipe.strategy == "ddp" else []
+            buckets = ddp.allocate_buckets(list(model.parameters())) if plan and plan.bucket_gradients else []
         param_count = sum(p.numel() for p in model.parameters())
         param_tensors = len(list(model.parameters()))
         with session.phase(phases, "train"):
@@ -731,7 +737,7 @@ def _simulate_zero2(recipe: Recipe, profile: str, memory_steps: int | None) -> R
     from memclaims.recipes.recipe import resolve
 
     half = "16-true" if recipe.precision == "16-mixed" else "bf16-true"
-    rest = [t for t in recipe.techniques if t != "deepspeed-zero2" and t != recipe.precision]
+    rest = [t for t in recipe.techniques if registry.technique(t).distributed is None and t != recipe.precision]
     one_gpu = simulate(resolve(recipe.workload.name, recipe.scale.name, [half, *rest], recipe.sizes),
                        profile=profile, memory_steps=memory_steps)
     config = zero.Zero2Config(model_dtype=PRECISIONS[half].param_dtype)
@@ -748,39 +754,40 @@ def _simulate_zero2(recipe: Recipe, profile: str, memory_steps: int | None) -> R
 
 def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str],
                       limit_bytes: int | None, devices: int | None) -> Record:
-    """Rank 0 of the recipe's FSDP1 run, or FSDP2's (``recipe.fsdp2``), by memclaims.sim.sharded: per-rank
-    accounting on fake tensors."""
+    """Rank 0 of the recipe's FSDP1 run, or FSDP2's (the plan's ``fsdp_api``), by memclaims.sim.sharded: per-rank
+    accounting on fake tensors, of the recipe's plan (``Recipe.strategy_plan``)."""
     import memclaims.sim.sharded as sharded
 
     build, inputs_fn = _model_fns(recipe)
     world = devices or sharded.WORLD_SIZE
+    plan = recipe.strategy_plan(world)
+    fsdp2 = plan.fsdp_api == FSDP2_API
     shard_dtype = PRECISIONS[recipe.precision].param_dtype
-    if recipe.fsdp2:
-        # ModelParallelStrategy with memclaims' parallelize_fn: no MixedPrecisionPolicy, every collective in the
-        # parameters' dtype; reshard_after_forward is the recipe's (memclaims.techniques.technique_registry.reshard_after_forward).
+    if plan.mixed_precision_policy:  # Lightning's FSDPPrecision, as the profile's Lightning chose its dtypes
+        param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision, chosen.lightning_era)
+    else:  # every collective in the parameters' dtype
         param_dtype = reduce_dtype = shard_dtype
+    if fsdp2:
+        # ModelParallelStrategy with memclaims' parallelize_fn: no MixedPrecisionPolicy; reshard_after_forward is the plan's.
         notes.append(f"FSDP2 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): {sharded.FSDP2_NOTE}; "
-                     f"reshard_after_forward={reshard_after_forward(recipe.sharding)} on each block (the root: "
+                     f"reshard_after_forward={plan.reshard_after_forward} on each block (the root: "
                      f"False, fully_shard's default for the root); shards, all-gathers and reduce-scatters in "
                      f"{shard_dtype} (no MixedPrecisionPolicy); not modelled: {sharded.UNMODELLED['nccl']}; "
                      f"{sharded.UNMODELLED['evaluation']}")
     else:
-        param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision, chosen.lightning_era)
         lightning = "installed" if chosen.lightning_era == "installed" else f"{chosen.lightning_era}-era"
         notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
                      f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} ({lightning} Lightning's "
                      f"FSDPPrecision); not modelled: " + "; ".join(
                          v for k, v in sharded.UNMODELLED.items() if not (k == "record_stream" and chosen.timeline)))
-        if recipe.sharding not in (None, "FULL_SHARD"):
-            notes.append(f"sharding_strategy {recipe.sharding}: {sharded.SHARDING_NOTES[recipe.sharding]}")
-    if not recipe.fsdp2 and not sharded.limit_all_gathers(chosen.optimizer_era):
+        if plan.sharding_strategy != "FULL_SHARD":
+            notes.append(f"sharding_strategy {plan.sharding_strategy}: {sharded.SHARDING_NOTES[plan.sharding_strategy]}")
+    if not fsdp2 and not sharded.limit_all_gathers(chosen.optimizer_era):
         notes.append("limit_all_gathers=False (FSDP1's default before pytorch PR #104900): " + (
             "the unsharded buffers freed with record_stream wait for the GPU on the timeline (memclaims.sim.timeline)"
             if chosen.timeline else "the forward's all-gather buffers stay taken until the first pre-backward hook "
             "(memclaims.sim.sharded._RunAhead)"))
-    if recipe.delayed_init:
-        notes.append("init_module(empty_init=False) under FSDPStrategy builds on the host (no device context): "
-                     "the load replays as without it")
+    notes.extend(plan.notes_on(ON_SIM))
     session = _Session(chosen, limit_bytes)
     session.memory.tf32_matmul = _tf32_matmul(recipe)
     phases: dict[str, PhaseResult] = {}
@@ -793,15 +800,15 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
                     model = build(recipe.scale, recipe.workload.num_classes)
             # Fabric.setup moves the model before FSDPStrategy wraps it; ModelParallelStrategy's module_to_device
             # is a no-op: each fully_shard call moves its own group's parameters.
-            moved = not recipe.cpu_offload and not recipe.fsdp2
+            moved = plan.setup_moves_model
             if moved:
                 _move(model)
             wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=world,
                                    shard_dtype=shard_dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                                   offload=recipe.cpu_offload, checkpointing=recipe.activation_checkpointing,
-                                   auto_wrap=recipe.workload.fsdp_auto_wrap, moved=moved,
+                                   offload=plan.offload_params, checkpointing=plan.checkpoint_blocks,
+                                   auto_wrap=plan.wrap_blocks, moved=moved,
                                    limit_gathers=sharded.limit_all_gathers(chosen.optimizer_era),
-                                   sharding=recipe.sharding or "FULL_SHARD", fsdp2=recipe.fsdp2)
+                                   sharding=plan.sharding_strategy, fsdp2=fsdp2)
             if param_dtype != shard_dtype:  # the compute copies the units all-gather (host fakes, uncounted)
                 with session.host():
                     _move(model, param_dtype)
@@ -847,15 +854,12 @@ def _eight_bit_layout() -> Any:
 def check(recipe: Recipe) -> None:
     """Raise UsageError, with the reason, for a recipe the sim cannot replay."""
     _model_fns(recipe)
-    if recipe.sharded:
+    strategy = recipe.distributed
+    if strategy is not None and strategy.sim_replay == "sharded":
         import memclaims.sim.sharded as sharded
 
         sharded.check(recipe)
-    if recipe.strategy == "deepspeed_stage_2" and (recipe.precision not in ("16-mixed", "bf16-mixed")
-                                                   or recipe.optimizer != "adam"):
-        raise UsageError(f"the sim device cannot run {recipe.id}: its DeepSpeed ZeRO-2 accounting (memclaims.sim.zero) "
-                         "covers 16-mixed or bf16-mixed with Adam, as bonus_distilbert-before ran")
-    for hooks in recipe.hooks:  # a technique the sim cannot replay (qlora)
+    for hooks in recipe.hooks:  # a technique the sim cannot replay (qlora; ZeRO-2 beyond its accounting)
         reason = hooks.sim_refusal(recipe)
         if reason:
             raise UsageError(f"the sim device cannot run {recipe.id}: {reason}")

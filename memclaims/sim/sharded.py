@@ -651,6 +651,7 @@ class ShardedModel:
     run_ahead: _RunAhead
     # FSDP2's shared state (``wrap(..., fsdp2=True)``); None: FSDP1's units.
     comm: _Fsdp2Comm | None = None
+    offload: bool = False  # CPUOffload(offload_params=True): the shards, their gradients and the step on the host
 
     @property
     def api(self) -> str:
@@ -742,7 +743,7 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
     # Wrapping is bottom-up (blocks first, the root last), and so is the flatten-and-shard.
     for u in units:
         u.shard_up(on_device=moved)
-    return ShardedModel(model, units, root, order, run_ahead, comm)
+    return ShardedModel(model, units, root, order, run_ahead, comm, offload)
 
 
 def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
@@ -755,7 +756,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     shards = sharded.shards()
     for shard in shards:
         memory.tag(shard, PARAMETERS)
-    offload = recipe.cpu_offload
+    offload = sharded.offload
     optimizer, scheduler = optimizers.build(recipe.optimizer, nn.ParameterList(shards), recipe.learning_rate, 1000)
     for group in optimizer.param_groups:
         group["foreach"] = True

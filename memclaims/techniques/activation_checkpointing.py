@@ -1,16 +1,18 @@
 """activation-checkpointing: each transformer block's activations recomputed in backward (article 08).
 
 On one device each block is wrapped in ``torch.utils.checkpoint`` (hf: and text models through their own
-``gradient_checkpointing_enable()``: ``memclaims.techniques.impl.block_checkpointing``); under a sharded strategy it is
-Lightning's ``activation_checkpointing_policy``, which the multi-rank engines set from the entry's flag.
+``gradient_checkpointing_enable()``: ``memclaims.techniques.impl.block_checkpointing``); under a strategy that wraps
+the blocks itself (FSDP) it is that strategy's policy (Lightning's ``activation_checkpointing_policy``, a
+checkpoint wrapper inside each ``fully_shard``): ``plan_strategy`` asks for it in the plan.
 It shows against the same recipe without it: the forward pass keeps less for the backward.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, StrategyPlan, Technique
 
 if TYPE_CHECKING:
     from torch import nn
@@ -23,11 +25,15 @@ class ActivationCheckpointing(Hooks):
     convert_order = 0  # the blocks as built, before a head bypass or adapters change the model
 
     def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
-        if not engine.recipe.sharded:  # sharded: the FSDP strategy's policy
+        strategy = engine.recipe.distributed
+        if strategy is None or not strategy.block_policies:  # else the strategy's own policy (plan_strategy)
             from memclaims.techniques.impl import block_checkpointing as checkpointing
 
             engine.notes.append(checkpointing.enable(model, engine.recipe.workload))
         return model
+
+    def plan_strategy(self, plan: StrategyPlan) -> StrategyPlan:
+        return replace(plan, checkpoint_blocks=True)
 
     def compare_without(self) -> bool:
         return True

@@ -15,7 +15,14 @@ only the points it changes. The points, by engine:
   ``compare_without``, ``expected_grad_bytes``, ``accuracy_reported_only``;
 - the sim (``memclaims.sim.replay``): ``sim_refusal``, ``sim_allocator``, ``sim_builds_on_device``, ``sim_reference``,
   ``sim_attach``, ``sim_adapt`` (by ``convert_order``), ``sim_after_load``, ``sim_before_train``, ``sim_observe``,
-  ``sim_observe_run``.
+  ``sim_observe_run``;
+- a run on ranks (``memclaims.measure.distributed``, the sim's strategy replays): ``rank_refusal``, and
+  ``plan_strategy``, how a technique that combines with a strategy changes what the ranks execute (the
+  ``StrategyPlan``, which the strategy itself, a ``Strategy``, makes).
+
+A strategy (``fsdp``, ``ddp``, ...) is a technique whose hooks are a ``Strategy``: the object the multi-rank
+engines ask how to run the recipe on ranks (Lightning's ``Strategy``, torchtitan's ``parallelize_fn``), as
+the one-device engines ask ``Hooks``.
 
 Nothing here imports torch or the engines: the registry loads before the plugin's preflight has looked at the
 stack. A hook imports the helpers it drives (``memclaims.techniques.impl.peft_adapters``, ``memclaims.techniques.impl.peft_adapters_fake``, ...)
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -50,6 +57,15 @@ FSDP_SHARDINGS = (*FSDP1_SHARDINGS, *FSDP2_TECHNIQUES)
 STRATEGIES = ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2")
 
 Say = Callable[[str], None]  # an active check's complaint, prefixed with the technique's name by the caller
+
+# Which FSDP ran (the Record's ``fsdp_api``, a StrategyPlan's): FSDP1's FullyShardedDataParallel (one FlatParameter
+# per wrapped unit; Lightning's FSDPStrategy), FSDP2's fully_shard (per-parameter dim-0 DTensor shards).
+FSDP1_API = "fsdp1"
+FSDP2_API = "fsdp2"
+# Where a StrategyPlan's notes are written: the CPU ranks' own sharded engine (memclaims.measure.distributed),
+# the sim's replays of a strategy (memclaims.sim.replay).
+ON_CPU_RANKS = "cpu ranks"
+ON_SIM = "sim"
 
 
 class Hooks:
@@ -163,8 +179,100 @@ class Hooks:
         allocator model's state)."""
         return {}
 
+    # --- a run on ranks ---------------------------------------------------------------------------------
+
+    def rank_refusal(self, recipe: Recipe, device: str, world: int) -> str | None:
+        """Why ``recipe`` cannot run on ``world`` ranks of ``device`` (a UsageError's text), or None."""
+        return None
+
+    def plan_strategy(self, plan: StrategyPlan) -> StrategyPlan:
+        """What the recipe's ranks execute, as this technique changes its strategy's plan (checkpointing, offload,
+        the notes of what it does on each engine). Called on every technique of the recipe, in registry order."""
+        return plan
+
 
 NO_HOOKS = Hooks()
+
+
+@dataclass(frozen=True)
+class StrategyPlan:
+    """What the ranks of a recipe execute: its strategy's configuration (``Strategy.plan``) as the recipe's other
+    techniques change it (``Hooks.plan_strategy``), for ``world`` ranks. The engines execute it: the CPU ranks'
+    sharded engine (``fully_shard`` over gloo, memclaims.measure.distributed), the sim's strategy replays
+    (memclaims.sim.replay); on Lightning's ranks the strategy builds Lightning's own object from it
+    (``Strategy.lightning_strategy``). Plain data: every field is torch's or Lightning's own setting."""
+
+    world: int
+    # Which FSDP the plan runs (FSDP1_API, FSDP2_API; a Lightning rank's Record says it); None: no FSDP.
+    fsdp_api: str | None = None
+    # FSDP1's ShardingStrategy (FSDPStrategy's sharding_strategy); FSDP2 runs it as reshard_after_forward
+    # and a (replicate, shard) device mesh.
+    sharding_strategy: str = "FULL_SHARD"
+    reshard_after_forward: bool = True  # FSDP2's fully_shard on each block (the root keeps FSDP2's own default)
+    # The device mesh the ranks form where the plan needs one (HSDP's (replicate, shard)); None: one dimension.
+    mesh_shape: tuple[int, ...] | None = None
+    mesh_dim_names: tuple[str, ...] = ()
+    wrap_blocks: bool = False  # one unit (FSDP1) or fully_shard group (FSDP2) per workload block, then the root
+    checkpoint_blocks: bool = False  # activation checkpointing of each block (non-reentrant, inside its unit)
+    offload_params: bool = False  # FSDP's CPUOffload(offload_params=True): shards and their state on the host
+    # Whether Fabric's setup moves the model to the device before the strategy wraps it (FSDPStrategy), or each
+    # shard moves itself (ModelParallelStrategy's module_to_device is a no-op; offload keeps the model on the host).
+    setup_moves_model: bool = True
+    # Whether FSDP's collectives run in the dtypes of Lightning's precision plugin's MixedPrecision (FSDPPrecision,
+    # FSDP1), or in the parameters' own dtype (FSDP2 as memclaims applies it: no MixedPrecisionPolicy).
+    mixed_precision_policy: bool = False
+    # DDP's Reducer: gradients all-reduced from flat buckets of torch's default caps beside the parameters' .grad.
+    bucket_gradients: bool = False
+    notes: tuple[tuple[str, str], ...] = ()  # (where: ON_CPU_RANKS, ON_SIM; the note), in the order written
+
+    def notes_on(self, where: str) -> list[str]:
+        """The notes the engine ``where`` writes of the plan."""
+        return [note for on, note in self.notes if on == where]
+
+    def noted(self, where: str, note: str) -> StrategyPlan:
+        """The plan with one more note for the engine ``where``."""
+        return replace(self, notes=(*self.notes, (where, note)))
+
+
+class Strategy(Hooks):
+    """A technique that runs the recipe on several ranks: what the multi-rank engines ask of it (Lightning's
+    ``Strategy``, torchtitan's ``parallelize_fn``), beside the ``Hooks`` every technique has.
+
+    - ``plan``: its ``StrategyPlan`` for a recipe on ``world`` ranks (``Recipe.strategy_plan`` adds the other
+      techniques' ``plan_strategy``);
+    - on Lightning's ranks (``lightning_devices``): ``lightning_strategy``, Fabric's ``strategy=``; elsewhere the
+      CPU ranks' sharded engine executes the plan and calls ``parallelize`` on the model with the plan's mesh,
+      as Lightning's ``ModelParallelStrategy`` calls its ``parallelize_fn``;
+    - ``rank_notes``: what a rank's Record says ran; ``sim_replay``: which of the sim's replays runs it.
+    """
+
+    # The devices whose ranks run the strategy through Lightning's own (``lightning_strategy``).
+    lightning_devices: tuple[str, ...] = ("cuda", "cpu")
+    # The sim's replay of a rank (memclaims.sim.replay): "one-device" (the one-device replay, with the plan's
+    # buckets and notes), "sharded" (memclaims.sim.sharded's FSDP), "zero" (memclaims.sim.zero's ZeRO accounting).
+    sim_replay = "one-device"
+    # Whether the strategy decides where a rank's parameters live (FSDP's shards, offload): a one-device load is
+    # not a rank's, and no parameter floor holds.
+    shards_parameters = False
+    # Whether the strategy wraps the workload's blocks itself and checkpoints them by its own policy (FSDP's
+    # auto-wrap and activation_checkpointing_policy); else a one-device engine wraps them.
+    block_policies = False
+
+    def plan(self, recipe: Recipe, world: int) -> StrategyPlan:
+        """Its own configuration for ``recipe`` on ``world`` ranks, before the other techniques change it."""
+        return StrategyPlan(world=world)
+
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+        """Lightning Fabric's ``strategy=`` (an object or its name) for a rank on ``device``."""
+        raise NotImplementedError(f"{type(self).__name__} runs on Lightning's ranks only where it says so")
+
+    def parallelize(self, plan: StrategyPlan, model: nn.Module, mesh: Any, workload: Workload) -> nn.Module:
+        """The model as one of the CPU ranks' sharded engine holds it (``mesh``: the plan's device mesh, or None)."""
+        raise NotImplementedError(f"{type(self).__name__} has no engine of its own on the CPU ranks")
+
+    def rank_notes(self, plan: StrategyPlan, rank: int, device: str) -> list[str]:
+        """What rank ``rank`` on ``device`` says ran (the first notes of its Record)."""
+        return []
 
 
 def merge_observed(into: dict[str, Any], observed: dict[str, Any]) -> None:
@@ -217,19 +325,11 @@ class Technique:
     needs: frozenset[str] = field(default_factory=frozenset)  # other techniques it builds on
     # Multi-device techniques (article 08-11, the LLM bonus): Lightning's ``strategy=`` name; a recipe
     # with a strategy runs on ranks through memclaims.measure.distributed. ``sharded``: FSDP's sharding.
+    # What the reports still read until they ask the technique's hooks; the engines ask its ``Strategy``.
     strategy: str | None = None
     sharded: bool = False
-    # FSDP's ``ShardingStrategy`` name (torch.distributed.fsdp, Lightning's ``sharding_strategy=``) of a
-    # sharded technique: FULL_SHARD for the article's fsdp; the others from issue #27 (``SHARDINGS``).
-    sharding: str | None = None
-    # Which FSDP a sharded technique is: FSDP1 (``FullyShardedDataParallel``: one FlatParameter per wrapped
-    # unit; Lightning's FSDPStrategy) or FSDP2 (``fully_shard``: per-parameter dim-0 DTensor shards;
-    # Lightning's ModelParallelStrategy). FSDP2's ``reshard_after_forward`` is its ``sharding``:
-    # FULL_SHARD is True, SHARD_GRAD_OP is False (``reshard_after_forward``).
-    fsdp2: bool = False
-    # What the multi-rank engines (memclaims.measure.distributed, memclaims.measure.lightning_fsdp,
-    # memclaims.sim.sharded) still read of the techniques that combine with a strategy; the one-device
-    # engines call the technique's hooks instead. Until the strategies are objects too (see __init__).
+    sharding: str | None = None  # FSDP's ShardingStrategy name of a sharded technique
+    fsdp2: bool = False  # FSDP2 (fully_shard) rather than FSDP1
     init_on_device: bool = False
     activation_checkpointing: bool = False
     cpu_offload: bool = False
@@ -254,5 +354,10 @@ class Technique:
     # (claim paged-optimizer-unified-memory), and one more CUDA case would pass the nightly's 30
     # GPU-minutes (30.2 with it). Its cases run in the full matrix.
     in_default: bool = True
-    # What it does to a run (``Hooks``); not part of the entry's identity.
+    # What it does to a run (``Hooks``; a multi-device technique's: a ``Strategy``); not part of the entry's identity.
     hooks: Hooks = field(default=NO_HOOKS, compare=False, repr=False)
+
+    @property
+    def distributed(self) -> Strategy | None:
+        """The technique's ``Strategy`` where it runs a recipe on several ranks; None: it runs in one process."""
+        return self.hooks if isinstance(self.hooks, Strategy) else None

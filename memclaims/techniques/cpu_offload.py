@@ -1,15 +1,16 @@
 """cpu-offload: FSDP's parameters offloaded to CPU memory, ``setup(move_to_device=False)`` (article 09).
 
-Offloading parameters to host memory only means something from a GPU (``requires`` cuda). The strategy's
-``CPUOffload`` is set by the multi-rank engines from the entry's flag; Fabric's setup leaves the model on the
-host through ``setup_options``.
+Offloading parameters to host memory only means something from a GPU (``requires`` cuda; the CPU ranks refuse
+it). It sets FSDP's ``CPUOffload`` in the strategy's plan (``plan_strategy``), which Lightning's FSDPStrategy and
+the sim's FSDP replay execute; Fabric's setup leaves the model on the host through ``setup_options``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, StrategyPlan, Technique
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
@@ -19,6 +20,14 @@ if TYPE_CHECKING:
 class CpuOffload(Hooks):
     def setup_options(self) -> dict[str, Any]:
         return {"move_to_device": False}  # FSDP moves what it needs
+
+    def plan_strategy(self, plan: StrategyPlan) -> StrategyPlan:
+        return replace(plan, offload_params=True, setup_moves_model=False)
+
+    def rank_refusal(self, recipe: Recipe, device: str, world: int) -> str | None:
+        if device == "cpu":
+            return f"{recipe.id}: cpu-offload moves parameters off a GPU and needs --device cuda"
+        return None
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         on_device = {d: b for d, b in record.param_bytes_by_device.items() if d != "cpu" and b}

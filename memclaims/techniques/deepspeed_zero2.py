@@ -1,18 +1,22 @@
 """deepspeed-zero2: DeepSpeed ZeRO stage 2 through Lightning's DeepSpeedStrategy (the LLM bonus's
-bonus_distilbert-before): optimizer state, fp32 master weights and gradients partitioned over the ranks. Run by
-the multi-rank engines from the entry's ``strategy`` (on the sim: ``memclaims.sim.zero``'s accounting); what
-shows it: no rank holds more than its partition.
+bonus_distilbert-before): optimizer state, fp32 master weights and gradients partitioned over the ranks. Lightning's
+strategy on CUDA ranks (it refuses the CPU); on the sim ``memclaims.sim.zero``'s accounting. What shows it: no
+rank holds more than its partition.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Say, Strategy, StrategyPlan, Technique
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+
+# Lightning Fabric's DeepSpeedStrategy refuses every accelerator but CUDA (lightning 2.6,
+# fabric/strategies/deepspeed.py: "only supported on CUDA GPUs"), whatever DeepSpeed's own CPU accelerator does.
+DEEPSPEED_ON_CPU = "Lightning's DeepSpeedStrategy runs on CUDA GPUs only (it refuses Fabric's CPU accelerator)"
 
 # ZeRO stage 2 per rank: the fp32 master copy and Adam's two fp32 states (12 B per parameter) and the
 # fp32 gradient partition (4 B) are each 1/N of the model's; flat-buffer padding adds at most a few
@@ -22,7 +26,24 @@ ZERO2_GRAD_BYTES_PER_PARAMETER = 4
 ZERO2_SLACK = 1.01
 
 
-class DeepSpeedZero2(Hooks):
+class DeepSpeedZero2(Strategy):
+    sim_replay = "zero"
+
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+        return "deepspeed_stage_2"  # Lightning's defaults (memclaims.sim.zero.LIGHTNING_DEFAULTS)
+
+    def rank_notes(self, plan: StrategyPlan, rank: int, device: str) -> list[str]:
+        return [f"rank {rank} of {plan.world}: Lightning strategy='deepspeed_stage_2'"]
+
+    def rank_refusal(self, recipe: Recipe, device: str, world: int) -> str | None:
+        return f"{recipe.id}: {DEEPSPEED_ON_CPU}; use --device cuda or --device sim" if device == "cpu" else None
+
+    def sim_refusal(self, recipe: Recipe) -> str | None:
+        if recipe.precision in ("16-mixed", "bf16-mixed") and recipe.optimizer == "adam":
+            return None
+        return ("its DeepSpeed ZeRO-2 accounting (memclaims.sim.zero) covers 16-mixed or bf16-mixed with Adam, as "
+                "bonus_distilbert-before ran")
+
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         if record.devices == 1:
             return

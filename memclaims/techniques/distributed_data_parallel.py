@@ -1,6 +1,7 @@
 """ddp (distributed data parallel): the LLM bonus "before" scripts: the whole model on every rank, gradients
 all-reduced in buckets (Lightning's DDPStrategy passes no DDP options: torch's 25 MiB buckets, no bucket views).
-The multi-rank engines run it from the entry's ``strategy``; what shows it: every rank holds the whole model,
+Lightning's ``DDPStrategy`` runs it on CUDA and CPU ranks; the sim replays a rank as one device with the Reducer's
+buckets (the plan's ``bucket_gradients``, memclaims.sim.ddp). What shows it: every rank holds the whole model,
 and the ranks' gradients, hashed after the first backward (``attach``: the loop's ``digests_gradients``), agree.
 """
 
@@ -9,21 +10,52 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import TRUE_HALF_PRECISIONS, Hooks, Say, Technique
+from memclaims.techniques.base import (
+    ON_SIM,
+    TRUE_HALF_PRECISIONS,
+    Say,
+    Strategy,
+    StrategyPlan,
+    Technique,
+)
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
 
 
-class Ddp(Hooks):
+class Ddp(Strategy):
+    def plan(self, recipe: Recipe, world: int) -> StrategyPlan:
+        return StrategyPlan(world=world, bucket_gradients=True).noted(
+            ON_SIM, "DDP rank (memclaims.sim.ddp): the whole model, gradients and optimizer state, plus gradient buckets "
+                    "of torch's default caps (gradient_as_bucket_view=False, as Lightning sets it); not modelled: "
+                    "gloo/NCCL buffers")
+
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+        """``"ddp"`` by name, with Lightning's defaults (torch's 25 MiB buckets, ``gradient_as_bucket_view=False``),
+        but where the workload or the CPU ranks need a DDP option."""
+        from lightning.fabric.strategies import DDPStrategy
+
+        ddp: dict[str, Any] = {}
+        if recipe.workload.unused_parameters:
+            # Only where the workload leaves parameters without gradients (BigBird's pooler): the script's
+            # plain "ddp" fails there at the second step ("Expected to have finished reduction in the prior
+            # iteration"); the search for them walks the autograd graph each step and allocates nothing.
+            ddp["find_unused_parameters"] = True
+        if device == "cpu":
+            ddp["init_sync"] = False  # the states are broadcast in place instead (before_setup)
+        return DDPStrategy(**ddp) if ddp else "ddp"
+
+    def rank_notes(self, plan: StrategyPlan, rank: int, device: str) -> list[str]:
+        return [f"rank {rank} of {plan.world}: Lightning strategy='ddp'"]
+
     def attach(self, engine: Any) -> None:
         engine.digests_gradients = True  # the ranks compare them (rank_check)
 
     def before_setup(self, engine: Any, model: Any, optimizer: Any) -> None:
         """DDP's start on gloo (CPU ranks), made deterministic: every parameter and buffer broadcast from rank 0
         in place, one tensor at a time, before ``DistributedDataParallel`` is built with ``init_sync=False``
-        (memclaims.measure.lightning_fsdp.strategy).
+        (``lightning_strategy``).
 
         DDP's own sync (``_broadcast_coalesced``) flattens the states into one bucket, a parameter-sized copy
         that the gloo worker thread frees after the broadcast completes; whether that happens before the main

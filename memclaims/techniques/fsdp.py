@@ -1,20 +1,33 @@
-"""fsdp and FSDP1's other sharding strategies (article 08; issue #27): Lightning's FSDPStrategy on CUDA ranks,
-FSDP2's calls over gloo on CPU ranks (``memclaims.measure.distributed``), the sim's FSDP replay
-(``memclaims.sim.sharded``). A strategy is an engine: the multi-rank engines read its entry (``strategy``,
-``sharding``, ``fsdp2``) to run it; this module owns the entries, the sharding arithmetic every engine shares,
-and the active check of what a rank holds.
+"""fsdp and FSDP1's other sharding strategies (article 08; issue #27), and FSDP2's (``fsdp2.py``): one ``Fsdp``
+strategy per entry, configured by its sharding strategy and its API. It owns what the ranks execute (``plan``:
+wrap, reshard, device mesh; the techniques that combine with it add checkpointing, offload and notes), Lightning's
+``FSDPStrategy`` or ``ModelParallelStrategy`` on CUDA ranks, ``fully_shard`` over gloo on CPU ranks (Lightning
+refuses FSDP on the CPU; ``parallelize``), what a rank's Record says ran, the sim's replay (``memclaims.sim.sharded``),
+the sharding arithmetic every engine shares, and the active check of what a rank holds.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from memclaims.core.errors import UsageError
-from memclaims.techniques.base import TRUE_HALF_PRECISIONS, Hooks, Say, Technique
+from memclaims.techniques.base import (
+    FSDP1_API,
+    FSDP2_API,
+    TRUE_HALF_PRECISIONS,
+    Say,
+    Strategy,
+    StrategyPlan,
+    Technique,
+)
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.workloads.types import Workload
 
 # HYBRID_SHARD shards within a node and replicates across nodes; on one machine it is FULL_SHARD unless
 # the ranks are split into nodes by a device mesh. memclaims splits them into this many "nodes" (a
@@ -24,15 +37,23 @@ HYBRID_NODES = 2
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 
 
+def _uneven_nodes(sharding: str | None, world: int) -> str | None:
+    """Why ``world`` ranks cannot split into HYBRID_SHARD's simulated nodes, or None."""
+    if sharding == "HYBRID_SHARD" and world % HYBRID_NODES:
+        return (f"HYBRID_SHARD over {HYBRID_NODES} simulated nodes needs a number of ranks divisible by {HYBRID_NODES} "
+                f"(got {world})")
+    return None
+
+
 def shard_group_size(sharding: str | None, world: int) -> int:
     """How many ranks share one copy of the model, each holding a 1/size shard, under ``sharding``
     (None: FULL_SHARD) on ``world`` ranks: all of them, one (NO_SHARD), or one simulated node (HYBRID_SHARD)."""
     if sharding == "NO_SHARD":
         return 1
     if sharding == "HYBRID_SHARD":
-        if world % HYBRID_NODES:
-            raise UsageError(f"HYBRID_SHARD over {HYBRID_NODES} simulated nodes needs a number of ranks divisible "
-                             f"by {HYBRID_NODES} (got {world})")
+        uneven = _uneven_nodes(sharding, world)
+        if uneven:
+            raise UsageError(uneven)
         return world // HYBRID_NODES
     return world
 
@@ -51,8 +72,102 @@ def reshard_after_forward(sharding: str | None) -> bool:
 # far from the factor 2 between one strategy's share and the next's.
 FSDP_SHARE_SLACK = 1.25
 
+# What FSDP2 does for each FSDP1 sharding strategy on the CPU ranks (fully_shard's keywords, the plan's mesh).
+FSDP2_SHARDINGS = {
+    "SHARD_GRAD_OP": "reshard_after_forward=False (the gathered parameters stay until after the backward)",
+    "NO_SHARD": "HSDP over a (replicate N, shard 1) device mesh: every rank holds the whole model, gradients "
+                "all-reduced",
+    "HYBRID_SHARD": f"HSDP over a (replicate {HYBRID_NODES}, shard N/{HYBRID_NODES}) device mesh: "
+                    f"{HYBRID_NODES} simulated nodes",
+}
 
-class Fsdp(Hooks):
+
+@dataclass(frozen=True)
+class Fsdp(Strategy):
+    """One FSDP technique: FSDP1's ``sharding_strategy`` (FSDP2's: FULL_SHARD is reshard_after_forward=True,
+    SHARD_GRAD_OP False) and which FSDP it asks for (``api``: on CUDA FSDP1 is Lightning's FSDPStrategy, FSDP2
+    its ModelParallelStrategy; the CPU ranks run fully_shard for both; the sim replays the one asked for)."""
+
+    sharding_strategy: str = "FULL_SHARD"
+    api: str = FSDP1_API
+
+    lightning_devices = ("cuda",)  # Lightning refuses FSDP on the CPU: the CPU ranks' engine runs fully_shard
+    sim_replay = "sharded"
+    shards_parameters = True
+    block_policies = True
+
+    def plan(self, recipe: Recipe, world: int) -> StrategyPlan:
+        """FSDP2 on the CPU ranks runs NO_SHARD and HYBRID_SHARD as HSDP over a (replicate, shard) device mesh of
+        (N, 1) and (HYBRID_NODES, N / HYBRID_NODES) (torch lets the CPU ranks form one over gloo: HYBRID_SHARD's
+        simulated nodes); FSDPStrategy takes HYBRID_SHARD's as its ``device_mesh``."""
+        mesh: tuple[int, ...] | None = None
+        if self.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD"):
+            group = shard_group_size(self.sharding_strategy, world)
+            mesh = (world // group, group)
+        fsdp1 = self.api == FSDP1_API
+        return StrategyPlan(world=world, fsdp_api=self.api, sharding_strategy=self.sharding_strategy,
+                            reshard_after_forward=reshard_after_forward(self.sharding_strategy), mesh_shape=mesh,
+                            mesh_dim_names=("replicate", "shard") if mesh else (),
+                            wrap_blocks=recipe.workload.fsdp_auto_wrap, setup_moves_model=fsdp1,
+                            mixed_precision_policy=fsdp1)
+
+    def rank_refusal(self, recipe: Recipe, device: str, world: int) -> str | None:
+        return _uneven_nodes(self.sharding_strategy, world)  # the mesh needs the ranks to split into the nodes
+
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+        """Scripts 08/09/11: Lightning's ``FSDPStrategy``, wrapping and checkpointing the workload's block,
+        optionally offloading to the CPU, with the recipe's sharding strategy (FULL_SHARD, the article's, unless a
+        technique of issue #27 says otherwise; HYBRID_SHARD with the plan's device mesh: without one, one node's
+        HYBRID_SHARD is FULL_SHARD). FSDP2 (issue #27): ``ModelParallelStrategy`` with every rank data-parallel
+        (``data_parallel_size`` = the world, ``tensor_parallel_size=1``) and ``Fsdp2Parallelize``."""
+        block = recipe.workload.block_class()
+        if self.api == FSDP2_API:
+            from lightning.fabric.strategies.model_parallel import ModelParallelStrategy
+
+            from memclaims.techniques.impl.fully_shard import Fsdp2Parallelize
+
+            parallelize = Fsdp2Parallelize(block=block, reshard_after_forward=plan.reshard_after_forward,
+                                           checkpointing=plan.checkpoint_blocks, auto_wrap=plan.wrap_blocks,
+                                           workload=recipe.workload.name)
+            return ModelParallelStrategy(parallelize_fn=parallelize, data_parallel_size=plan.world,
+                                         tensor_parallel_size=1)
+        from lightning.fabric.strategies.fsdp import FSDPStrategy
+
+        mesh: dict[str, Any] = {"device_mesh": plan.mesh_shape} if self.sharding_strategy == "HYBRID_SHARD" else {}
+        return FSDPStrategy(
+            auto_wrap_policy={block} if plan.wrap_blocks else None,
+            activation_checkpointing_policy={block} if plan.checkpoint_blocks else None,
+            cpu_offload=plan.offload_params,
+            sharding_strategy=cast(Any, plan.sharding_strategy),
+            **mesh,
+        )
+
+    def parallelize(self, plan: StrategyPlan, model: nn.Module, mesh: Any, workload: Workload) -> nn.Module:
+        """FSDP2's ``fully_shard`` on each block with the plan's ``reshard_after_forward`` (and mesh), then on the
+        root with FSDP2's own (and the mesh)."""
+        from memclaims.techniques.impl.fully_shard import fully_shard_blocks
+
+        on_mesh = {} if mesh is None else {"mesh": mesh}
+        return fully_shard_blocks(model, workload.block_class(), checkpointing=plan.checkpoint_blocks,
+                                  auto_wrap=plan.wrap_blocks, workload=workload.name,
+                                  block_options={"reshard_after_forward": plan.reshard_after_forward, **on_mesh},
+                                  root_options=on_mesh)
+
+    def rank_notes(self, plan: StrategyPlan, rank: int, device: str) -> list[str]:
+        if device in self.lightning_devices:
+            if self.api == FSDP2_API:
+                return [f"rank {rank} of {plan.world}: Lightning ModelParallelStrategy (FSDP2 fully_shard, "
+                        f"reshard_after_forward={plan.reshard_after_forward})"]
+            return [f"rank {rank} of {plan.world}: Lightning strategy='fsdp'"]
+        notes = [f"rank {rank} of {plan.world}: FSDP2 fully_shard over gloo on the CPU (Lightning refuses FSDP on "
+                 "the CPU)"]
+        if self.api == FSDP2_API:
+            notes.append(f"FSDP2 as asked (fully_shard, reshard_after_forward={plan.reshard_after_forward} on each "
+                         "block, FSDP2's default, False, on the root)")
+        elif self.sharding_strategy != "FULL_SHARD":
+            notes.append(f"{self.sharding_strategy} as FSDP2 runs it: {FSDP2_SHARDINGS[self.sharding_strategy]}")
+        return notes
+
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         """Is the recipe's FSDP sharding strategy the one that ran? What each strategy keeps per rank:
         FULL_SHARD and SHARD_GRAD_OP 1/N of the model state, NO_SHARD all of it, HYBRID_SHARD 1/(N/nodes);
@@ -60,10 +175,10 @@ class Fsdp(Hooks):
         root's only."""
         if record.devices == 1:
             return
-        sharding, world = recipe.sharding or "FULL_SHARD", record.devices
+        sharding, world = self.sharding_strategy, record.devices
         group = shard_group_size(sharding, world)
         whole = record.param_count * (2 if record.precision in TRUE_HALF_PRECISIONS else 4)
-        on_device = not recipe.cpu_offload  # offload keeps the shards and their state on the host
+        on_device = not recipe.strategy_plan(world).offload_params  # offload keeps the shards and their state on the host
         what = "the whole model's" if group == 1 else f"1/{group} of the model's"
         terms = [("param_bytes", 1, "model weights", "phase load (after setup)")]
         if recipe.optimizer in ("adam", "adamw"):
@@ -81,11 +196,12 @@ class Fsdp(Hooks):
                 f"gradients ({whole / group:,.0f} B): {sharding} over {world} ranks shards them over {group}")
         # FSDP2 (fsdp2, fsdp2-no-reshard): fully_shard must be what ran, wherever it runs (on CPU ranks every
         # FSDP technique runs it; the sim and CUDA run FSDP1 for the others).
-        if recipe.fsdp2 and record.fsdp_api != "fsdp2":
+        fsdp2 = self.api == FSDP2_API
+        if fsdp2 and record.fsdp_api != FSDP2_API:
             say(f"fsdp_api is {record.fsdp_api!r} after phase load, not 'fsdp2': FSDP2's fully_shard did not "
                 "shard the model (FSDP1's flat parameters, or no FSDP, ran instead)")
         # The reshard setting, in the words of the API that runs it.
-        kept, resharded = (("reshard_after_forward=False", "reshard_after_forward=True") if recipe.fsdp2 else
+        kept, resharded = (("reshard_after_forward=False", "reshard_after_forward=True") if fsdp2 else
                            ("SHARD_GRAD_OP", sharding))
         gathered = record.forward_unsharded_params
         if gathered is None:
@@ -102,27 +218,25 @@ class Fsdp(Hooks):
                 "gathered)")
 
 
-FSDP = Fsdp()
-
 # Multi-device, on top of the fp32 01-2 script; run by memclaims.measure.distributed (FSDP2 over gloo
 # on the CPU, Lightning's FSDPStrategy on CUDA).
 ENTRY = Technique("fsdp", "fully sharded data parallel, auto-wrapped on the transformer block",
                   "08_fsdp-with-01-2", group="strategy", strategy="fsdp", sharded=True, sharding="FULL_SHARD",
-                  hooks=FSDP)
+                  hooks=Fsdp())
 # FSDP's other sharding strategies (issue #27), the same wrap as fsdp; outside the default selection's
 # cover. The article's CPU offload and delayed init (09, 11) build on FULL_SHARD only: they ``need`` fsdp.
 SHARD_GRAD_OP = Technique(
     "fsdp-shard-grad-op", "FSDP SHARD_GRAD_OP (ZeRO-2-like): gradients and optimizer state sharded, parameters "
     "all-gathered before the forward and kept unsharded until after the backward",
     "torch docs: ShardingStrategy.SHARD_GRAD_OP", group="strategy", strategy="fsdp", sharded=True,
-    sharding="SHARD_GRAD_OP", in_cover=False, hooks=FSDP)
+    sharding="SHARD_GRAD_OP", in_cover=False, hooks=Fsdp("SHARD_GRAD_OP"))
 NO_SHARD = Technique(
     "fsdp-no-shard", "FSDP NO_SHARD (DDP-like): parameters, gradients and optimizer state whole on every rank, "
     "gradients all-reduced", "torch docs: ShardingStrategy.NO_SHARD", group="strategy", strategy="fsdp",
-    sharded=True, sharding="NO_SHARD", in_cover=False, hooks=FSDP)
+    sharded=True, sharding="NO_SHARD", in_cover=False, hooks=Fsdp("NO_SHARD"))
 HYBRID = Technique(
     "fsdp-hybrid", f"FSDP HYBRID_SHARD over {HYBRID_NODES} simulated nodes: FULL_SHARD within each "
     f"1/{HYBRID_NODES} of the ranks, replicated across them (device mesh (replicate {HYBRID_NODES}, "
     f"shard N/{HYBRID_NODES}))", "torch docs: ShardingStrategy.HYBRID_SHARD", group="strategy",
-    strategy="fsdp", sharded=True, sharding="HYBRID_SHARD", in_cover=False, hooks=FSDP)
+    strategy="fsdp", sharded=True, sharding="HYBRID_SHARD", in_cover=False, hooks=Fsdp("HYBRID_SHARD"))
 ENTRIES = (ENTRY, SHARD_GRAD_OP, NO_SHARD, HYBRID)

@@ -2,7 +2,8 @@
 ``init_module`` (article 07-03), against 07-01's reference (built on the CPU in fp32, then converted).
 
 The reference load is measured in the same run (the Record's ``reference_load_peak_bytes``); building in
-place must lower the load peak (``check``).
+place must lower the load peak (``check``). The CPU ranks build the model themselves, on the CPU: the plan's note
+says it changes nothing there.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import TRUE_HALF_PRECISIONS, Hooks, Say, Technique
+from memclaims.techniques.base import ON_CPU_RANKS, TRUE_HALF_PRECISIONS, Hooks, Say, StrategyPlan, Technique
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
@@ -35,6 +36,9 @@ class InitModule(Hooks):
             model.to(engine.device).to(precision(recipe.precision).param_dtype)
             del model
         return probe.phases["load-reference"].allocated_bytes  # type: ignore[no-any-return]
+
+    def plan_strategy(self, plan: StrategyPlan) -> StrategyPlan:
+        return plan.noted(ON_CPU_RANKS, "init-module changes nothing on the CPU tier")
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         reference = record.reference_load_peak_bytes

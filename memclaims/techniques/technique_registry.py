@@ -1,8 +1,9 @@
-"""The technique registry: every memory-saving technique of the article, as data.
+"""The technique registry: every memory-saving technique, its entry (``base.Technique``) in the order case ids
+name them, and the rules of combining them.
 
-A technique only says what it changes in a recipe; the runner reads those fields. Cases,
-combinations and the CLI are all generated from ``TECHNIQUES``, so adding a technique is adding
-one entry here (and, if it changes something new, one field the runner reads).
+The entries of the core choices (precision, batch, optimizer, loop) are written here; every other technique's is
+its module's ``ENTRY`` (``memclaims/techniques/__init__.py``). Cases, combinations and the CLI are all generated
+from ``TECHNIQUES``, so adding a technique is its module and one line here.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def violation(chosen: list[Technique]) -> str | None:
 
 def single_process() -> tuple[Technique, ...]:
     """Techniques that run in one process; the multi-device ones have their own (dist) cases."""
-    ranked = {t.name for t in TECHNIQUES if t.strategy}
+    ranked = {t.name for t in TECHNIQUES if t.distributed}
     return tuple(t for t in TECHNIQUES if t.name not in ranked and not t.needs & ranked)
 
 

@@ -33,6 +33,7 @@ from memclaims.recipes.named import NAMED_RECIPES
 from memclaims.recipes.recipe import Recipe, parse_id, resolve
 from memclaims.recipes.run_options import RunOptions
 from memclaims.report.candidate import DIST_RANKS, DIST_RUNS
+from memclaims.techniques.impl.fully_shard import Fsdp2Parallelize
 from memclaims.workloads.registry import gpu_tier_scale
 
 WORLD = DIST_RANKS
@@ -298,7 +299,7 @@ def test_distributed_refusals_are_usage_errors() -> None:
 
 
 # --- FSDP's other sharding strategies (issue #27), nightly -------------------------------------
-# FSDP2's equivalents on the CPU ranks (memclaims.measure.distributed.FSDP2_SHARDINGS). One process group of
+# FSDP2's equivalents on the CPU ranks (memclaims.techniques.fsdp.FSDP2_SHARDINGS). One process group of
 # 2 ranks for SHARD_GRAD_OP and NO_SHARD (about 50 s on 2 cores, the group's start included), one of 4
 # for HYBRID_SHARD against FULL_SHARD (about 80 s): HYBRID_SHARD's two simulated nodes need 2 ranks each
 # to differ from NO_SHARD. Over CI's budget: the nightly runs them (slow).
@@ -490,7 +491,7 @@ def test_cuda_fsdp2_is_model_parallel_strategy_with_fully_shard_per_block(techni
     assert isinstance(strategy, ModelParallelStrategy)
     assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (4, 1)
     parallelize = strategy._parallelize_fn
-    assert isinstance(parallelize, lightning_fsdp.Fsdp2Parallelize)
+    assert isinstance(parallelize, Fsdp2Parallelize)
     assert parallelize.reshard_after_forward is reshard and parallelize.checkpointing
 
     calls: list[tuple[nn.Module, dict[str, Any]]] = []
@@ -759,11 +760,11 @@ def test_cuda_strategy_is_the_articles() -> None:
     configuration can be checked without GPUs (Lightning's private attributes, read-only)."""
     from torchvision.models.vision_transformer import EncoderBlock
 
-    offload = lightning_fsdp.fsdp_strategy(resolve("vit", "smoke", FSDP_AC + ("cpu-offload",)))
+    offload = lightning_fsdp.strategy(resolve("vit", "smoke", FSDP_AC + ("cpu-offload",)))
     assert offload._fsdp_kwargs["auto_wrap_policy"]._module_classes == {EncoderBlock}
     assert offload._activation_checkpointing_kwargs["auto_wrap_policy"]._module_classes == {EncoderBlock}
     assert offload.cpu_offload.offload_params
-    plain = lightning_fsdp.fsdp_strategy(resolve("vit", "smoke", FSDP))
+    plain = lightning_fsdp.strategy(resolve("vit", "smoke", FSDP))
     assert not plain.cpu_offload.offload_params and not plain._activation_checkpointing_kwargs
 
 
@@ -775,7 +776,7 @@ def test_cuda_strategy_is_the_articles() -> None:
 def test_cuda_strategy_carries_the_sharding_strategy(technique, sharding, mesh) -> None:
     """Issue #27: Lightning's FSDPStrategy gets the technique's sharding_strategy; HYBRID_SHARD a (2, N/2)
     device mesh (two simulated nodes of one machine's GPUs)."""
-    strategy = lightning_fsdp.fsdp_strategy(resolve("vit", "smoke", (technique,)), 4)
+    strategy = lightning_fsdp.strategy(resolve("vit", "smoke", (technique,)), 4)
     assert strategy.sharding_strategy.name == sharding
     assert strategy._fsdp_kwargs.get("device_mesh") == mesh
 

@@ -192,7 +192,7 @@ def test_named_recipes_carry_the_published_numbers() -> None:
     # BigBird "after": micro-batch 1 x 12, FSDP without an auto-wrap policy, as the script.
     bigbird = NAMED_RECIPES["bigbird-after"].resolve(cuda_devices=1)
     assert (bigbird.batch_size, bigbird.micro_batch_size, bigbird.accumulation_steps) == (12, 1, 12)
-    assert lightning_fsdp.fsdp_strategy(bigbird)._fsdp_kwargs.get("auto_wrap_policy") is None
+    assert lightning_fsdp.strategy(bigbird)._fsdp_kwargs.get("auto_wrap_policy") is None
     distil = NAMED_RECIPES["distilbert-after"].resolve(cuda_devices=1)
     assert (distil.micro_batch_size, distil.accumulation_steps) == (3, 4)
 
