@@ -33,6 +33,7 @@ from memclaims.core.names import CONVERGED
 from memclaims.core.record import ACTIVATIONS, BUFFERS, CATEGORIES, OPTIMIZER_STATE, Record
 from memclaims.recipes.run_options import LOAD_RECIPES
 from memclaims.techniques import technique_registry as registry
+from memclaims.techniques.base import FSDP2_API
 
 # Accuracy at article scale (gpu): the article's own spread over its chain (95.85-97.34 %).
 ARTICLE_ACCURACY_TOLERANCE = 0.02
@@ -740,7 +741,7 @@ def _fsdp2_keeps_unsharded(tier: str, get: Lookup) -> Verdict:
     kept_all = after >= kept.param_count > (resharded.forward_unsharded_params or 0)
     above = kept.peak_allocated_bytes > resharded.peak_allocated_bytes
     apis = (resharded.fsdp_api, kept.fsdp_api)
-    return Verdict(same_state and kept_all and above and apis == ("fsdp2", "fsdp2"),
+    return Verdict(same_state and kept_all and above and apis == (FSDP2_API, FSDP2_API),
                    f"reshard_after_forward=False rank {kept.rank} of {kept.devices} ({kept.fsdp_api}): {_state(kept)}; "
                    f"True ({resharded.fsdp_api}): {_state(resharded)}; parameters unsharded after the forward "
                    f"{after:,} of {kept.param_count:,} (True: {resharded.forward_unsharded_params}); peak allocated "

@@ -21,7 +21,6 @@ from memclaims.core.errors import UsageError
 from memclaims.core.machine import DEVICES, Machine
 from memclaims.core.names import tier_device
 from memclaims.techniques import technique_registry as registry
-from memclaims.techniques.deepspeed_zero2 import DEEPSPEED_ON_CPU as DEEPSPEED_ON_CPU
 
 if TYPE_CHECKING:
     pass
@@ -97,7 +96,9 @@ def needs(cuda_devices: int = 0, bitsandbytes: str | Iterable[str] = (), package
 def for_techniques(techniques: Iterable[str], tier: str) -> Needs:
     """What running ``techniques`` on ``tier`` (cpu, sim or gpu) needs, from the registry's
     ``requires``: a technique that requires CUDA moves the run to the GPU; an 8-bit optimizer needs
-    bitsandbytes working on the device the run uses. The sim needs no device (see :func:`memclaims.run.needs`)."""
+    bitsandbytes working on the device the run uses; what a technique says no run on that device can have
+    (its ``unsupported_on``: DeepSpeed on the CPU) is unsupported. The sim needs no device (see
+    :func:`memclaims.run.needs`)."""
     names = tuple(techniques)
     unregistered = tuple(f"technique {t!r} is not registered yet" for t in names if t not in registry.BY_NAME)
     capabilities: set[str] = set()
@@ -112,9 +113,8 @@ def for_techniques(techniques: Iterable[str], tier: str) -> Needs:
     if unknown:  # a new capability in the registry must be mapped here, not silently ignored
         raise UsageError(f"memclaims.recipes.requirements does not know the capabilities {sorted(unknown)}")
     device = "cuda" if "cuda" in capabilities else tier_device(tier)
-    if device == "cpu" and any(registry.BY_NAME[n].strategy == "deepspeed_stage_2" for n in names
-                               if n in registry.BY_NAME):
-        result |= Needs(unsupported=(DEEPSPEED_ON_CPU,))
+    refused = (registry.BY_NAME[n].hooks.unsupported_on(device) for n in names if n in registry.BY_NAME)
+    result |= Needs(unsupported=tuple(dict.fromkeys(reason for reason in refused if reason)))
     return result | Needs(cuda_devices=1 if device == "cuda" else 0,
                           bitsandbytes=frozenset({device}) if "bitsandbytes" in capabilities else frozenset(),
                           packages=frozenset(capabilities & PACKAGE_CAPABILITIES))

@@ -120,7 +120,7 @@ def cost(techniques: tuple[str, ...]) -> tuple[float | None, str]:
             continue
         effect = effects.get(name)
         if effect is None:
-            if name != "init-module":  # load only: no training time
+            if not registry.technique(name).hooks.load_only():  # load only: no training time
                 ratio = None
             continue
         if effect.diverged:

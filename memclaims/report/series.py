@@ -3,15 +3,17 @@
 Each series is a list of the named recipes (memclaims.recipes.named: their techniques and published
 numbers), each bar measured on this machine and shown as its ratio to the series' first bar, the
 published ratio beside it. What the tier cannot run as published is substituted and said so
-(smoke scale, CPU ranks for GPUs, bf16-mixed for 16-mixed, no CPU offload; DeepSpeed runs on CUDA only).
+(smoke scale, CPU ranks for GPUs, bf16-mixed for 16-mixed, and what each technique says of itself on the
+device, ``Hooks.stand_in``: no CPU offload, DeepSpeed on CUDA only).
 
 Verdict of a bar, against the bar before it (as the chain's rows): the ratio must be below 1 (the
 direction the article reports) and at or above a floor derived from the exact bytes of the bar
 before: what the added techniques could remove at most. Sharding over N ranks divides parameters,
 gradients, optimizer state and (the batch split across ranks) activations by N at best; bf16-true
 halves an fp32 or mixed-precision run's model state and activations at best; micro-batches of 1/m
-divide activations by m at best; activation checkpointing removes at most every activation;
-CPU offload at most the model state. A ratio below that floor means the accounting lost bytes; a
+divide activations by m at best; the techniques added say what they remove at most (``Hooks.removes``):
+activation checkpointing every activation, CPU offload the model state. A ratio below that floor means the
+accounting lost bytes; a
 ratio at or above 1 means the technique saved nothing. The published ratios (4 GPUs, article
 scale) are shown, not asserted: the scale and the number of ranks change them.
 """
@@ -24,7 +26,9 @@ from dataclasses import dataclass
 from memclaims.core.record import Record
 from memclaims.recipes.named import NAMED_RECIPES, NamedRecipe
 from memclaims.recipes.recipe import Recipe, resolve
-from memclaims.recipes.requirements import DEEPSPEED_ON_CPU
+from memclaims.techniques import technique_registry as registry
+from memclaims.techniques.base import Removal
+from memclaims.workloads.registry import workload as find_workload
 
 # (series, title, named recipes in bar order)
 SERIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -59,25 +63,23 @@ def plan(device: str, scale: str) -> list[Bar]:
             techniques, subs, why = named.techniques, [], ""
             if scale != named.scale:
                 subs.append(f"{scale} scale (published: {named.scale})")
-            if device == "cpu":
-                if "16-mixed" in techniques:
-                    subs.append("bf16-mixed for 16-mixed (Lightning has no float16 AMP on the CPU)")
-                if "cpu-offload" in techniques:
-                    kept = tuple(t for t in techniques if t != "cpu-offload")
+            if device == "cpu" and "16-mixed" in techniques:
+                subs.append("bf16-mixed for 16-mixed (Lightning has no float16 AMP on the CPU)")
+            workload = find_workload(named.workload)
+            for technique in named.techniques:  # what a technique says of itself where it cannot run as published
+                stand_in = registry.technique(technique).hooks.stand_in(workload, device)
+                if stand_in is None:
+                    continue
+                if stand_in.dropped:
+                    kept = tuple(t for t in techniques if t != technique)
                     if kept == previous:
-                        techniques, why = (), "CPU offload moves parameters off a GPU: needs --device cuda"
-                    else:
-                        techniques = kept
-                        subs.append("no CPU offload (it moves parameters off a GPU)")
-                if "deepspeed-zero2" in techniques:  # the same recipe on one process, said so
-                    techniques = tuple(t for t in techniques if t != "deepspeed-zero2")
-                    subs.append(f"without DeepSpeed ZeRO-2 on one process ({DEEPSPEED_ON_CPU})")
-                if "ddp" in techniques and named.workload == "bigbird":
-                    subs.append("DDPStrategy(find_unused_parameters=True): BigBird's pooler gets no gradient")
-                if {"fsdp", "ddp"} & set(techniques):
-                    subs.append(f"CPU ranks (gloo) instead of {named.devices} GPUs")
-            elif {"fsdp", "ddp", "deepspeed-zero2"} & set(techniques):
-                subs.append(f"every GPU of this machine instead of {named.devices}")
+                        techniques, why = (), stand_in.refused
+                        break
+                    techniques = kept
+                subs.append(stand_in.said)
+            if any(registry.technique(technique).distributed for technique in techniques):
+                subs.append(f"CPU ranks (gloo) instead of {named.devices} GPUs" if device == "cpu"
+                            else f"every GPU of this machine instead of {named.devices}")
             subs += [f"without {need.split(' (')[0]}" for need in named.extra_needs]
             if techniques:
                 previous = techniques
@@ -100,9 +102,15 @@ def _state(record: Record) -> int:
     return record.param_bytes + record.grad_bytes + record.optimizer_state_bytes
 
 
+def removals(before: Record, after: Record) -> list[Removal]:
+    """What each technique ``after`` adds to ``before`` says it removes at most (registry order)."""
+    added = set(after.techniques) - set(before.techniques)
+    found = (registry.technique(name).hooks.removes(after) for name in registry.BY_NAME if name in added)
+    return [removal for removal in found if removal is not None]
+
+
 def floor(before: Record, after: Record, peak: Callable[[Record], int]) -> tuple[float, str]:
     """The lowest ratio peak(after) / peak(before) the techniques ``after`` adds could reach, and why."""
-    added = set(after.techniques) - set(before.techniques)
     state, total = _state(before), peak(before)
     activations = max(0, total - state)
     state_f = act_f = 1.0
@@ -110,20 +118,14 @@ def floor(before: Record, after: Record, peak: Callable[[Record], int]) -> tuple
     if after.precision in TRUE_HALF and before.precision in HALF_FROM:
         state_f, act_f = 0.5, 0.5
         why.append("half precision halves both")
-    if "fsdp" in added:
-        state_f, act_f = state_f / after.devices, act_f / after.devices
-        why.append(f"{after.devices} ranks divide both")
     micro_before = before.batch_size // before.accumulation_steps
     micro_after = after.batch_size // after.accumulation_steps
     if micro_after < micro_before:
         act_f *= micro_after / micro_before
         why.append(f"micro-batch {micro_before} -> {micro_after}")
-    if "activation-checkpointing" in added:
-        act_f = 0.0
-        why.append("checkpointing removes every activation")
-    if "cpu-offload" in added:
-        state_f = 0.0
-        why.append("offload moves the model state")
+    for removal in removals(before, after):
+        state_f, act_f = state_f * removal.state, act_f * removal.rest
+        why.append(removal.why)
     value = (state * state_f + activations * act_f) / total
     return value, (f"floor {value:.3f}: of the bar before's {total:,} B, model state {state:,} B x {state_f:g} "
                    f"+ the rest {activations:,} B x {act_f:g} ({'; '.join(why) or 'nothing removable'})")
@@ -138,8 +140,9 @@ def step(before: Record | None, after: Record | None, peak: Callable[[Record], i
         return Step(None, "no bar before it ran here: no ratio to judge")
     shown = f"; published {published_ratio:.3f} (4 GPUs, article scale: shown, not asserted)" \
         if published_ratio is not None else "; no published ratio (the bar before did not run)"
-    if "fsdp" in set(after.techniques) - set(before.techniques) and after.devices < 2:
-        return Step(None, f"FSDP over {after.devices} device shards nothing: needs 2 devices" + shown)
+    no_verdict = next((removal.no_verdict for removal in removals(before, after) if removal.no_verdict), None)
+    if no_verdict:
+        return Step(None, no_verdict + shown)
     ratio = peak(after) / peak(before)
     low, why = floor(before, after, peak)
     if ratio >= 1:

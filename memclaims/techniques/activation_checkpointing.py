@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import Hooks, Say, StrategyPlan, Technique
+from memclaims.techniques.base import Hooks, Removal, Say, StrategyPlan, Technique
 
 if TYPE_CHECKING:
     from torch import nn
@@ -34,6 +34,9 @@ class ActivationCheckpointing(Hooks):
 
     def plan_strategy(self, plan: StrategyPlan) -> StrategyPlan:
         return replace(plan, checkpoint_blocks=True)
+
+    def removes(self, after: Record) -> Removal | None:
+        return Removal(rest=0.0, why="checkpointing removes every activation")
 
     def compare_without(self) -> bool:
         return True

@@ -18,7 +18,10 @@ only the points it changes. The points, by engine:
   ``sim_observe_run``;
 - a run on ranks (``memclaims.measure.distributed``, the sim's strategy replays): ``rank_refusal``, and
   ``plan_strategy``, how a technique that combines with a strategy changes what the ranks execute (the
-  ``StrategyPlan``, which the strategy itself, a ``Strategy``, makes).
+  ``StrategyPlan``, which the strategy itself, a ``Strategy``, makes);
+- what reports read of a technique: ``unsupported_on`` (memclaims.recipes.requirements), ``load_only``
+  (memclaims.report.fit's time cost), ``stand_in`` and ``removes`` (memclaims.report.series: a published bar
+  run where the technique cannot run as published, and the chain's floor).
 
 A strategy (``fsdp``, ``ddp``, ...) is a technique whose hooks are a ``Strategy``: the object the multi-rank
 engines ask how to run the recipe on ranks (Lightning's ``Strategy``, torchtitan's ``parallelize_fn``), as
@@ -190,8 +193,49 @@ class Hooks:
         the notes of what it does on each engine). Called on every technique of the recipe, in registry order."""
         return plan
 
+    # --- what reports read ----------------------------------------------------------------------------
+
+    def unsupported_on(self, device: str) -> str | None:
+        """Why no run on ``device`` (cpu, cuda) can have the technique, whatever the recipe; None: it can."""
+        return None
+
+    def load_only(self) -> bool:
+        """Whether the technique changes the model's load only: the training steps run as without it."""
+        return False
+
+    def stand_in(self, workload: Workload, device: str) -> StandIn | None:
+        """How a bar of a published series (memclaims.report.series) with this technique runs on ``device``
+        where it cannot run as published; None: as published."""
+        return None
+
+    def removes(self, after: Record) -> Removal | None:
+        """What the technique, added to the bar before, can remove at most of a peak (the article's chain
+        arithmetic, memclaims.report.series); ``after``: the bar's Record. None: nothing of its own."""
+        return None
+
 
 NO_HOOKS = Hooks()
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """A published bar on a device that cannot run one of its techniques as published (``Hooks.stand_in``)."""
+
+    said: str  # what differs from the published run, in words
+    dropped: bool = False  # the bar runs without the technique
+    # Why the bar does not run at all where dropping the technique leaves the bar before's recipe.
+    refused: str = ""
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What a technique removes at most of a peak (``Hooks.removes``): factors of the bar before's model state
+    (parameters, gradients, optimizer state) and of the rest (activations, temporaries), and why."""
+
+    state: float = 1.0
+    rest: float = 1.0
+    why: str = ""
+    no_verdict: str | None = None  # why the bar gets no verdict at all (FSDP over one device shards nothing)
 
 
 @dataclass(frozen=True)

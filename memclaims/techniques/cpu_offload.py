@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import Hooks, Say, StrategyPlan, Technique
+from memclaims.techniques.base import Hooks, Removal, Say, StandIn, StrategyPlan, Technique
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.workloads.types import Workload
 
 
 class CpuOffload(Hooks):
@@ -28,6 +29,15 @@ class CpuOffload(Hooks):
         if device == "cpu":
             return f"{recipe.id}: cpu-offload moves parameters off a GPU and needs --device cuda"
         return None
+
+    def stand_in(self, workload: Workload, device: str) -> StandIn | None:
+        if device != "cpu":
+            return None
+        return StandIn("no CPU offload (it moves parameters off a GPU)", dropped=True,
+                       refused="CPU offload moves parameters off a GPU: needs --device cuda")
+
+    def removes(self, after: Record) -> Removal | None:
+        return Removal(state=0.0, why="offload moves the model state")
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         on_device = {d: b for d, b in record.param_bytes_by_device.items() if d != "cpu" and b}

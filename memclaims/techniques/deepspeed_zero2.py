@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import Say, Strategy, StrategyPlan, Technique
+from memclaims.techniques.base import Say, StandIn, Strategy, StrategyPlan, Technique
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.workloads.types import Workload
 
 # Lightning Fabric's DeepSpeedStrategy refuses every accelerator but CUDA (lightning 2.6,
 # fabric/strategies/deepspeed.py: "only supported on CUDA GPUs"), whatever DeepSpeed's own CPU accelerator does.
@@ -35,14 +36,25 @@ class DeepSpeedZero2(Strategy):
     def rank_notes(self, plan: StrategyPlan, rank: int, device: str) -> list[str]:
         return [f"rank {rank} of {plan.world}: Lightning strategy='deepspeed_stage_2'"]
 
+    def unsupported_on(self, device: str) -> str | None:
+        return DEEPSPEED_ON_CPU if device == "cpu" else None
+
     def rank_refusal(self, recipe: Recipe, device: str, world: int) -> str | None:
-        return f"{recipe.id}: {DEEPSPEED_ON_CPU}; use --device cuda or --device sim" if device == "cpu" else None
+        refused = self.unsupported_on(device)
+        return f"{recipe.id}: {refused}; use --device cuda or --device sim" if refused else None
 
     def sim_refusal(self, recipe: Recipe) -> str | None:
         if recipe.precision in ("16-mixed", "bf16-mixed") and recipe.optimizer == "adam":
             return None
         return ("its DeepSpeed ZeRO-2 accounting (memclaims.sim.zero) covers 16-mixed or bf16-mixed with Adam, as "
                 "bonus_distilbert-before ran")
+
+    def stand_in(self, workload: Workload, device: str) -> StandIn | None:
+        refused = self.unsupported_on(device)
+        if refused is None:
+            return None
+        return StandIn(f"without DeepSpeed ZeRO-2 on one process ({refused})", dropped=True,
+                       refused=f"DeepSpeed ZeRO-2: {refused}")
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         if record.devices == 1:

@@ -14,6 +14,7 @@ from memclaims.techniques.base import (
     ON_SIM,
     TRUE_HALF_PRECISIONS,
     Say,
+    StandIn,
     Strategy,
     StrategyPlan,
     Technique,
@@ -22,6 +23,7 @@ from memclaims.techniques.base import (
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.workloads.types import Workload
 
 
 class Ddp(Strategy):
@@ -48,6 +50,12 @@ class Ddp(Strategy):
 
     def rank_notes(self, plan: StrategyPlan, rank: int, device: str) -> list[str]:
         return [f"rank {rank} of {plan.world}: Lightning strategy='ddp'"]
+
+    def stand_in(self, workload: Workload, device: str) -> StandIn | None:
+        if workload.unused_parameters:
+            return StandIn(f"DDPStrategy(find_unused_parameters=True): {workload.name} has parameters that get no "
+                           "gradient")
+        return None
 
     def attach(self, engine: Any) -> None:
         engine.digests_gradients = True  # the ranks compare them (rank_check)

@@ -16,6 +16,7 @@ from memclaims.techniques.base import (
     FSDP1_API,
     FSDP2_API,
     TRUE_HALF_PRECISIONS,
+    Removal,
     Say,
     Strategy,
     StrategyPlan,
@@ -167,6 +168,11 @@ class Fsdp(Strategy):
         elif self.sharding_strategy != "FULL_SHARD":
             notes.append(f"{self.sharding_strategy} as FSDP2 runs it: {FSDP2_SHARDINGS[self.sharding_strategy]}")
         return notes
+
+    def removes(self, after: Record) -> Removal | None:
+        if after.devices < 2:
+            return Removal(no_verdict=f"FSDP over {after.devices} device shards nothing: needs 2 devices")
+        return Removal(state=1 / after.devices, rest=1 / after.devices, why=f"{after.devices} ranks divide both")
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         """Is the recipe's FSDP sharding strategy the one that ran? What each strategy keeps per rank:

@@ -40,6 +40,9 @@ class InitModule(Hooks):
     def plan_strategy(self, plan: StrategyPlan) -> StrategyPlan:
         return plan.noted(ON_CPU_RANKS, "init-module changes nothing on the CPU tier")
 
+    def load_only(self) -> bool:
+        return True
+
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         reference = record.reference_load_peak_bytes
         if reference is None:

@@ -14,6 +14,7 @@ from memclaims.recipes import requirements
 from memclaims.recipes.recipe import resolve
 from memclaims.report import series
 from memclaims.sim.ddp import BUCKET_CAP_BYTES, FIRST_BUCKET_BYTES, bucket_numels
+from memclaims.techniques.deepspeed_zero2 import DEEPSPEED_ON_CPU
 
 
 def _params(*numels: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -63,7 +64,7 @@ def test_a_ddp_rank_without_the_whole_model_or_a_digest_fails() -> None:
 def test_deepspeed_needs_its_extra_and_cannot_run_on_cpu_ranks() -> None:
     gpu = requirements.for_techniques(["16-mixed", "deepspeed-zero2"], "gpu")
     assert gpu.packages == {"deepspeed"} and not gpu.unsupported
-    assert requirements.for_techniques(["deepspeed-zero2"], "cpu").unsupported == (requirements.DEEPSPEED_ON_CPU,)
+    assert requirements.for_techniques(["deepspeed-zero2"], "cpu").unsupported == (DEEPSPEED_ON_CPU,)
     assert requirements.INSTALL["deepspeed"] == "pip install 'memclaims[deepspeed]'"
     assert requirements.for_techniques(["deepspeed-zero2"], "sim").packages == frozenset()
 
@@ -75,7 +76,7 @@ def test_before_bars_run_ddp_on_cpu_ranks_and_say_why_deepspeed_does_not() -> No
     assert any("find_unused_parameters=True" in s for s in bars["bigbird-before"].substitutions)
     assert {"ddp", "fsdp"} & set(series.plan("cuda", "article")[-2].techniques or ()) == {"ddp"}
     assert bars["distilbert-before"].techniques == ("16-mixed",)
-    assert any(requirements.DEEPSPEED_ON_CPU in s for s in bars["distilbert-before"].substitutions)
+    assert any(DEEPSPEED_ON_CPU in s for s in bars["distilbert-before"].substitutions)
     gpu = {b.named.name: b for b in series.plan("cuda", "article")}
     assert gpu["distilbert-before"].techniques == ("16-mixed", "deepspeed-zero2")
     assert not any("without" in s for s in gpu["distilbert-before"].substitutions)

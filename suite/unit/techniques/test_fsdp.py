@@ -1,12 +1,16 @@
 """The fsdp techniques' strategy (memclaims.techniques.fsdp.Fsdp): each entry's plan, what a rank says ran, what
-the ranks refuse."""
+the ranks refuse and what the chain's floor may remove."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from memclaims.pytest.testing import fake_record
 from memclaims.recipes.recipe import resolve
 from memclaims.techniques.base import FSDP1_API, FSDP2_API
+from memclaims.techniques.technique_registry import BY_NAME
 
 pytestmark = pytest.mark.cpu
 
@@ -49,3 +53,12 @@ def test_a_rank_says_which_fsdp_ran(name: str, cuda_note: str) -> None:
     cpu = strategy.rank_notes(plan, 1, "cpu")  # the CPU ranks run fully_shard for every FSDP technique
     assert cpu[0] == "rank 1 of 2: FSDP2 fully_shard over gloo on the CPU (Lightning refuses FSDP on the CPU)"
     assert len(cpu) == (2 if name == "fsdp2-no-reshard" else 1)
+
+
+def test_sharding_removes_at_most_a_share_per_rank_and_nothing_on_one_device() -> None:
+    hooks = BY_NAME["fsdp2"].hooks
+    after = fake_record("vit-smoke/fsdp2", techniques=["fsdp2"], devices=4)
+    removal = hooks.removes(after)
+    assert removal is not None and (removal.state, removal.rest, removal.no_verdict) == (0.25, 0.25, None)
+    alone = hooks.removes(dataclasses.replace(after, devices=1))
+    assert alone is not None and alone.no_verdict == "FSDP over 1 device shards nothing: needs 2 devices"
