@@ -318,7 +318,7 @@ def cmd_calibrate(args: Settings) -> int:
     from memclaims.recipes.recipe import parse_id
     from memclaims.report.reproduce import calibrate
 
-    if parse_id(args.recipe).strategy:  # ranks launched here, one baseline key per rank
+    if parse_id(args.recipe).distributed:  # ranks launched here, one baseline key per rank
         from memclaims.report.calibration import calibrate_ranks
 
         per_rank = calibrate_ranks(args.recipe, args.runs, BaselineStore(args.baselines_dir), device=args.device,

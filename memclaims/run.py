@@ -42,7 +42,7 @@ class Measurement(list[Record]):
 
 def runs_ranks(recipe: Recipe, options: RunOptions) -> bool:
     """Whether ``run_recipe`` starts several processes (one Record each) for this recipe."""
-    return options.device != "sim" and (recipe.strategy is not None or (options.devices or 1) > 1)
+    return options.device != "sim" and (recipe.distributed is not None or (options.devices or 1) > 1)
 
 
 def run_recipe(recipe: Recipe, options: RunOptions) -> Measurement:

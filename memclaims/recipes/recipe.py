@@ -55,17 +55,7 @@ class Recipe:
     batch_size: int  # examples per optimizer step
     accumulation_steps: int
     optimizer: str
-    init_on_device: bool
     plain_pytorch: bool
-    # What the reports still read of the strategy and the techniques that combine with one; the engines ask
-    # ``distributed`` and execute ``strategy_plan`` instead.
-    strategy: str | None = None  # Lightning's strategy= name (fsdp, ddp, deepspeed_stage_2); None: one device
-    sharded: bool = False
-    sharding: str | None = None  # FSDP's ShardingStrategy name of a sharded recipe (FULL_SHARD for fsdp)
-    fsdp2: bool = False  # FSDP2 (fully_shard; ModelParallelStrategy on CUDA) rather than FSDP1 (FSDPStrategy)
-    activation_checkpointing: bool = False
-    cpu_offload: bool = False
-    delayed_init: bool = False
     numerics_neutral: bool = False  # only techniques that compute as others do (Technique.computes_as)
     sizes: Sizes = Sizes()
 
@@ -183,15 +173,7 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         batch_size=batch_size,
         accumulation_steps=accumulation_steps,
         optimizer=next((t.optimizer for t in chosen if t.optimizer), "adam"),
-        init_on_device=any(t.init_on_device for t in chosen),
         plain_pytorch=any(t.plain_pytorch for t in chosen),
-        strategy=next((t.strategy for t in chosen if t.strategy), None),
-        sharded=any(t.sharded for t in chosen),
-        sharding=next((t.sharding for t in chosen if t.sharding), None),
-        fsdp2=any(t.fsdp2 for t in chosen),
-        activation_checkpointing=any(t.activation_checkpointing for t in chosen),
-        cpu_offload=any(t.cpu_offload for t in chosen),
-        delayed_init=any(t.delayed_init for t in chosen),
         numerics_neutral=bool(chosen) and all(t.computes_as is not None for t in chosen),
         sizes=sizes,
     )

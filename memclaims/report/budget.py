@@ -100,5 +100,5 @@ def estimate(recipe: Recipe, options: RunOptions, *, cifar: bool) -> Estimate:
 
 def total_minutes(recipes: Iterable[tuple[Recipe, RunOptions]], *, cifar: bool) -> float:
     chosen = list(recipes)
-    start = SHARDED_START_S if any(r.strategy for r, _ in chosen) else 0.0
+    start = SHARDED_START_S if any(r.distributed for r, _ in chosen) else 0.0
     return (start + sum(estimate(r, o, cifar=cifar).seconds for r, o in chosen)) / 60

@@ -74,7 +74,7 @@ def why_not(recipe: Recipe, options: RunOptions) -> str | None:
     tier = "sim" if options.device == "sim" else "cpu"
     # A sharded recipe is no case of the technique matrix: its 16-mixed runs as bf16-mixed on CPU
     # ranks and is baselined so (suite/cases/test_sharding.py), where the matrix skips a 16-mixed case.
-    needs = run_needs(recipe, tier) if recipe.strategy else case_needs(recipe, tier)
+    needs = run_needs(recipe, tier) if recipe.distributed else case_needs(recipe, tier)
     return requirements.reason(needs)
 
 

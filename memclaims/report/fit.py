@@ -205,7 +205,7 @@ def _predicted(recipe: Recipe, profile: str, limit_bytes: int | None = None, dev
     """The recipe's sim Record on ``profile`` (through the one door, memclaims.run.run_recipe); a
     strategy's on ``devices`` simulated GPUs (its largest rank)."""
     return run_recipe(recipe, RunOptions(device="sim", profile=profile, limit_bytes=limit_bytes,
-                                      devices=devices if recipe.strategy else None))[0]
+                                      devices=devices if recipe.distributed else None))[0]
 
 
 def predict(recipe: Recipe, profile: str, exact: bool, devices: int | None = None) -> tuple[int, int, str]:
@@ -234,7 +234,7 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
     from memclaims import sim
 
     sim.profile(profile)  # a bad profile name fails before any replay
-    strategies = [name for name in only if registry.technique(name).strategy]
+    strategies = [name for name in only if registry.technique(name).distributed]
     if devices is not None and devices < 2 and strategies:
         raise UsageError(f"--devices {devices}: a strategy ({', '.join(strategies)}) spreads a run over at least "
                          "2 GPUs; give --devices 2 or more")
@@ -269,7 +269,7 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
             progress(recipe.id)
         reserved, allocated, how = predict(recipe, profile, exact, devices)
         frees_cache, note = False, how
-        if reserved > memory_bytes and how == "replayed" and not recipe.strategy:
+        if reserved > memory_bytes and how == "replayed" and not recipe.distributed:
             try:
                 capped = _predicted(recipe, profile, limit_bytes=memory_bytes)
             except OutOfMemory as error:
@@ -295,7 +295,8 @@ def parameter_floor(reference: Recipe, candidates: list[tuple[str, ...]]) -> tup
     replays, which say why."""
     from memclaims import sim
 
-    if any(registry.technique(name).sharded for combo in candidates for name in combo):
+    strategies = (registry.technique(name).distributed for combo in candidates for name in combo)
+    if any(strategy is not None and strategy.shards_parameters for strategy in strategies):
         return None
     try:
         count = sim.parameter_count(reference)

@@ -111,7 +111,7 @@ def _default_measure(recipes: Sequence[Recipe], device: str) -> list[list[Record
     from memclaims.recipes.run_options import RunOptions
     from memclaims.run import run_recipes
 
-    sharded = [r for r in recipes if r.strategy]
+    sharded = [r for r in recipes if r.distributed]
     ranks = dict(zip([r.id for r in sharded], run_recipes(sharded, RunOptions(device=device, evaluate=False))))
 
     def single(recipe: Recipe) -> list[Record]:
@@ -120,7 +120,7 @@ def _default_measure(recipes: Sequence[Recipe], device: str) -> list[list[Record
         except OutOfMemory:  # bonus_bigbird-before on a GPU: the article's "not possible"
             return []
 
-    return [ranks[r.id] if r.strategy else single(r) for r in recipes]
+    return [ranks[r.id] if r.distributed else single(r) for r in recipes]
 
 
 def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: BaselineStore | None = None,

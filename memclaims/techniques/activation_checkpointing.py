@@ -62,4 +62,4 @@ class ActivationCheckpointing(Hooks):
 # Needs no sharding: on one device each block is wrapped in torch.utils.checkpoint (hf: and
 # text models through their own gradient_checkpointing_enable()); with fsdp, Lightning's policy.
 ENTRY = Technique("activation-checkpointing", "recompute each transformer block's activations in backward",
-                  "08_fsdp-with-01-2", activation_checkpointing=True, hooks=ActivationCheckpointing())
+                  "08_fsdp-with-01-2", hooks=ActivationCheckpointing())

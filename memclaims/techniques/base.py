@@ -367,17 +367,6 @@ class Technique:
     alone: bool = False  # a whole recipe by itself; combines with nothing
     requires: frozenset[str] = field(default_factory=frozenset)  # capabilities, e.g. "bitsandbytes"
     needs: frozenset[str] = field(default_factory=frozenset)  # other techniques it builds on
-    # Multi-device techniques (article 08-11, the LLM bonus): Lightning's ``strategy=`` name; a recipe
-    # with a strategy runs on ranks through memclaims.measure.distributed. ``sharded``: FSDP's sharding.
-    # What the reports still read until they ask the technique's hooks; the engines ask its ``Strategy``.
-    strategy: str | None = None
-    sharded: bool = False
-    sharding: str | None = None  # FSDP's ShardingStrategy name of a sharded technique
-    fsdp2: bool = False  # FSDP2 (fully_shard) rather than FSDP1
-    init_on_device: bool = False
-    activation_checkpointing: bool = False
-    cpu_offload: bool = False
-    delayed_init: bool = False
     # The technique whose computation this one repeats exactly (the same kernels on the same data;
     # only where memory lives differs): the reference for an allocator setting, adamw8bit for its paged
     # variant. A recipe of such techniques alone trains no accuracy phase: its accuracy is the one of

@@ -47,5 +47,5 @@ class CpuOffload(Hooks):
 
 
 ENTRY = Technique("cpu-offload", "FSDP parameters offloaded to CPU memory, setup(move_to_device=False)",
-                  "09_fsdp-cpu-offload-with-01-2", cpu_offload=True, needs=frozenset({"fsdp"}),
+                  "09_fsdp-cpu-offload-with-01-2", needs=frozenset({"fsdp"}),
                   requires=frozenset({"cuda"}), hooks=CpuOffload())

@@ -72,5 +72,4 @@ class DeepSpeedZero2(Strategy):
 
 ENTRY = Technique("deepspeed-zero2", "DeepSpeed ZeRO stage 2 through Lightning's DeepSpeedStrategy: optimizer "
                   "state, fp32 master weights and gradients partitioned over the ranks", "bonus_distilbert-before",
-                  group="strategy", strategy="deepspeed_stage_2", requires=frozenset({"deepspeed"}),
-                  hooks=DeepSpeedZero2())
+                  group="strategy", requires=frozenset({"deepspeed"}), hooks=DeepSpeedZero2())

@@ -22,4 +22,4 @@ class DelayedInit(Hooks):
 
 
 ENTRY = Technique("delayed-init", "model built inside fabric.init_module(empty_init=False) under FSDP",
-                  "11_delay-allocation (logs only)", delayed_init=True, needs=frozenset({"fsdp"}), hooks=DelayedInit())
+                  "11_delay-allocation (logs only)", needs=frozenset({"fsdp"}), hooks=DelayedInit())

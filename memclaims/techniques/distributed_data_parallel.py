@@ -99,5 +99,4 @@ class Ddp(Strategy):
 
 
 ENTRY = Technique("ddp", "distributed data parallel: the whole model, gradients and optimizer state on every "
-                  "rank, gradients all-reduced", "bonus_bigbird-before", group="strategy", strategy="ddp",
-                  hooks=Ddp())
+                  "rank, gradients all-reduced", "bonus_bigbird-before", group="strategy", hooks=Ddp())

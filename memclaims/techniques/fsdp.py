@@ -227,22 +227,20 @@ class Fsdp(Strategy):
 # Multi-device, on top of the fp32 01-2 script; run by memclaims.measure.distributed (FSDP2 over gloo
 # on the CPU, Lightning's FSDPStrategy on CUDA).
 ENTRY = Technique("fsdp", "fully sharded data parallel, auto-wrapped on the transformer block",
-                  "08_fsdp-with-01-2", group="strategy", strategy="fsdp", sharded=True, sharding="FULL_SHARD",
-                  hooks=Fsdp())
+                  "08_fsdp-with-01-2", group="strategy", hooks=Fsdp())
 # FSDP's other sharding strategies (issue #27), the same wrap as fsdp; outside the default selection's
 # cover. The article's CPU offload and delayed init (09, 11) build on FULL_SHARD only: they ``need`` fsdp.
 SHARD_GRAD_OP = Technique(
     "fsdp-shard-grad-op", "FSDP SHARD_GRAD_OP (ZeRO-2-like): gradients and optimizer state sharded, parameters "
     "all-gathered before the forward and kept unsharded until after the backward",
-    "torch docs: ShardingStrategy.SHARD_GRAD_OP", group="strategy", strategy="fsdp", sharded=True,
-    sharding="SHARD_GRAD_OP", in_cover=False, hooks=Fsdp("SHARD_GRAD_OP"))
+    "torch docs: ShardingStrategy.SHARD_GRAD_OP", group="strategy", in_cover=False, hooks=Fsdp("SHARD_GRAD_OP"))
 NO_SHARD = Technique(
     "fsdp-no-shard", "FSDP NO_SHARD (DDP-like): parameters, gradients and optimizer state whole on every rank, "
-    "gradients all-reduced", "torch docs: ShardingStrategy.NO_SHARD", group="strategy", strategy="fsdp",
-    sharded=True, sharding="NO_SHARD", in_cover=False, hooks=Fsdp("NO_SHARD"))
+    "gradients all-reduced", "torch docs: ShardingStrategy.NO_SHARD", group="strategy", in_cover=False,
+    hooks=Fsdp("NO_SHARD"))
 HYBRID = Technique(
     "fsdp-hybrid", f"FSDP HYBRID_SHARD over {HYBRID_NODES} simulated nodes: FULL_SHARD within each "
     f"1/{HYBRID_NODES} of the ranks, replicated across them (device mesh (replicate {HYBRID_NODES}, "
-    f"shard N/{HYBRID_NODES}))", "torch docs: ShardingStrategy.HYBRID_SHARD", group="strategy",
-    strategy="fsdp", sharded=True, sharding="HYBRID_SHARD", in_cover=False, hooks=Fsdp("HYBRID_SHARD"))
+    f"shard N/{HYBRID_NODES}))", "torch docs: ShardingStrategy.HYBRID_SHARD", group="strategy", in_cover=False,
+    hooks=Fsdp("HYBRID_SHARD"))
 ENTRIES = (ENTRY, SHARD_GRAD_OP, NO_SHARD, HYBRID)

@@ -17,11 +17,9 @@ _MODEL_PARALLEL_16_MIXED = ("16-mixed", "Lightning's ModelParallelStrategy (FSDP
 ENTRY = Technique("fsdp2", "FSDP2 fully_shard (reshard_after_forward=True): parameters sharded per parameter on "
                   "dim 0, each block all-gathered before its forward and freed after it, re-all-gathered in "
                   "backward", "torch docs: fully_shard (reshard_after_forward=True)", group="strategy",
-                  strategy="fsdp", sharded=True, sharding="FULL_SHARD", fsdp2=True, in_cover=False,
-                  conflicts=(_MODEL_PARALLEL_16_MIXED,), hooks=Fsdp("FULL_SHARD", FSDP2_API))
+                  in_cover=False, conflicts=(_MODEL_PARALLEL_16_MIXED,), hooks=Fsdp("FULL_SHARD", FSDP2_API))
 NO_RESHARD = Technique("fsdp2-no-reshard", "FSDP2 fully_shard (reshard_after_forward=False): the unsharded parameters "
                        "kept from the forward through the backward (no all-gather in backward)",
-                       "torch docs: fully_shard (reshard_after_forward=False)", group="strategy", strategy="fsdp",
-                       sharded=True, sharding="SHARD_GRAD_OP", fsdp2=True, in_cover=False,
+                       "torch docs: fully_shard (reshard_after_forward=False)", group="strategy", in_cover=False,
                        conflicts=(_MODEL_PARALLEL_16_MIXED,), hooks=Fsdp("SHARD_GRAD_OP", FSDP2_API))
 ENTRIES = (ENTRY, NO_RESHARD)

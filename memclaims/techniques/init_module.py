@@ -66,4 +66,4 @@ class InitModule(Hooks):
 
 
 ENTRY = Technique("init-module", "model built on the target device in the target precision inside Fabric's "
-                  "init_module", "07-03_init-module", init_on_device=True, hooks=InitModule())
+                  "init_module", "07-03_init-module", hooks=InitModule())

@@ -52,7 +52,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def _measure(target: Target, record_cache: RecordCache) -> Record:
     """Rank 0's Record: the session's Record for one GPU (shared with the claims), every GPU for a sharded one."""
     recipe = target.recipe()
-    if not recipe.sharded:
+    if not recipe.distributed:
         return record_cache.get("gpu", recipe)
     options = dataclasses.replace(record_cache.options("gpu"), devices=target.needs.cuda_devices, timeout_s=None)
     return run_recipe(recipe, options)[0]

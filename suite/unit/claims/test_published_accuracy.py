@@ -42,7 +42,7 @@ def test_targets_are_the_logged_runs_on_the_articles_data() -> None:
     assert list(TARGETS) == [f"vit_chain/{s}" for s in chain] + ["llm_bonus/bonus_distilbert-after"]
     assert {t.needs.data for t in TARGETS.values()} == {"cifar10", "imdb"}
     assert BF16.published_pct == published.row("vit_chain", "03_bfloat16")["accuracy_pct"]
-    assert DISTILBERT.needs.cuda_devices == 4 and DISTILBERT.recipe().sharded
+    assert DISTILBERT.needs.cuda_devices == 4 and DISTILBERT.recipe().distributed
     logged = [r["accuracy_pct"] for r in published.data()["vit_chain"] if r.get("accuracy_pct") is not None]
     assert published_accuracy.chain_spread() == max(logged) - min(logged)  # the band: the chain's own spread
 

@@ -273,7 +273,7 @@ def test_a_technique_that_does_nothing_is_named(techniques, changes, expected) -
         fine.update(optimizer_state_bytes=0)
     if recipe.optimizer == "adam8bit":
         fine.update(optimizer_state_by_dtype={"uint8": 2000, "float32": 100}, optimizer_state_bytes=2100)
-    if recipe.init_on_device:
+    if "init-module" in recipe.techniques:
         fine.update(load_peak_bytes=2000, reference_load_peak_bytes=6000)
     assert active.problems(recipe, _record(techniques, **fine)) == []
     found = active.problems(recipe, _record(techniques, **{**fine, **changes}))

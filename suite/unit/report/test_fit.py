@@ -153,7 +153,7 @@ def test_the_new_techniques_are_considered_by_default() -> None:
 
     pool = {name for combo in registry.full_matrix() for name in combo}
     assert {"activation-offload", "optimizer-in-backward", "activation-checkpointing", "adafactor"} <= pool
-    assert not {t.name for t in registry.TECHNIQUES if t.strategy} & pool
+    assert not {t.name for t in registry.TECHNIQUES if t.distributed} & pool
 
 
 def test_strategies_are_considered_over_n_devices(capsys: pytest.CaptureFixture[str]) -> None:

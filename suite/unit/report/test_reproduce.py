@@ -105,7 +105,8 @@ def fake_measure(peaks: dict[tuple[str, ...], float], devices: int = 2,
             calls.append([r.id for r in recipes])
         result = []
         for recipe in recipes:
-            ranks = devices if recipe.sharded else 1
+            strategy = recipe.distributed
+            ranks = devices if strategy is not None and strategy.shards_parameters else 1
             state = STATE // ranks
             result.append([fake_record(
                 recipe.id, workload=recipe.workload, techniques=list(recipe.techniques), device=device,
