@@ -20,22 +20,32 @@ anyway; they are read as data, as Lightning's ``Fabric(precision=...)`` takes a 
 module here, paged-adamw8bit included: its optimizer is the core field, its paging and what shows it are its
 module's.
 
-The strategies (``fsdp.py``: fsdp and FSDP1's sharding strategies; ``fsdp2.py``; ``distributed_data_parallel.py``;
-``deepspeed_zero2.py``) own their entries, the sharding arithmetic and their active checks; the multi-rank
-engines (``memclaims.measure.distributed``, ``memclaims.measure.lightning_fsdp``, ``memclaims.sim.sharded``,
-``memclaims.sim.zero``, ``memclaims.sim.ddp``) still read the entry's ``strategy``, ``sharding`` and ``fsdp2``,
-and the four flags of the techniques that combine with a strategy (``activation_checkpointing``,
-``cpu_offload``, ``delayed_init``, ``init_on_device``) to build their strategy: a strategy is an engine, and
-turning those engines into strategy objects (Lightning's ``Strategy``, torchtitan's ``parallelize_fn``) is the
-step after this one (``scripts/technique-flag-reads`` counts what is left).
+The strategies are techniques too, whose hooks are a ``base.Strategy`` (Lightning's ``Strategy``, torchtitan's
+``parallelize_fn``): ``fsdp.py`` (fsdp and FSDP1's sharding strategies; ``fsdp2.py`` asks the same ``Fsdp`` for
+FSDP2), ``distributed_data_parallel.py``, ``deepspeed_zero2.py``. Each owns what a run on ranks refuses
+(``rank_refusal``, per device), what its ranks execute (``plan``: a ``base.StrategyPlan``, plain data: FSDP's API,
+sharding strategy, ``reshard_after_forward``, device mesh, wrap, checkpointing, offload, DDP's buckets, the notes
+each engine writes), Lightning's own strategy object on the devices Lightning runs it on (``lightning_strategy``),
+what the CPU ranks' sharded engine calls where Lightning does not (``parallelize``, as ``ModelParallelStrategy``
+calls its ``parallelize_fn``), what a rank's Record says ran (``rank_notes``, the plan's ``fsdp_api``), which of
+the sim's replays runs a rank (``sim_replay``) and what that replay refuses (``sim_refusal``). The techniques
+that combine with a strategy (activation-checkpointing, cpu-offload, delayed-init, init-module) change its plan
+through their own ``plan_strategy``. The multi-rank engines (``memclaims.measure.distributed``,
+``memclaims.measure.lightning_fsdp``, the sim's ``replay``, ``sharded``, ``zero`` and ``ddp``) execute the plan
+(which FSDP API, which of the sim's replays) and ask ``Recipe.distributed`` only whether a recipe has a strategy,
+never which technique it is.
+
+What the reports read of a technique is its hooks' too: ``unsupported_on`` (requirements), ``load_only`` (fit's
+time cost), ``stand_in`` and ``removes`` (the published series and the chain's floor). ``scripts/technique-flag-reads``
+counts what still reads a technique's flag or name outside this package.
 
 ``impl/`` holds the torch code that hooks of several techniques share or that is large (peft's adapters on real
-and fake tensors, the block checkpointing the ranks' engines use too, save_on_cpu's offload, the per-parameter
-optimizers, the CUDA allocator setting); a technique may also keep its torch code in its own module
+and fake tensors, the block checkpointing, FSDP2's ``fully_shard`` of each block for the CPU ranks and
+``ModelParallelStrategy``, save_on_cpu's offload, the per-parameter optimizers, the CUDA allocator setting); a technique may also keep its torch code in its own module
 (``fused_linear_ce.py``), imported lazily.
 
-Imports: a technique module imports ``core`` and ``techniques.base`` at import time, torch and ``impl/`` only
-inside its hooks (the registry loads before the pytest plugin's preflight has looked at the stack), and never
+Imports: a technique module imports ``core`` and ``techniques.base`` at import time, torch, Lightning and ``impl/``
+only inside its hooks (the registry loads before the pytest plugin's preflight has looked at the stack), and never
 an engine (``measure``, ``sim``, ``run``): the claims import the registry and must reach no engine. The engines
 import ``impl/`` and ``base`` (for the loop's helpers); recipes import the registry.
 """

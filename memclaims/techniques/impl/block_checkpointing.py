@@ -1,8 +1,8 @@
 """Activation checkpointing on one device (the ``activation-checkpointing`` technique without ``fsdp``).
 
-Sharded recipes get theirs from the sharding engines (``memclaims.measure.distributed``,
-``lightning_fsdp``, ``memclaims.sim.sharded``); one device gets it here, the way each model's users
-switch it on: a transformers model through its own ``activation_checkpointing_enable()`` (before
+Under a strategy that checkpoints the blocks by its own policy (FSDP: ``Strategy.block_policies``) the ranks get
+theirs from the strategy's plan (``memclaims.techniques.fsdp``, ``memclaims.sim.sharded``); one device (and DDP's
+ranks) gets it here, the way each model's users switch it on: a transformers model through its own ``activation_checkpointing_enable()`` (before
 transformers 5: ``gradient_checkpointing_enable()``), anything else by wrapping each block of the
 workload's block class in non-reentrant ``torch.utils.checkpoint`` (``checkpoint_wrapper``, as
 FSDP's ``apply_activation_checkpointing`` does). The real engines and the sim call the same function.
