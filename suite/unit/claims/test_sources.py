@@ -3,7 +3,7 @@
 The seed documents (the article's translation, the course's slides) are not part of the repository;
 ``seed_numbers.json`` beside this file holds every number their text prints, as
 ``numbers_in`` extracts them, so that CI checks each "text" kind against the seeds' own numbers.
-Where the seeds are present (``MEMCLAIMS_SEEDS``, or a ``shared/seeds`` folder above the repository),
+Where the seeds are present (``MEMCLAIMS_SEEDS`` names their folder),
 ``test_seed_numbers_file_is_what_the_seeds_print`` re-extracts them: the file is never edited by hand.
 """
 
@@ -40,12 +40,7 @@ def numbers_in(text: str) -> list[float]:
 
 
 def seeds_dir() -> Path | None:
-    if "MEMCLAIMS_SEEDS" in os.environ:
-        return Path(os.environ["MEMCLAIMS_SEEDS"])
-    for parent in HERE.parents:
-        if (parent / "shared" / "seeds").is_dir():
-            return parent / "shared" / "seeds"
-    return None
+    return Path(os.environ["MEMCLAIMS_SEEDS"]) if "MEMCLAIMS_SEEDS" in os.environ else None
 
 
 def printed_numbers(document: str) -> list[float]:
