@@ -285,7 +285,8 @@ class _Session:
         stats = self.allocator.stats
         return Reading(now=stats.allocated, peak=stats.peak_allocated, reserved_peak=stats.peak_reserved,
                        breakdown=dict(self.memory.breakdown_at_peak),
-                       extra={"live_bytes": self.memory.peak_tensor_bytes})
+                       extra={"live_bytes": self.memory.peak_tensor_bytes},
+                       extra_now={"live_bytes": self.memory.tensor_bytes})
 
     def step_phase(self, name: str) -> Any:
         """A phase of a training step (``memclaims.measure.loop.STEP_PHASES``, the same boundaries), as the probes measure it."""
