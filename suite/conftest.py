@@ -31,12 +31,20 @@ NIGHTLY_CONVERGED = (("small-batch",),)
 NIGHTLY_CLAIMS = frozenset({("sim", "batch-1-further-75"), ("cpu", "lora-few-trainable-parameters"),
                             ("cpu", "fused-linear-ce-logits-never-whole")})
 
+# suite/cases/techniques/test_optimizer_impl.py's cpu-against-sim step temporaries, per (workload, optimizer
+# techniques): CI keeps the ViT's Adam (the baseline cases' own Records and three smoke replays, a few seconds);
+# the other five pairs train 15 more smoke recipes (2-4 s each on 2 cores), which the nightly checks.
+CI_STEP_TEMPORARIES = frozenset({("vit", ())})
+
 
 def nightly_only(params: dict[str, object]) -> bool:
     """Whether a case with these parameters (an item's ``callspec.params``) is left to the nightly run."""
     from memclaims.claims.catalogue import Claim
 
     tier, techniques, converged, claim = (params.get(k) for k in ("tier", "techniques", "converged", "claim"))
+    step_temporaries = params.get("step_temporaries")
+    if step_temporaries is not None and step_temporaries not in CI_STEP_TEMPORARIES:
+        return True  # test_optimizer_impl.py's cpu-against-sim case of another workload or optimizer
     if tier == "cpu" and isinstance(techniques, tuple) and LONG_ON_CPU <= set(techniques):
         return True  # the technique matrix's case (the plugin's parametrization of tier, techniques)
     if tier == "cpu" and converged in NIGHTLY_CONVERGED:

@@ -788,6 +788,60 @@ def _logits_never_whole(tier: str, get: Lookup) -> Verdict:
                    f"{fall / logits if logits else float('nan'):.2f}x the fp32 logits' {_mib(logits)} (at least 1x)")
 
 
+# torch.optim's three implementations of Adam (memclaims.techniques.optimizer_impl), as the optimizer's docstrings in
+# the installed torch describe them; each Record's by_technique part holds what its technique observed: the step
+# temporaries of a step after the first (the optimizer_step phase's growth above its start: exact tensor bytes on
+# the cpu tier and the sim), the largest parameter's bytes and each param group's. On the sim at smoke scale: the
+# relation is the scale's own, and three ViT-L/16 replays would cost CI a minute.
+FOR_LOOP: Techniques = ("for-loop",)
+FOREACH: Techniques = ("foreach",)
+FUSED_STEP: Techniques = ("fused",)
+# The for-loop holds one parameter's intermediates at a time: its square root and the quotient computed from it,
+# beside the previous parameter's denominator until the name is rebound (2x the largest parameter plus the one
+# before it, measured: research Q4 and the cpu tier), so at most 3x the largest parameter.
+FOR_LOOP_LARGEST = 3
+
+
+def _temporaries(record: Record, implementation: str) -> tuple[int, int, int]:
+    """(step temporaries, largest parameter, largest param group), in bytes, as the implementation observed them."""
+    seen = record.by_technique.get(implementation, {})
+    groups = seen.get("group_parameter_bytes") or [0]
+    return int(seen.get("step_temporary_bytes") or 0), int(seen.get("largest_parameter_bytes") or 0), int(max(groups))
+
+
+def _foreach_sizeof_params_more(tier: str, get: Lookup) -> Verdict:
+    loop, _, _ = _temporaries(get(FOR_LOOP), "for-loop")
+    many, largest, params = _temporaries(get(FOREACH), "foreach")
+    more = many - loop
+    return Verdict(params > 0 and many >= params and loop <= FOR_LOOP_LARGEST * largest,
+                   f"step temporaries: foreach {many:,} B ({many / params if params else math.nan:.2f}x the "
+                   f"parameters' {params:,} B: a tensor list), the for-loop {loop:,} B "
+                   f"({loop / largest if largest else math.nan:.2f}x the largest parameter's {largest:,} B, at most "
+                   f"{FOR_LOOP_LARGEST}x); foreach holds {more:,} B more = "
+                   f"{more / params if params else math.nan:.2f}x sizeof(params)")
+
+
+def _fused_no_intermediates(tier: str, get: Lookup) -> Verdict:
+    fused, largest, _ = _temporaries(get(FUSED_STEP), "fused")
+    loop, many = _temporaries(get(FOR_LOOP), "for-loop")[0], _temporaries(get(FOREACH), "foreach")[0]
+    return Verdict(largest > 0 and fused < largest and fused < loop and fused < many,
+                   f"step temporaries: fused {fused:,} B, below the largest parameter's {largest:,} B (no "
+                   f"parameter-sized intermediate), the for-loop's {loop:,} B and foreach's {many:,} B")
+
+
+def _default_by_device(tier: str, get: Lookup) -> Verdict:
+    """The reference recipe chooses no implementation: its optimizer step is the for-loop's on the CPU and
+    foreach's on a (simulated) CUDA device, phase for phase."""
+    expected = FOREACH if tier in ("sim", "gpu") else FOR_LOOP
+    plain, chosen = get(("fabric",)), get(expected)
+    keys = ("allocated_bytes", "above_start_bytes")
+    default = [plain.phases.get("optimizer_step", {}).get(key) for key in keys]
+    explicit = [chosen.phases.get("optimizer_step", {}).get(key) for key in keys]
+    return Verdict(default[0] is not None and default == explicit,
+                   f"phases.optimizer_step (allocated, above start) of the reference (no implementation chosen) "
+                   f"{default} B, of {expected[0]} {explicit} B on the {tier} tier's device")
+
+
 # --- the checks, by claim id ---------------------------------------------------------------------
 
 RATIOS = (
@@ -838,6 +892,13 @@ CHECKS: dict[str, Check] = {
                                            workload="distilbert"),
     "fused-linear-ce-logits-never-whole": Check(_logits_never_whole, frozenset({"cpu", "sim"}),
                                                 {"*": (("fabric",), FUSED_LOSS)}, workload=FUSED_LOSS_WORKLOAD),
+    "optimizer-foreach-sizeof-params-more": Check(_foreach_sizeof_params_more, frozenset({"cpu", "sim"}),
+                                                  {"*": (FOR_LOOP, FOREACH)}, scales={"sim": "smoke"}),
+    "optimizer-fused-no-intermediates": Check(_fused_no_intermediates, frozenset({"cpu", "sim"}),
+                                              {"*": (FUSED_STEP, FOR_LOOP, FOREACH)}, scales={"sim": "smoke"}),
+    "optimizer-default-foreach-on-cuda": Check(_default_by_device, frozenset({"cpu", "sim"}),
+                                               {"cpu": (("fabric",), FOR_LOOP), "sim": (("fabric",), FOREACH)},
+                                               scales={"sim": "smoke"}),
     **{c: Check(_course(c), frozenset({"cpu"})) for c in (
         "course-param-count", "course-estimate-125", "course-bytes-per-param", "course-adamw-elements",
         "course-adam8bit-elements", "course-adamw-502", "course-adam8bit-128", "course-quarter")},

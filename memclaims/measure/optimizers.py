@@ -21,6 +21,9 @@ EIGHT_BIT = {"adam8bit": "Adam8bit", "adamw8bit": "AdamW8bit", "paged_adamw8bit"
 # the GPU runs out); smaller ones, and every state on the CPU, stay ordinary tensors
 # (Optimizer8bit.get_state_buffer: ``p.numel() < 1e5``; on the CPU it warns and falls back).
 PAGED = frozenset({"paged_adamw8bit"})
+# The optimizers torch implements three ways, and its foreach=/fused= for each way (memclaims.techniques.optimizer_impl).
+from memclaims.techniques.optimizer_impl import TORCH_IMPLEMENTED, torch_flags  # noqa: E402
+
 # The paged-adamw8bit technique's constant (memclaims.techniques.paged_adamw8bit), where the 8-bit models read it.
 from memclaims.techniques.paged_adamw8bit import PAGED_MIN_NUMEL as PAGED_MIN_NUMEL  # noqa: E402
 
@@ -60,30 +63,40 @@ def prepare(name: str, device: str = "cpu") -> None:
 
 
 def build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
-          min_8bit_size: int | None = None, anneal: bool = False) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
+          min_8bit_size: int | None = None, anneal: bool = False,
+          implementation: str | None = None) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
     """(optimizer, scheduler or None) for the recipe's optimizer ``name``; ``min_8bit_size``: the
     8-bit optimizers' threshold (None: bitsandbytes' default); ``anneal``: a cosine decay over
-    ``total_steps`` for every optimizer (the scale's ``anneal``), not only SGD's."""
-    optimizer, scheduler = _build(name, model, learning_rate, total_steps, min_8bit_size)
+    ``total_steps`` for every optimizer (the scale's ``anneal``), not only SGD's; ``implementation``: how
+    torch steps Adam, AdamW or SGD (``for-loop``, ``foreach``, ``fused``: torch's own ``foreach=`` and
+    ``fused=``), None: torch's default for the parameters' device."""
+    flags = torch_flags(implementation)
+    if flags and name not in TORCH_IMPLEMENTED:
+        raise UsageError(f"optimizer {name!r} has no {implementation} implementation to choose; torch's "
+                         f"foreach= and fused= are those of {', '.join(TORCH_IMPLEMENTED)}")
+    optimizer, scheduler = _build(name, model, learning_rate, total_steps, min_8bit_size, flags)
     if anneal and scheduler is None:
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total_steps))
     return optimizer, scheduler
 
 
 def _build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
-           min_8bit_size: int | None) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
+           min_8bit_size: int | None, flags: dict[str, bool]) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
+    # None, None: torch picks by device, as before the choice existed (the for-loop on the CPU, foreach on CUDA).
+    foreach, fused = flags.get("foreach"), flags.get("fused")
     if name == "adam":
-        return torch.optim.Adam(model.parameters(), lr=learning_rate), None
+        return torch.optim.Adam(model.parameters(), lr=learning_rate, foreach=foreach, fused=fused), None
     if name == "sgd":
         # 06: plain SGD, no momentum, cosine decay over the whole training run.
-        optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate)
+        optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, foreach=foreach, fused=fused)
         return optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total_steps))
     if name == "adamw" or name in EIGHT_BIT:
         hf = training_arguments_defaults()
         betas, eps = (hf["adam_beta1"], hf["adam_beta2"]), hf["adam_epsilon"]
         groups = parameter_groups(model)
         if name == "adamw":
-            return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps), None
+            return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, foreach=foreach,
+                                     fused=fused), None
         # The device the parameters live on is where bitsandbytes steps (CPU with offloaded FSDP).
         device = next((p.device.type for p in model.parameters()), "cpu")
         reason = machine.bitsandbytes_problem(device if device in machine.DEVICES else "cpu")

@@ -162,7 +162,8 @@ def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memo
     if evaluates(recipe, options) and schedule["kind"] == "steps":
         total = schedule["optimizer_steps"] + memory_steps
     return optimizers.build(recipe.optimizer, model, recipe.learning_rate, total,
-                            min_8bit_size=recipe.scale.min_8bit_size, anneal=recipe.scale.anneal)
+                            min_8bit_size=recipe.scale.min_8bit_size, anneal=recipe.scale.anneal,
+                            implementation=recipe.optimizer_impl)
 
 
 def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:

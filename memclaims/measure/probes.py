@@ -44,6 +44,7 @@ class Probe(Protocol):
     name: str
     phases: dict[str, PhasePeak]
     step_peaks: dict[str, list[int]]
+    step_growth: dict[str, list[dict[str, int]]]
 
     def prepare(self) -> None: ...
     def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None: ...
@@ -64,6 +65,9 @@ class Reading:
     reserved_peak: int | None = None
     breakdown: dict[str, int] = field(default_factory=dict)  # at ``peak``, where the counter knows it
     extra: dict[str, int] = field(default_factory=dict)  # further peaks, folded by max
+    # The further counters' values now, where a reader has them (the sim's live tensor bytes): what a
+    # step phase's growth in ``extra`` is measured from.
+    extra_now: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -74,6 +78,7 @@ class _Window:
     reserved: int | None = None
     breakdown: dict[str, int] = field(default_factory=dict)
     extra: dict[str, int] = field(default_factory=dict)
+    extra_start: dict[str, int] = field(default_factory=dict)
 
     def absorb(self, reading: Reading) -> None:
         if reading.peak >= self.peak:
@@ -91,13 +96,18 @@ class PhaseRecorder:
     Every phase boundary first folds the counter's peak into every open phase, then resets it:
     an inner phase (``forward``) gets its own peak and the enclosing one (``train``) still sees the
     largest of all, with no second counter. Per-step phases keep each occurrence's peak in
-    ``step_peaks`` and report the largest occurrence in ``phases``.
+    ``step_peaks`` and report the largest occurrence in ``phases``; each occurrence's growth above its
+    start (``step_growth``: ``allocated_bytes``, and each further counter whose reader says where it
+    stood, e.g. the sim's ``live_bytes``) is kept too, where the largest, ``above_start_bytes``, is the
+    first optimizer step's, which creates the state: what a later step adds is its temporaries
+    (memclaims.techniques.optimizer_impl reads them). Not part of the Record.
     """
 
     def __init__(self, read: Callable[[], Reading], reset: Callable[[], None]) -> None:
         self.read, self.reset = read, reset
         self.phases: dict[str, PhasePeak] = {}
         self.step_peaks: dict[str, list[int]] = {}
+        self.step_growth: dict[str, list[dict[str, int]]] = {}
         self._open: list[_Window] = []
 
     def _fold(self) -> Reading:
@@ -110,7 +120,7 @@ class PhaseRecorder:
     def measure(self, name: str, per_step: bool = False) -> Iterator[None]:
         reading = self._fold()
         self.reset()
-        window = _Window(name, start=reading.now, peak=reading.now)
+        window = _Window(name, start=reading.now, peak=reading.now, extra_start=dict(reading.extra_now))
         self._open.append(window)
         try:
             yield
@@ -124,6 +134,11 @@ class PhaseRecorder:
             self.phases[name] = peak
             return
         self.step_peaks.setdefault(name, []).append(peak.allocated_bytes)
+        growth = {"allocated_bytes": peak.above_start_bytes}
+        # A further counter's peak is folded from the readings inside the window, or is where it started.
+        growth.update({key: max(window.extra.get(key, start), start) - start
+                       for key, start in window.extra_start.items()})
+        self.step_growth.setdefault(name, []).append(growth)
         previous = self.phases.get(name)
         if previous is None:
             self.phases[name] = peak
@@ -266,6 +281,7 @@ class CpuProbe:
         self._recorder = PhaseRecorder(self._read, self._reset_peak)
         self.phases: dict[str, PhasePeak] = self._recorder.phases
         self.step_peaks: dict[str, list[int]] = self._recorder.step_peaks
+        self.step_growth: dict[str, list[dict[str, int]]] = self._recorder.step_growth
 
     def prepare(self) -> None:
         gc.collect()
@@ -340,6 +356,7 @@ class CudaProbe:
         self._recorder = PhaseRecorder(self._read, self._reset_peak)
         self.phases: dict[str, PhasePeak] = self._recorder.phases
         self.step_peaks: dict[str, list[int]] = self._recorder.step_peaks
+        self.step_growth: dict[str, list[dict[str, int]]] = self._recorder.step_growth
         self._model_states: tuple[nn.Module, torch.optim.Optimizer | None] | None = None
 
     def prepare(self) -> None:

@@ -58,6 +58,9 @@ class Recipe:
     plain_pytorch: bool
     numerics_neutral: bool = False  # only techniques that compute as others do (Technique.computes_as)
     sizes: Sizes = Sizes()
+    # How torch steps the optimizer: "for-loop", "foreach" or "fused" (memclaims.techniques.optimizer_impl);
+    # None: torch's own default for the device (for-loop on the CPU, foreach on CUDA), as before the choice existed.
+    optimizer_impl: str | None = None
 
     @property
     def id(self) -> str:
@@ -173,6 +176,7 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         batch_size=batch_size,
         accumulation_steps=accumulation_steps,
         optimizer=next((t.optimizer for t in chosen if t.optimizer), "adam"),
+        optimizer_impl=next((t.optimizer_impl for t in chosen if t.optimizer_impl), None),
         plain_pytorch=any(t.plain_pytorch for t in chosen),
         numerics_neutral=bool(chosen) and all(t.computes_as is not None for t in chosen),
         sizes=sizes,

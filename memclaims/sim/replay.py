@@ -58,6 +58,7 @@ from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
 from memclaims.techniques import technique_registry as registry
 from memclaims.techniques.base import FSDP2_API, ON_SIM, merge_observed
 from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
+from memclaims.techniques.optimizer_impl import torch_flags
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -285,7 +286,8 @@ class _Session:
         stats = self.allocator.stats
         return Reading(now=stats.allocated, peak=stats.peak_allocated, reserved_peak=stats.peak_reserved,
                        breakdown=dict(self.memory.breakdown_at_peak),
-                       extra={"live_bytes": self.memory.peak_tensor_bytes})
+                       extra={"live_bytes": self.memory.peak_tensor_bytes},
+                       extra_now={"live_bytes": self.memory.tensor_bytes})
 
     def step_phase(self, name: str) -> Any:
         """A phase of a training step (``memclaims.measure.loop.STEP_PHASES``, the same boundaries), as the probes measure it."""
@@ -583,10 +585,23 @@ def _optimizer(recipe: Recipe, model: nn.Module, memory: DeviceMemory) -> tuple[
         if recipe.scale.min_8bit_size is not None:  # the scale's own threshold, as the real optimizer gets it
             layout = dataclasses.replace(layout, min_8bit_size=recipe.scale.min_8bit_size)
         return build_eight_bit(recipe.optimizer, model, recipe.learning_rate, layout, memory.outside), None
-    optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000)
-    for group in optimizer.param_groups:
-        group["foreach"] = True  # the GPU default; fake parameters would take the single-tensor path
+    optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000,
+                                            implementation=recipe.optimizer_impl)
+    if recipe.optimizer_impl is None:  # torch's default for the device: on CUDA foreach
+        for group in optimizer.param_groups:
+            group["foreach"] = True  # fake parameters would take the single-tensor path
     return optimizer, scheduler
+
+
+def _implementation_notes(recipe: Recipe, chosen: Profile) -> list[str]:
+    """Which implementation of the optimizer step the replay runs, where the recipe chose one (else, as before the
+    choice existed, foreach: torch's default on CUDA, with no note)."""
+    if recipe.optimizer_impl is None:
+        return []
+    flags = ", ".join(f"{k}={v}" for k, v in torch_flags(recipe.optimizer_impl).items())
+    era = ("the installed torch's" if recipe.optimizer_impl != "foreach" or chosen.optimizer_era == "installed"
+           else f"the {chosen.optimizer_era} era's (memclaims.sim.eras)")
+    return [f"optimizer step: {recipe.optimizer_impl} ({flags}), {era} {recipe.optimizer} step on fake tensors"]
 
 
 def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: int,
@@ -699,6 +714,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     if recipe.optimizer == "adafactor":
         notes.append("adafactor: transformers' own step on fake tensors, one parameter at a time (it has no "
                      "foreach path): factored second moment for matrices, no first moment")
+    notes.extend(_implementation_notes(recipe, chosen))
     session = _Session(chosen, limit_bytes)
     session.memory.tf32_matmul = _tf32_matmul(recipe)
     session.allocator.events = allocator_events
@@ -788,6 +804,7 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
             if chosen.timeline else "the forward's all-gather buffers stay taken until the first pre-backward hook "
             "(memclaims.sim.sharded._RunAhead)"))
     notes.extend(plan.notes_on(ON_SIM))
+    notes.extend(_implementation_notes(recipe, chosen))
     session = _Session(chosen, limit_bytes)
     session.memory.tf32_matmul = _tf32_matmul(recipe)
     phases: dict[str, PhaseResult] = {}

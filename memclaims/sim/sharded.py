@@ -116,6 +116,7 @@ from memclaims.sim.eras import optimizer_era
 from memclaims.sim.repeat import RepeatedMicroBatches
 from memclaims.sim.timeline import last_step_seconds, ring_seconds
 from memclaims.sim.tracker import DeviceMemory
+from memclaims.techniques.base import merge_observed
 from memclaims.techniques.technique_registry import SHARDINGS, reshard_after_forward, shard_group_size
 
 if TYPE_CHECKING:
@@ -757,9 +758,11 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
     for shard in shards:
         memory.tag(shard, PARAMETERS)
     offload = sharded.offload
-    optimizer, scheduler = optimizers.build(recipe.optimizer, nn.ParameterList(shards), recipe.learning_rate, 1000)
-    for group in optimizer.param_groups:
-        group["foreach"] = True
+    optimizer, scheduler = optimizers.build(recipe.optimizer, nn.ParameterList(shards), recipe.learning_rate, 1000,
+                                            implementation=recipe.optimizer_impl)
+    if recipe.optimizer_impl is None:  # torch's default for CUDA: foreach (fake shards would take the for-loop)
+        for group in optimizer.param_groups:
+            group["foreach"] = True
     grad_bytes = 0
     accumulation = recipe.accumulation_steps
     inputs = targets = logits = loss = None
@@ -836,10 +839,14 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
                   GRADIENTS: memory.host_bytes(s.grad for s in shards if s.grad is not None),
                   OPTIMIZER_STATE: memory.host_bytes(state)} if offload else {}
     del inputs, targets, logits, loss
-    return ({"param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
-             "optimizer_state_bytes": device_state, "host_state_bytes": host_state,
-             "forward_unsharded_params": forward_unsharded, "fsdp_api": sharded.api,
-             "predicted_step_s": last_step_seconds(step_ends)}, repeats.replayed)
+    states: dict[str, Any] = {
+        "param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
+        "optimizer_state_bytes": device_state, "host_state_bytes": host_state,
+        "forward_unsharded_params": forward_unsharded, "fsdp_api": sharded.api,
+        "predicted_step_s": last_step_seconds(step_ends)}
+    for hooks in recipe.hooks:  # what a technique observes of the rank's optimizer (its implementation)
+        merge_observed(states, hooks.sim_observe(sharded.model, optimizer, session))
+    return states, repeats.replayed
 
 
 def check(recipe: Recipe) -> None:

@@ -18,7 +18,9 @@ and optimizer arguments are what they set, and a hook for each would only forwar
 anyway; they are read as data, as Lightning's ``Fabric(precision=...)`` takes a string. A technique that
 *changes* a run (wraps, converts, attaches, offloads, sets the allocator, observes something of its own) is a
 module here, paged-adamw8bit included: its optimizer is the core field, its paging and what shows it are its
-module's.
+module's. So is the optimizer's implementation (``optimizer_impl.py``: ``for-loop``, ``foreach``, ``fused``): a core
+field (``Recipe.optimizer_impl``, torch's ``foreach=``/``fused=``) every engine builds, whose module observes which
+ran and the step's temporaries.
 
 The strategies are techniques too, whose hooks are a ``base.Strategy`` (Lightning's ``Strategy``, torchtitan's
 ``parallelize_fn``): ``fsdp.py`` (fsdp and FSDP1's sharding strategies; ``fsdp2.py`` asks the same ``Fsdp`` for

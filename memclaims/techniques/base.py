@@ -363,6 +363,9 @@ class Technique:
     batch_divisor: int = 1
     accumulates: bool = False  # micro-batches of the scale's accumulation count
     optimizer: str | None = None
+    # How torch steps the optimizer (memclaims.techniques.optimizer_impl: "for-loop", "foreach", "fused");
+    # None: torch's own default for the device.
+    optimizer_impl: str | None = None
     plain_pytorch: bool = False
     alone: bool = False  # a whole recipe by itself; combines with nothing
     requires: frozenset[str] = field(default_factory=frozenset)  # capabilities, e.g. "bitsandbytes"

@@ -66,8 +66,24 @@ def test_run_prints_one_record_as_json(capsys: pytest.CaptureFixture[str]) -> No
     assert {"torch", "torchvision", "lightning", "transformers", "bitsandbytes", "python"} <= set(record["versions"])
 
 
+def test_run_and_fit_take_the_optimizers_implementation(capsys: pytest.CaptureFixture[str]) -> None:
+    """-t fused on the sim replays the fused step and records it; fit ranks the implementations among the rest."""
+    assert main(["run", "vit", "-t", "fused", "--device", "sim", "--scale", "smoke", "--steps", "2", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["recipe"] == "vit-smoke/fused"
+    assert record["by_technique"]["fused"]["fused"] is True and record["by_technique"]["fused"]["step_temporary_bytes"] == 0
+    assert any(note.startswith("optimizer step: fused (foreach=False, fused=True)") for note in record["notes"])
+    # A budget below every smoke peak: each combination is replayed, none pruned.
+    assert main(["fit", "vit", "-t", "fused", "-t", "foreach", "--scale", "smoke", "--memory", "20MB", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {row["recipe"]: row["status"] for row in rows} == {
+        "vit-smoke/fabric": "too big", "vit-smoke/fused": "too big", "vit-smoke/foreach": "too big"}
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "vit", "-t", "bogus"], "unknown technique 'bogus'; valid techniques:"),
+    (["run", "vit", "-t", "fused", "-t", "adafactor"], "'fused' does not combine with 'adafactor': transformers' "
+                                                       "Adafactor steps one parameter at a time"),
     (["run", "nope"], "unknown workload 'nope'; valid workloads: vit"),
     (["run", "vit", "-t", "16-true", "-t", "bf16-true"], "at most one precision technique"),
     (["run", "vit", "--steps", "zero"], "--steps: expected a positive integer, got 'zero'"),

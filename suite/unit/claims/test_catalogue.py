@@ -75,6 +75,13 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         fused = records[claims.FUSED_LOSS]
         records[claims.FUSED_LOSS] = dataclasses.replace(fused, fused_loss_chunk_rows=fused.fused_loss_rows,
                                                          peak_allocated_bytes=records[("fabric",)].peak_allocated_bytes)
+    elif name == "optimizer-foreach-sizeof-params-more":  # a foreach that holds one parameter's tensor at a time
+        records[claims.FOREACH] = _observed(records[claims.FOREACH], "foreach", records[claims.FOR_LOOP], "for-loop")
+    elif name == "optimizer-fused-no-intermediates":  # fused=True running the foreach step
+        records[claims.FUSED_STEP] = _observed(records[claims.FUSED_STEP], "fused", records[claims.FOREACH], "foreach")
+    elif name == "optimizer-default-foreach-on-cuda":  # the reference defaulted to the other implementation
+        other = claims.FOR_LOOP if tier == "sim" else claims.FOREACH
+        records[("fabric",)] = dataclasses.replace(records[("fabric",)], phases=records[other].phases)
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
         records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
     elif name == "paged-optimizer-unified-memory":  # the states stayed in the caching allocator
@@ -122,6 +129,12 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
                     for k, v in real(claim_id).items()}
 
         monkeypatch.setattr(published, "numbers", off)
+
+
+def _observed(record: Record, name: str, like: Record, as_: str) -> Record:
+    """``record`` whose implementation ``name`` held the step temporaries ``like``'s implementation ``as_`` held."""
+    seen = {**record.by_technique[name], "step_temporary_bytes": like.by_technique[as_]["step_temporary_bytes"]}
+    return dataclasses.replace(record, by_technique={name: seen})
 
 
 def _fake_cuda(monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:

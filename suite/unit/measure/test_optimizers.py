@@ -220,3 +220,23 @@ def test_sgd_steps_under_a_cosine_decay_over_the_whole_run() -> None:
         scheduler.step()
     assert optimizer.param_groups[0]["lr"] < 1e-9  # decayed to zero at the end of the run
     assert optimizers.build("adam", model, 5e-5, total_steps=703)[1] is None
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgd"])
+def test_the_implementation_reaches_torch_as_asked(name: str) -> None:
+    """build passes each implementation's foreach=/fused= to Adam, AdamW and SGD (memclaims.techniques.optimizer_impl);
+    without one the optimizer keeps torch's default (None, None: chosen by device, as before the choice existed)."""
+    from memclaims.techniques.optimizer_impl import IMPLEMENTATIONS, torch_flags
+
+    model = nn.Linear(4, 4)
+    for implementation in (*IMPLEMENTATIONS, None):
+        optimizer, _ = optimizers.build(name, model, 0.1, 10, implementation=implementation)
+        flags = [{key: group[key] for key in ("foreach", "fused")} for group in optimizer.param_groups]
+        assert flags == [torch_flags(implementation) or {"foreach": None, "fused": None}] * len(flags), implementation
+
+
+@pytest.mark.parametrize("name", ["adafactor", "adam8bit"])
+def test_an_optimizer_torch_does_not_implement_three_ways_refuses_an_implementation(name: str) -> None:
+    with pytest.raises(UsageError, match=f"optimizer '{name}' has no fused implementation to choose; torch's foreach= "
+                                         "and fused= are those of adam, adamw, sgd"):
+        optimizers.build(name, nn.Linear(4, 4), 0.1, 10, implementation="fused")

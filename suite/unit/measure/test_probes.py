@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from memclaims.measure.probes import CpuProbe, CudaProbe, HostMemory, model_state_bytes
+from memclaims.measure.probes import CpuProbe, CudaProbe, HostMemory, PhaseRecorder, Reading, model_state_bytes
 from memclaims.measure.tensors import storage_bytes
 
 
@@ -145,3 +145,50 @@ def test_host_memory_peak_is_per_span_on_linux() -> None:
     host.start()
     assert host.resettable and with_block is not None
     assert with_block - host.peak_bytes() >= 200 * 2**20
+
+
+def test_step_phases_keep_each_occurrences_growth_above_its_start() -> None:
+    """``step_growth``: per occurrence of a step phase, its peak above its start for the counter and for each
+    further counter whose reader says where it stands (the sim's live tensor bytes); the Record's
+    ``above_start_bytes`` stays the largest occurrence's. A first optimizer step that creates the state grows more
+    than the later ones, which add only their temporaries (memclaims.techniques.optimizer_impl reads the last)."""
+    now, peak, live, live_peak = [0], [0], [0], [0]
+
+    def read() -> Reading:
+        return Reading(now=now[0], peak=peak[0], extra={"live_bytes": live_peak[0]}, extra_now={"live_bytes": live[0]})
+
+    def reset() -> None:
+        peak[0], live_peak[0] = now[0], live[0]
+
+    recorder = PhaseRecorder(read, reset)
+
+    def step(state: int, temporaries: int) -> None:
+        with recorder.measure("optimizer_step", per_step=True):
+            peak[0] = now[0] + state + temporaries + 512  # the allocator rounds: 512 B more than the tensors
+            live_peak[0] = live[0] + state + temporaries
+            now[0] += state
+            live[0] += state
+
+    with recorder.measure("train"):
+        now[0] = live[0] = 1000
+        step(state=300, temporaries=50)
+        step(state=0, temporaries=50)
+        step(state=0, temporaries=0)
+    assert recorder.step_growth["optimizer_step"] == [
+        {"allocated_bytes": 862, "live_bytes": 350}, {"allocated_bytes": 562, "live_bytes": 50},
+        {"allocated_bytes": 512, "live_bytes": 0}]
+    assert recorder.phases["optimizer_step"].above_start_bytes == 862
+    assert recorder.step_peaks["optimizer_step"] == [1862, 1862, 1812]
+    assert "optimizer_step" not in PhaseRecorder(read, reset).step_growth
+
+
+def test_the_cpu_probe_exposes_its_step_growth_exactly() -> None:
+    probe = CpuProbe()
+    with probe.phase("train"):
+        for _ in range(2):
+            with probe.step_phase("optimizer_step"):
+                kept = torch.ones(256)  # 1 KiB alive at the end of the step
+                temporary = torch.ones(128)  # 512 B, gone before the step ends
+                del temporary
+            del kept
+    assert probe.step_growth["optimizer_step"] == [{"allocated_bytes": 1536}, {"allocated_bytes": 1536}]
