@@ -159,7 +159,10 @@ def test_the_sim_replays_lightnings_configuration_unchanged(clean_sim) -> None:
 @pytest.mark.sim
 @pytest.mark.parametrize("change", list(NAMED_ON_SIM))
 def test_the_sim_replays_a_change_to_lightnings_fsdp_configuration(change, clean_sim, monkeypatch) -> None:
-    """The sim reads the same configuration as the CPU ranks: the change moves its replay, named."""
+    """The sim reads the same configuration as the CPU ranks: the change moves its replay, named (and the replay of
+    Lightning as installed does not say it)."""
+    unchanged = [*_verdict(clean_sim, clean_sim), *clean_sim.notes]
+    assert not any(NAMED_ON_SIM[change] in line for line in unchanged), "\n".join(unchanged)
     LIGHTNING_FSDP_CHANGES[change](monkeypatch)
     changed_sim = simulate(RECIPE, profile=SIM_PROFILE)
     said = [*_verdict(changed_sim, clean_sim), *changed_sim.notes]
