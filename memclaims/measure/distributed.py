@@ -9,8 +9,10 @@ and its plan (``Recipe.strategy_plan``) what they execute:
   configure it, ``ModelParallelStrategy`` for FSDP2, ``DDPStrategy``, ``"deepspeed_stage_2"``; the Fabric is built
   by ``memclaims.measure.lightning_fsdp``) over NCCL or gloo;
 - elsewhere (FSDP on the CPU: Lightning refuses it) ``CpuShardedEngine`` executes the plan itself over gloo, as
-  Lightning's ``ModelParallelStrategy`` would: the plan's device mesh, then the strategy's ``parallelize`` (for
-  FSDP, FSDP2's ``fully_shard`` on each block, then the root), measured by the exact CPU probe on every rank
+  Lightning's ``ModelParallelStrategy`` would, the plan as Lightning's own strategy configures it
+  (``Strategy.configured``: for FSDP, what ``FSDPStrategy`` and its ``FSDPPrecision`` would pass to FSDP): the plan's
+  device mesh, then the strategy's ``parallelize`` (for FSDP, FSDP2's ``fully_shard`` on each unit of Lightning's
+  auto-wrap policy, then the root, under its MixedPrecision), measured by the exact CPU probe on every rank
   through ``memclaims.measure.pipeline``. Each rank trains on its slice of the same global batch as the
   single-process run, so the mean loss is the single-process loss.
 
@@ -125,7 +127,7 @@ def run_distributed_many(recipes: Sequence[Recipe], options: RunOptions, devices
     if options.device == "cuda" and torch.cuda.is_initialized():
         # This process's cached blocks on GPU 0 (an earlier single-GPU case) would crowd rank 0.
         torch.cuda.empty_cache()
-    per_rank = launcher.launch(_rank_main, world, ([r.id for r in recipes], options),
+    per_rank = launcher.launch(rank_main, world, ([r.id for r in recipes], options),
                                backend="nccl" if options.device == "cuda" else "gloo", timeout_s=timeout_s)
     return [
         DistributedResult(recipe=recipe.id, device=options.device, devices=world,
@@ -159,8 +161,9 @@ def check_distributed(recipe: Recipe, device: str, devices: int, local: bool = T
         )
 
 
-def _rank_main(rank: int, world: int, recipe_ids: list[str], options: RunOptions) -> list[dict[str, Any]]:
-    """One rank: every recipe in turn; Records as dicts (plain data crosses process boundaries)."""
+def rank_main(rank: int, world: int, recipe_ids: list[str], options: RunOptions) -> list[dict[str, Any]]:
+    """One rank: every recipe in turn; Records as dicts (plain data crosses process boundaries). ``launcher.launch``'s
+    rank function (a test that changes a library in every rank wraps it: fixtures/injections.py)."""
     results = []
     for recipe_id in recipe_ids:
         recipe = parse_id(recipe_id)
@@ -256,11 +259,14 @@ class CpuShardedEngine(pipeline.Engine):
         self.rank, self.world = rank, world
         strategy = recipe.distributed
         assert strategy is not None  # check_distributed
-        self.strategy, self.plan = strategy, recipe.strategy_plan(world)
+        self.spec = precision(recipe.precision)
+        # What Lightning's strategy and precision plugin configure for the recipe (FSDPStrategy + FSDPPrecision, paired
+        # with the precision the CPU runs: Lightning has no float16 AMP there), as the plan these ranks execute.
+        self.strategy = strategy
+        self.plan = strategy.configured(recipe.strategy_plan(world), recipe, self.spec.cpu_name)
         self.notes.extend(strategy.rank_notes(self.plan, rank, "cpu"))
         # Parameter elements held unsharded after the first measured forward pass (forward_loss).
         self.forward_unsharded_params: int | None = None
-        self.spec = precision(recipe.precision)
         if self.precision_ran != recipe.precision:
             self.notes.append(f"ran {recipe.precision} as {self.precision_ran} on cpu")
         self.notes.extend(self.plan.notes_on(ON_CPU_RANKS))

@@ -771,16 +771,25 @@ def _simulate_zero2(recipe: Recipe, profile: str, memory_steps: int | None) -> R
 def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str],
                       limit_bytes: int | None, devices: int | None) -> Record:
     """Rank 0 of the recipe's FSDP1 run, or FSDP2's (the plan's ``fsdp_api``), by memclaims.sim.sharded: per-rank
-    accounting on fake tensors, of the recipe's plan (``Recipe.strategy_plan``)."""
+    accounting on fake tensors, of the recipe's plan (``Recipe.strategy_plan``) as Lightning's strategy configures it
+    (``Strategy.configured``: FSDP1's is what Lightning's FSDPStrategy and FSDPPrecision would pass to FSDP)."""
     import memclaims.sim.sharded as sharded
+    from memclaims.techniques.impl import lightning_fsdp_plan
 
     build, inputs_fn = _model_fns(recipe)
     world = devices or sharded.WORLD_SIZE
-    plan = recipe.strategy_plan(world)
+    strategy = recipe.distributed
+    assert strategy is not None  # a sharded replay
+    plan = strategy.configured(recipe.strategy_plan(world), recipe, recipe.precision)
     fsdp2 = plan.fsdp_api == FSDP2_API
     shard_dtype = PRECISIONS[recipe.precision].param_dtype
-    if plan.mixed_precision_policy:  # Lightning's FSDPPrecision, as the profile's Lightning chose its dtypes
+    if plan.mixed_precision_policy and chosen.lightning_era != "installed":
+        # The article's 2023 Lightning's FSDPPrecision (sharded.LIGHTNING_2023_FSDP_DTYPES: "*-mixed" all-gathered in
+        # fp32); its other settings are the ones the installed Lightning configures for the same arguments.
         param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision, chosen.lightning_era)
+    elif plan.configured_by:  # the MixedPrecision the installed Lightning's FSDPStrategy + FSDPPrecision configure
+        param_dtype = lightning_fsdp_plan.dtype(plan.param_dtype) or shard_dtype
+        reduce_dtype = lightning_fsdp_plan.dtype(plan.reduce_dtype) or param_dtype
     else:  # every collective in the parameters' dtype
         param_dtype = reduce_dtype = shard_dtype
     if fsdp2:
@@ -820,12 +829,18 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
             moved = plan.setup_moves_model
             if moved:
                 _move(model)
+            # The units and checkpointed blocks as Lightning's policies select them (a plan Lightning configured).
+            units = checkpointed = None
+            if plan.configured_by:
+                units = lightning_fsdp_plan.policy_targets(plan.wrap_policy, model)
+                checkpointed = lightning_fsdp_plan.checkpoint_targets(plan.checkpoint_options, model)
             wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=world,
                                    shard_dtype=shard_dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                                    offload=plan.offload_params, checkpointing=plan.checkpoint_blocks,
                                    auto_wrap=plan.wrap_blocks, moved=moved,
                                    limit_gathers=sharded.limit_all_gathers(chosen.optimizer_era),
-                                   sharding=plan.sharding_strategy, fsdp2=fsdp2)
+                                   sharding=plan.sharding_strategy, fsdp2=fsdp2, wrap_units=units,
+                                   checkpointed=checkpointed)
             if param_dtype != shard_dtype:  # the compute copies the units all-gather (host fakes, uncounted)
                 with session.host():
                     _move(model, param_dtype)

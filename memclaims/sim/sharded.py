@@ -7,11 +7,12 @@ FSDP unit) and ``CPUOffload(offload_params=True)``. No process group is needed t
 rank holds: every rank holds the same shapes, so this replays rank 0 alone on fake tensors, with
 FSDP1's allocations emulated around the real model's forward and backward (per-rank accounting):
 
-- units: one per transformer block, and the root (every parameter outside the blocks). Each
-  unit's flat parameter is padded to a multiple of the world size; a rank keeps ``1/W`` of it
+- units: one per transformer block (the modules Lightning's auto-wrap policy selects, from the plan as Lightning's
+  FSDPStrategy configures it: memclaims.techniques.impl.lightning_fsdp_plan), and the root (every parameter outside
+  the blocks). Each unit's flat parameter is padded to a multiple of the world size; a rank keeps ``1/W`` of it
   (the shard) in the original dtype, on the device unless offloaded;
-- forward: each unit all-gathers its full flat parameter (in ``MixedPrecision.param_dtype``, read
-  from the profile's Lightning, ``mixed_precision_dtypes``) before its forward and frees it after, except
+- forward: each unit all-gathers its full flat parameter (in ``MixedPrecision.param_dtype``: the installed
+  Lightning's, from that plan, or the 2023 Lightning's, ``mixed_precision_dtypes``) before its forward and frees it after, except
   the root, which FSDP1 keeps unsharded until the end of backward. With offload, the shard is first
   copied to the device (a shard-sized temporary);
 - backward: a unit's pre-backward all-gathers it again and prefetches the next unit
@@ -99,7 +100,7 @@ evaluation loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -699,12 +700,16 @@ class ShardedModel:
 def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *, world: int,
          shard_dtype: torch.dtype, param_dtype: torch.dtype, reduce_dtype: torch.dtype, offload: bool,
          checkpointing: bool, auto_wrap: bool, moved: bool, limit_gathers: bool = True,
-         sharding: str = "FULL_SHARD", fsdp2: bool = False) -> ShardedModel:
+         sharding: str = "FULL_SHARD", fsdp2: bool = False, wrap_units: Collection[nn.Module] | None = None,
+         checkpointed: Collection[nn.Module] | None = None) -> ShardedModel:
     """Wrap ``model`` (built on the host) as FSDP1 would; allocate rank 0's shards. ``limit_gathers``:
     FSDP1's ``limit_all_gathers`` (see ``limit_all_gathers``). ``sharding``: FSDP1's ShardingStrategy;
     a unit is sharded over ``shard_group_size(sharding, world)`` ranks (HYBRID_SHARD: one simulated node's).
     ``fsdp2``: FSDP2's ``fully_shard`` groups instead (``_Fsdp2Group``), FULL_SHARD as
-    ``reshard_after_forward=True``, SHARD_GRAD_OP as False; no offload, no other strategy."""
+    ``reshard_after_forward=True``, SHARD_GRAD_OP as False; no offload, no other strategy. ``wrap_units``: the modules
+    an auto-wrap policy selects (a plan Lightning configured: memclaims.techniques.impl.lightning_fsdp_plan), in place
+    of every ``block_class`` module under ``auto_wrap``; ``checkpointed``: the units checkpointing wraps, in place of
+    every unit under ``checkpointing``."""
     if sharding not in SHARDINGS:
         raise UsageError(f"unknown sharding strategy {sharding!r}; valid: {', '.join(SHARDINGS)}")
     if fsdp2 and (sharding not in ("FULL_SHARD", "SHARD_GRAD_OP") or offload):
@@ -731,14 +736,24 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
         units.append(made)
         return made
 
+    chosen = None if wrap_units is None else {id(m) for m in wrap_units}
+    recomputed = None if checkpointed is None else {id(m) for m in checkpointed}
+
+    def is_unit(module: nn.Module) -> bool:
+        return auto_wrap and isinstance(module, block_class) if chosen is None else id(module) in chosen
+
     def replace(parent: nn.Module) -> None:
         for name, child in parent.named_children():
-            if auto_wrap and isinstance(child, block_class):
-                setattr(parent, name, _Wrapped(child, unit(name, list(child.parameters())), checkpointing, order))
+            if is_unit(child):
+                checkpoint = checkpointing if recomputed is None else id(child) in recomputed
+                setattr(parent, name, _Wrapped(child, unit(name, list(child.parameters())), checkpoint, order))
             else:
                 replace(child)
 
     replace(model)
+    if recomputed and recomputed - {id(w.block) for w in model.modules() if isinstance(w, _Wrapped)}:
+        raise UsageError("the sim replays activation checkpointing of FSDP's wrapped units only: the checkpointing "
+                         "policy selects modules its auto-wrap policy does not wrap")
     wrapped = {id(p) for u in units for p in u.params}
     root = unit("root", [p for p in model.parameters() if id(p) not in wrapped], root=True)
     # Wrapping is bottom-up (blocks first, the root last), and so is the flatten-and-shard.

@@ -28,7 +28,9 @@ FSDP2), ``distributed_data_parallel.py``, ``deepspeed_zero2.py``. Each owns what
 (``rank_refusal``, per device), what its ranks execute (``plan``: a ``base.StrategyPlan``, plain data: FSDP's API,
 sharding strategy, ``reshard_after_forward``, device mesh, wrap, checkpointing, offload, DDP's buckets, the notes
 each engine writes), Lightning's own strategy object on the devices Lightning runs it on (``lightning_strategy``),
-what the CPU ranks' sharded engine calls where Lightning does not (``parallelize``, as ``ModelParallelStrategy``
+the plan as that Lightning object and its precision plugin configure it, for the engines that run the strategy where
+Lightning does not (``configured``: FSDP's is what ``FSDPStrategy`` and ``FSDPPrecision`` would pass to FSDP), what
+the CPU ranks' sharded engine calls where Lightning does not (``parallelize``, as ``ModelParallelStrategy``
 calls its ``parallelize_fn``), what a rank's Record says ran (``rank_notes``, the plan's ``fsdp_api``), which of
 the sim's replays runs a rank (``sim_replay``) and what that replay refuses (``sim_refusal``). The techniques
 that combine with a strategy (activation-checkpointing, cpu-offload, delayed-init, init-module) change its plan
@@ -43,7 +45,8 @@ counts what still reads a technique's flag or name outside this package.
 
 ``impl/`` holds the torch code that hooks of several techniques share or that is large (peft's adapters on real
 and fake tensors, the block checkpointing, FSDP2's ``fully_shard`` of each block for the CPU ranks and
-``ModelParallelStrategy``, save_on_cpu's offload, the per-parameter optimizers, the CUDA allocator setting); a technique may also keep its torch code in its own module
+``ModelParallelStrategy``, Lightning's FSDP configuration read and run by ``fully_shard`` on the CPU ranks,
+save_on_cpu's offload, the per-parameter optimizers, the CUDA allocator setting); a technique may also keep its torch code in its own module
 (``fused_linear_ce.py``), imported lazily.
 
 Imports: a technique module imports ``core`` and ``techniques.base`` at import time, torch, Lightning and ``impl/``

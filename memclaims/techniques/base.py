@@ -267,6 +267,21 @@ class StrategyPlan:
     mixed_precision_policy: bool = False
     # DDP's Reducer: gradients all-reduced from flat buckets of torch's default caps beside the parameters' .grad.
     bucket_gradients: bool = False
+    # What Lightning's strategy object and its precision plugin configure for the plan (``Strategy.configured``: for
+    # FSDP, ``FSDPStrategy`` paired with ``FSDPPrecision`` as Fabric's connector pairs them, read without launching
+    # them), for the engines that execute FSDP where Lightning does not (the CPU ranks, the sim). Empty: memclaims' own
+    # plan. The MixedPrecision Lightning passes to FSDP, by torch dtype name ("bfloat16"; None: the parameters' own) and
+    # its input casts; the auto-wrap policy (torch's ``_Policy``, e.g. the ``ModuleWrapPolicy`` Lightning builds from
+    # a set of classes; None: the root alone); the keywords of Lightning's activation checkpointing
+    # (``apply_activation_checkpointing``'s ``auto_wrap_policy`` or ``check_fn``; empty: none); who configured them.
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    buffer_dtype: str | None = None
+    cast_forward_inputs: bool = False
+    cast_root_forward_inputs: bool = True
+    wrap_policy: Any = None
+    checkpoint_options: tuple[tuple[str, Any], ...] = ()
+    configured_by: str = ""
     notes: tuple[tuple[str, str], ...] = ()  # (where: ON_CPU_RANKS, ON_SIM; the note), in the order written
 
     def notes_on(self, where: str) -> list[str]:
@@ -285,8 +300,9 @@ class Strategy(Hooks):
     - ``plan``: its ``StrategyPlan`` for a recipe on ``world`` ranks (``Recipe.strategy_plan`` adds the other
       techniques' ``plan_strategy``);
     - on Lightning's ranks (``lightning_devices``): ``lightning_strategy``, Fabric's ``strategy=``; elsewhere the
-      CPU ranks' sharded engine executes the plan and calls ``parallelize`` on the model with the plan's mesh,
-      as Lightning's ``ModelParallelStrategy`` calls its ``parallelize_fn``;
+      CPU ranks' sharded engine executes the plan as that object configures it (``configured``; the sim too) and
+      calls ``parallelize`` on the model with the plan's mesh, as Lightning's ``ModelParallelStrategy`` calls its
+      ``parallelize_fn``;
     - ``rank_notes``: what a rank's Record says ran; ``sim_replay``: which of the sim's replays runs it.
     """
 
@@ -313,6 +329,14 @@ class Strategy(Hooks):
     def parallelize(self, plan: StrategyPlan, model: nn.Module, mesh: Any, workload: Workload) -> nn.Module:
         """The model as one of the CPU ranks' sharded engine holds it (``mesh``: the plan's device mesh, or None)."""
         raise NotImplementedError(f"{type(self).__name__} has no engine of its own on the CPU ranks")
+
+    def configured(self, plan: StrategyPlan, recipe: Recipe, precision: str) -> StrategyPlan:
+        """The plan as Lightning's own strategy object (``lightning_strategy``) and its precision plugin for
+        ``precision`` configure it, for the engines that execute the strategy where Lightning does not run it (the
+        CPU ranks, the sim): what they execute, so that a change in Lightning's layer changes what they run. The
+        default: the plan as it is (a strategy Lightning runs wherever memclaims runs it, or one whose configuration
+        is memclaims' own)."""
+        return plan
 
     def rank_notes(self, plan: StrategyPlan, rank: int, device: str) -> list[str]:
         """What rank ``rank`` on ``device`` says ran (the first notes of its Record)."""

@@ -8,7 +8,7 @@ the sharding arithmetic every engine shares, and the active check of what a rank
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from memclaims.core.errors import UsageError
@@ -59,6 +59,16 @@ def shard_group_size(sharding: str | None, world: int) -> int:
     return world
 
 
+def fsdp2_mesh(sharding: str, world: int) -> tuple[int, ...] | None:
+    """The (replicate, shard) device mesh FSDP2 runs ``sharding`` over on ``world`` ranks: (N, 1) for NO_SHARD and
+    (HYBRID_NODES, N / HYBRID_NODES) for HYBRID_SHARD (torch lets the CPU ranks form one over gloo); None: one
+    dimension."""
+    if sharding in ("NO_SHARD", "HYBRID_SHARD"):
+        group = shard_group_size(sharding, world)
+        return (world // group, group)
+    return None
+
+
 def reshard_after_forward(sharding: str | None) -> bool:
     """FSDP2's ``fully_shard(reshard_after_forward=...)`` for a sharded technique's ``sharding`` (None:
     FULL_SHARD): False for SHARD_GRAD_OP (the unsharded parameters stay from the forward through the
@@ -101,10 +111,7 @@ class Fsdp(Strategy):
         """FSDP2 on the CPU ranks runs NO_SHARD and HYBRID_SHARD as HSDP over a (replicate, shard) device mesh of
         (N, 1) and (HYBRID_NODES, N / HYBRID_NODES) (torch lets the CPU ranks form one over gloo: HYBRID_SHARD's
         simulated nodes); FSDPStrategy takes HYBRID_SHARD's as its ``device_mesh``."""
-        mesh: tuple[int, ...] | None = None
-        if self.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD"):
-            group = shard_group_size(self.sharding_strategy, world)
-            mesh = (world // group, group)
+        mesh = fsdp2_mesh(self.sharding_strategy, world)
         fsdp1 = self.api == FSDP1_API
         return StrategyPlan(world=world, fsdp_api=self.api, sharding_strategy=self.sharding_strategy,
                             reshard_after_forward=reshard_after_forward(self.sharding_strategy), mesh_shape=mesh,
@@ -143,9 +150,59 @@ class Fsdp(Strategy):
             **mesh,
         )
 
+    def configured(self, plan: StrategyPlan, recipe: Recipe, precision: str) -> StrategyPlan:
+        """FSDP1 (``api`` fsdp1): what Lightning's ``FSDPStrategy``, as ``lightning_strategy`` builds it for the CUDA
+        ranks, and the ``FSDPPrecision(precision)`` Fabric's connector pairs with it would pass to FSDP, read without
+        launching them (memclaims.techniques.impl.lightning_fsdp_plan): its MixedPrecision, auto-wrap policy,
+        activation checkpointing, CPUOffload, sharding strategy and device mesh replace the plan's (FSDP2's
+        ``reshard_after_forward`` and mesh follow from the sharding strategy Lightning passes). FSDP2
+        (ModelParallelStrategy with memclaims' own parallelize_fn): the plan as it is."""
+        if self.api != FSDP1_API:
+            return plan
+        from memclaims.techniques.impl import lightning_fsdp_plan
+
+        try:
+            read = lightning_fsdp_plan.read(self.lightning_strategy(plan, recipe, "cuda"), precision)
+        except lightning_fsdp_plan.UnexecutedSetting as error:
+            raise lightning_fsdp_plan.UnexecutedSetting(f"{recipe.id}: {error}") from None
+        sharding = read.sharding_strategy
+        if sharding not in SHARDINGS:
+            raise lightning_fsdp_plan.UnexecutedSetting(f"{recipe.id}: {read.configured_by} passes sharding_strategy "
+                                                        f"{sharding}: the engines here run {', '.join(SHARDINGS)}")
+        mesh = read.device_mesh or fsdp2_mesh(sharding, plan.world)
+        return replace(plan, sharding_strategy=sharding, reshard_after_forward=reshard_after_forward(sharding),
+                       mesh_shape=mesh, mesh_dim_names=("replicate", "shard") if mesh else (),
+                       wrap_blocks=read.wrap_policy is not None, wrap_policy=read.wrap_policy,
+                       checkpoint_blocks=bool(read.checkpoint_options), checkpoint_options=read.checkpoint_options,
+                       offload_params=read.offload_params, param_dtype=read.param_dtype, reduce_dtype=read.reduce_dtype,
+                       buffer_dtype=read.buffer_dtype, cast_forward_inputs=read.cast_forward_inputs,
+                       cast_root_forward_inputs=read.cast_root_forward_inputs, configured_by=read.configured_by)
+
+    def configuration_problems(self, recipe: Recipe, asked: StrategyPlan, configured: StrategyPlan) -> list[str]:
+        """What of the recipe's plan (``asked``, what memclaims passes to Lightning's strategy) the plan Lightning
+        configured (``configured``) does not carry, one line each: the recipe, the setting, and where FSDP takes it
+        (the setup phase: what ``FSDPStrategy.setup_module`` passes to ``FullyShardedDataParallel``). What no run on
+        the CPU can show (CPU offload) is held here; the rest shows in what the ranks measure too."""
+        if not configured.configured_by:
+            return []
+        settings = [("auto_wrap_policy (a unit per block)", asked.wrap_blocks, configured.wrap_blocks),
+                    ("activation_checkpointing_policy (each block)", asked.checkpoint_blocks, configured.checkpoint_blocks),
+                    ("cpu_offload.offload_params", asked.offload_params, configured.offload_params),
+                    ("sharding_strategy", asked.sharding_strategy, configured.sharding_strategy),
+                    ("device_mesh", asked.mesh_shape, configured.mesh_shape)]
+        return [f"{recipe.id}@{asked.world}, every rank: {setting} is {got!r} as {configured.configured_by} configure "
+                f"it, where the recipe asks {wanted!r} (phase setup: what FSDPStrategy.setup_module passes to "
+                "FullyShardedDataParallel)" for setting, wanted, got in settings if wanted != got]
+
     def parallelize(self, plan: StrategyPlan, model: nn.Module, mesh: Any, workload: Workload) -> nn.Module:
-        """FSDP2's ``fully_shard`` on each block with the plan's ``reshard_after_forward`` (and mesh), then on the
-        root with FSDP2's own (and the mesh)."""
+        """A plan Lightning configured (``configured``): its configuration executed with FSDP2's ``fully_shard``
+        (memclaims.techniques.impl.lightning_fsdp_plan.shard). Otherwise (FSDP2 as asked): FSDP2's ``fully_shard`` on
+        each block with the plan's ``reshard_after_forward`` (and mesh), then on the root with FSDP2's own (and the
+        mesh)."""
+        if plan.configured_by:
+            from memclaims.techniques.impl import lightning_fsdp_plan
+
+            return lightning_fsdp_plan.shard(model, plan, mesh, workload.name)
         from memclaims.techniques.impl.fully_shard import fully_shard_blocks
 
         on_mesh = {} if mesh is None else {"mesh": mesh}
@@ -165,8 +222,12 @@ class Fsdp(Strategy):
         if self.api == FSDP2_API:
             notes.append(f"FSDP2 as asked (fully_shard, reshard_after_forward={plan.reshard_after_forward} on each "
                          "block, FSDP2's default, False, on the root)")
-        elif self.sharding_strategy != "FULL_SHARD":
-            notes.append(f"{self.sharding_strategy} as FSDP2 runs it: {FSDP2_SHARDINGS[self.sharding_strategy]}")
+        elif plan.sharding_strategy != "FULL_SHARD":
+            notes.append(f"{plan.sharding_strategy} as FSDP2 runs it: {FSDP2_SHARDINGS[plan.sharding_strategy]}")
+        if plan.configured_by:
+            from memclaims.techniques.impl import lightning_fsdp_plan
+
+            notes.append(lightning_fsdp_plan.describe(plan))
         return notes
 
     def removes(self, after: Record) -> Removal | None:

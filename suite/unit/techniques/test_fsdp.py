@@ -62,3 +62,57 @@ def test_sharding_removes_at_most_a_share_per_rank_and_nothing_on_one_device() -
     assert removal is not None and (removal.state, removal.rest, removal.no_verdict) == (0.25, 0.25, None)
     alone = hooks.removes(dataclasses.replace(after, devices=1))
     assert alone is not None and alone.no_verdict == "FSDP over 1 device shards nothing: needs 2 devices"
+
+
+@pytest.mark.parametrize("techniques", [("fsdp",), ("fsdp", "activation-checkpointing", "cpu-offload"),
+                                        ("fsdp-shard-grad-op",), ("fsdp-no-shard",), ("fsdp-hybrid",)])
+def test_lightning_configures_what_an_fsdp1_plan_asks(techniques: tuple[str, ...]) -> None:
+    """``configured``: the plan as Lightning's FSDPStrategy and FSDPPrecision configure it carries every setting the
+    recipe asks, with Lightning's MixedPrecision and policies beside them."""
+    recipe = resolve("vit", "smoke", techniques)
+    strategy, asked = recipe.distributed, recipe.strategy_plan(4)
+    assert strategy is not None
+    configured = strategy.configured(asked, recipe, "bf16-mixed")
+    same = ("sharding_strategy", "reshard_after_forward", "mesh_shape", "mesh_dim_names", "wrap_blocks",
+            "checkpoint_blocks", "offload_params", "setup_moves_model", "mixed_precision_policy", "notes")
+    assert {k: getattr(configured, k) for k in same} == {k: getattr(asked, k) for k in same}
+    assert (configured.param_dtype, configured.reduce_dtype) == ("bfloat16", "bfloat16")
+    assert configured.wrap_policy is not None and configured.configured_by.startswith("Lightning ")
+    assert bool(configured.checkpoint_options) is asked.checkpoint_blocks
+    assert strategy.configuration_problems(recipe, asked, configured) == []  # type: ignore[attr-defined]
+    assert not asked.configured_by  # the recipe's own plan says nobody configured it
+
+
+@pytest.mark.parametrize("name", ["fsdp2", "fsdp2-no-reshard"])
+def test_fsdp2_plans_are_memclaims_own(name: str) -> None:
+    """FSDP2 runs memclaims' parallelize_fn (ModelParallelStrategy): no Lightning FSDP configuration to read."""
+    recipe = resolve("vit", "smoke", [name])
+    strategy, plan = recipe.distributed, recipe.strategy_plan(4)
+    assert strategy is not None
+    assert strategy.configured(plan, recipe, "bf16-mixed") is plan
+
+
+def test_a_configuration_that_drops_a_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import lightning.fabric.strategies.fsdp as lightning_fsdp
+
+    recipe = resolve("vit", "smoke", ["fsdp", "activation-checkpointing"])
+    strategy, asked = recipe.distributed, recipe.strategy_plan(2)
+    assert strategy is not None
+    monkeypatch.setattr(lightning_fsdp, "_activation_checkpointing_kwargs", lambda *args: {})
+    configured = strategy.configured(asked, recipe, "32-true")
+    assert strategy.configuration_problems(recipe, asked, configured) == [  # type: ignore[attr-defined]
+        "vit-smoke/fsdp+activation-checkpointing@2, every rank: activation_checkpointing_policy (each block) is False "
+        f"as {configured.configured_by} configure it, where the recipe asks True (phase setup: what "
+        "FSDPStrategy.setup_module passes to FullyShardedDataParallel)"]
+
+
+def test_cpu_rank_notes_say_what_lightning_configured() -> None:
+    recipe = resolve("vit", "smoke", ["fsdp-shard-grad-op"])
+    strategy = recipe.distributed
+    assert strategy is not None
+    notes = strategy.rank_notes(strategy.configured(recipe.strategy_plan(2), recipe, "32-true"), 0, "cpu")
+    assert notes[1].startswith("SHARD_GRAD_OP as FSDP2 runs it")
+    assert notes[2].startswith("as Lightning ") and notes[2].endswith(
+        "configure it: MixedPrecision(param_dtype=float32, reduce_dtype=float32, buffer_dtype=float32); "
+        "auto_wrap_policy=ModuleWrapPolicy({EncoderBlock}); no activation checkpointing; "
+        "CPUOffload(offload_params=False); SHARD_GRAD_OP"), notes
