@@ -8,8 +8,8 @@ and refuses any connection or name look-up beyond this machine; AF_UNIX and loop
 gloo's ranks still meet on 127.0.0.1), with none of the Hub's variables set by the environment and with a
 stand-in for ``kernels`` on the path that asks the Hub as the real one does when bitsandbytes imports it
 (on AVX512-BF16 CPUs): the issue's two look-ups of huggingface.co, unless memclaims set the Hub offline.
-The three commands start at once (one module fixture; about 8 s of CPU each on 2 cores); the ranks of a
-sharded ``memclaims run`` are the nightly's (slow) test.
+The three commands start at once (one module fixture) and are the nightly's (slow), as are the ranks of a
+sharded ``memclaims run``; CI runs the guard's own checks and the front ends' settings.
 """
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ pytest_plugins = ["pytester"]
 # clients (peft-docs: LoRA on DistilBERT, transformers and peft; pytorch-tutorial's imports none).
 CPU_CASE = "suite/cases/test_technique_matrix.py::test_case[cpu:vit-smoke/adam8bit]"
 COMMANDS = ("pytest", "run", "reproduce")
+# The tests that read the guarded commands: one xdist worker (pytest.ini's --dist loadgroup), so that `-n 2`
+# starts the three commands once, not once per worker that got one of these tests.
+GUARDED = pytest.mark.xdist_group("offline-guarded")
+# ...and the nightly's (slow): the three commands cost about 70 s of CPU together (this file under -n 2: 141 s of
+# CPU with them, 69 s without; /usr/bin/time, 2026-12-06), far over what CI may add; CI keeps the guard's own
+# checks and the front ends' settings (below).
+NIGHTLY = pytest.mark.slow
 OFFLINE_LINE = "memclaims: Hugging Face Hub offline (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE set to 1"
 
 
@@ -52,7 +59,8 @@ def _launches(tmp: Path) -> list[Launch]:
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Guarded]:
     tmp = tmp_path_factory.mktemp("offline")
-    return run_guarded(_launches(tmp), tmp / "guard", timeout_s=400)
+    # A stop for a hung command only: about 30 s on 2 idle cores, ten times that under a shared machine's load.
+    return run_guarded(_launches(tmp), tmp / "guard", timeout_s=900)
 
 
 def _ran(result: Guarded) -> None:
@@ -60,6 +68,8 @@ def _ran(result: Guarded) -> None:
                                    f"{result.output[-3000:]}"
 
 
+@GUARDED
+@NIGHTLY
 @pytest.mark.parametrize("name", COMMANDS)
 def test_opens_no_connection_beyond_this_machine(guarded: dict[str, Guarded], name: str) -> None:
     result = guarded[name]
@@ -69,6 +79,8 @@ def test_opens_no_connection_beyond_this_machine(guarded: dict[str, Guarded], na
     assert result.attempts() == [], f"{name}: reached for the network:\n" + "\n".join(result.attempts())
 
 
+@GUARDED
+@NIGHTLY
 @pytest.mark.parametrize("name", COMMANDS)
 def test_every_hub_client_is_imported_with_the_hub_offline(guarded: dict[str, Guarded], name: str) -> None:
     result = guarded[name]
@@ -80,12 +92,16 @@ def test_every_hub_client_is_imported_with_the_hub_offline(guarded: dict[str, Gu
     assert result.imported_online() == [], f"{name}:\n" + "\n".join(result.imported_online())
 
 
+@GUARDED
+@NIGHTLY
 def test_the_header_and_run_say_the_hub_is_offline(guarded: dict[str, Guarded]) -> None:
     for name in ("pytest", "run"):
         lines = [line for line in guarded[name].output.splitlines() if line.startswith("memclaims: Hugging Face Hub")]
         assert len(lines) == 1 and lines[0].startswith(OFFLINE_LINE), f"{name}: {lines}"
 
 
+@GUARDED
+@NIGHTLY
 @pytest.mark.parametrize("name", COMMANDS)
 def test_prints_nothing_about_hub_kernels(guarded: dict[str, Guarded], name: str) -> None:
     result = guarded[name]
