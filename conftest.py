@@ -27,6 +27,8 @@ LOCK = Path(__file__).parent / "locks" / "ci.txt"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "reads_versions: a self-test of what memclaims reads as installed; runs once "
                                        "per stack of fixtures.stacks.STACKS (fixture installed_stack)")
+    config.addinivalue_line("markers", "stress: the dist tier's verdicts repeated in whole sessions; runs only under "
+                                       "-m stress (suite/conftest.py)")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

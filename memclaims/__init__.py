@@ -1,9 +1,9 @@
 """memclaims: published memory-saving claims for PyTorch training, as regression tests."""
 
-import logging
+from memclaims.core.offline import quiet_hub_kernels
 
 __version__ = "0.1.0"
 
-# bitsandbytes >= 0.50 warns on import, on CPUs with AVX512-BF16, that it cannot fetch a 4-bit GEMM
-# kernel from the Hugging Face Hub; memclaims uses only its 8-bit optimizers, so the line is noise.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+# Before anything of memclaims imports bitsandbytes (in every process that imports memclaims: a command,
+# a pytest session, a spawned rank): its hub-kernel warning at import is noise here (memclaims.core.offline).
+quiet_hub_kernels()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from memclaims.claims import catalogue as claim_registry
+from memclaims.core import offline
 from memclaims.core import settings as table
 from memclaims.core.errors import MemclaimsError, OutOfMemory, UsageError
 from memclaims.core.settings import Settings
@@ -206,6 +207,9 @@ def cmd_run(args: Settings) -> int:
     from memclaims.run import run_recipe, runs_ranks
 
     recipe = resolve(workload_from(args), args.scale, args.technique or [], sizes_from(args))
+    if args.download:
+        _download_data(args.data_dir)
+    print(offline.describe(args.download, "--download")[1], file=sys.stderr)  # how main set the Hub, in one line
     options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
                          data_dir=args.data_dir, devices=args.devices if (args.devices or 1) > 1 else None,
                          profile=args.sim_profile, timeout_s=args.timeout or None,
@@ -225,6 +229,22 @@ def cmd_run(args: Settings) -> int:
     else:
         _print_summary(json.loads(text))
     return 0
+
+
+def _download_data(folder: Path | None) -> None:
+    """--download: the data sets the data dir lacks, as pytest's --memclaims-download fetches them."""
+    from memclaims.core.names import DATA_DIR_ENV
+    from memclaims.workloads import download
+
+    if folder is None:
+        raise UsageError(f"--download needs a folder to download into: set --data-dir or ${DATA_DIR_ENV}")
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        lines = download.download(folder)
+    except (OSError, RuntimeError) as error:  # no network, checksum mismatch
+        raise UsageError(f"--download failed: {error}") from None
+    for line in lines:
+        print(f"memclaims: {line}", file=sys.stderr)
 
 
 def _print_summary(record: dict[str, Any]) -> None:
@@ -561,7 +581,10 @@ def parse(argv: Sequence[str] | None = None) -> tuple[Callable[[Settings], int],
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         handler, settings = parse(argv)
-        return int(handler(settings))
+        # Before any handler imports a Hub client: the libraries read their offline switch at import, and
+        # the ranks and subprocesses a command starts inherit it (memclaims.core.offline).
+        with offline.hub_mode(settings.download, "--download"):
+            return int(handler(settings))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE

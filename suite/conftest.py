@@ -57,10 +57,24 @@ def nightly_only(params: dict[str, object]) -> bool:
     return False
 
 
+# The stress run (suite/e2e/test_stress_dist_verdicts.py: every dist-tier verdict CI runs, in ten whole pytest
+# sessions, about 15 min on 2 cores): only where -m names it (`pytest -m stress`, the nightly's own step); any other
+# selection, the nightly's `pytest -n 2` and CI's `-m "not slow"` among them, leaves it out (deselected).
+STRESS = "stress"
+
+
+def stress_asked(config: pytest.Config) -> bool:
+    return STRESS in (config.getoption("markexpr", None) or "")
+
+
 # First, so that -m "not slow" (pytest's own modifyitems) sees the marks.
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and nightly_only(callspec.params):
             item.add_marker(pytest.mark.slow)
+    stress = [item for item in items if item.get_closest_marker(STRESS)]
+    if stress and not stress_asked(config):
+        config.hook.pytest_deselected(items=stress)
+        items[:] = [item for item in items if not item.get_closest_marker(STRESS)]

@@ -156,7 +156,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("data-dir", "path", f"folder holding CIFAR-10 / IMDb (default: ${DATA_DIR_ENV}, else offline data)",
            metavar="DIR", pytest=True, cli=_flags("run")),
     Option("download", "flag", "download CIFAR-10 into <data-dir>/images and IMDb into <data-dir>/text before "
-           "the session, where missing (needs internet and a data dir; off by default)", default=False, pytest=True),
+           "anything runs, where missing, and let the Hugging Face libraries reach the Hub (otherwise memclaims "
+           "runs them offline: HF_HUB_OFFLINE=1); needs internet and a data dir; off by default", default=False,
+           pytest=True, cli=_flags("run")),
     Option("update-baselines", "flag", "store the Records of the cases that ran as their baselines, instead of "
            "comparing", default=False, pytest=True, ini=False, pytest_flag="--update-baselines"),
     Option("strict", "flag", "fail when a metric is better than its baseline beyond tolerance (stale baseline)",

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from memclaims.core import published
+from memclaims.core import offline, published
 from memclaims.techniques import technique_registry as registry
 
 GB = 1e9  # the article's unit: decimal GB of max_memory_reserved
@@ -324,6 +324,13 @@ def main(argv: Sequence[str] | None = None, parse: Callable[[list[str]], object]
     parser.add_argument("--sim-rows", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allocator-trace", type=Path, metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # Offline as every memclaims command (memclaims.core.offline), for this process and the pytest and
+    # memclaims commands each step starts.
+    with offline.hub_mode(False, "memclaims run --download"):
+        return _main(args, parse)
+
+
+def _main(args: argparse.Namespace, parse: Callable[[list[str]], object] | None) -> int:
     if args.facts:
         print(json.dumps(facts(), indent=2))
         return 0

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from memclaims.core import tested_versions
+from memclaims.core import offline, tested_versions
 from memclaims.core.machine import Machine
 from memclaims.core.names import DATA_DIR_ENV, Tier
 from memclaims.core.settings import BY_NAME as OPTION_BY_NAME
@@ -119,9 +119,10 @@ def tier_scale(config: pytest.Config, tier: str, workload: str = "vit") -> str:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     counts = {name: len(registry.selection(name)) for name in SELECTIONS}
     chosen = settings(config).matrix
+    hub = [config.stash[_HUB].line] if _HUB in config.stash else []  # Hub offline, or downloads allowed
     return [f"memclaims: matrix {chosen!r}: {counts[chosen]} cases per workload and tier "
             f"(singles {counts['singles']}, default {counts['default']}, full {counts['full']}); "
-            f"gpu tier at {settings(config).gpu_scale!r} scale", gpu_budget_line(config),
+            f"gpu tier at {settings(config).gpu_scale!r} scale", *hub, gpu_budget_line(config),
             *tested_versions.header_lines(tested_versions.installed()), *config.stash.get(_STACK_NOTES, [])]
 
 
@@ -338,10 +339,39 @@ _SNAPSHOTS_HERE = pytest.StashKey[Any]()
 _STACK_NOTES = pytest.StashKey[list[str]]()  # set once the preflight ran: its header lines
 
 
+_HUB = pytest.StashKey[offline.HubMode]()  # what the session decided about the Hugging Face Hub
+
+
+def download_asked(config: pytest.Config) -> bool:
+    """--memclaims-download (or memclaims_download in the ini file), read before the session's Settings
+    exist: known_args_namespace holds the plugin's options when its entry point loaded it, config.option
+    once a conftest.py has registered it."""
+    option = OPTION_BY_NAME["download"]
+    value = getattr(config.option, option.pytest_dest, None)
+    if value is None:
+        value = getattr(config.known_args_namespace, option.pytest_dest, None)
+    spelled = option.pytest_option
+    if value is None:
+        value, spelled = config.getini(option.ini_name), f"{option.ini_name} (ini)"
+    try:
+        return bool(parse(option, value))
+    except BadValue as error:
+        raise pytest.UsageError(f"{spelled}: {error}") from None
+
+
+def go_offline(config: pytest.Config) -> None:
+    """The Hub offline for this session, its xdist workers and every process it starts, unless
+    --memclaims-download asks for downloads (memclaims.core.offline); before the preflight imports the
+    stack, since each library reads its switch at import. Once per session; undone at unconfigure."""
+    if _HUB not in config.stash:
+        config.stash[_HUB] = offline.apply(download_asked(config), OPTION_BY_NAME["download"].pytest_option)
+
+
 def check_stack(config: pytest.Config) -> None:
     """The environment preflight (memclaims.pytest.stack_preflight), once per session: a package every run or
     the selected workload needs that does not work stops the run with one line (a usage error,
     exit status 4) before any conftest or test module imports it; any other is a header line."""
+    go_offline(config)
     if _STACK_NOTES in config.stash:
         return
     config.stash[_STACK_NOTES] = []
@@ -415,6 +445,10 @@ def download_data(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     from memclaims.measure import diagnosis
+
+    hub = config.stash.get(_HUB, None)
+    if hub is not None:
+        offline.restore(hub)  # a session nested in another (pytester, in-process) leaves the outer one's
 
     diagnosis.set_history_entries(config.stash.get(_HISTORY_BEFORE, 0))
     directory, limit = config.stash.get(_SNAPSHOTS_BEFORE, (None, diagnosis.DEFAULT_SNAPSHOT_MAX_BYTES))

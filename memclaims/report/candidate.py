@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memclaims.claims import accuracy
-from memclaims.core import progress
+from memclaims.core import offline, progress
 from memclaims.core.errors import MemclaimsError
 from memclaims.core.names import CONVERGED
 from memclaims.recipes import requirements
@@ -136,7 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [t for t in tiers if t not in TIERS]
     if unknown:
         parser.error(f"unknown tier {unknown[0]!r}; valid tiers: {', '.join(TIERS)}")
-    return 1 if run(tiers, args.out, args.only, args.seed) else 0
+    # Offline as every memclaims command (memclaims.core.offline): started by memclaims upgrade it inherits
+    # the setting; started by hand it sets it here, before a case imports a Hub client.
+    with offline.hub_mode(False, "memclaims upgrade's worker: no download option"):
+        return 1 if run(tiers, args.out, args.only, args.seed) else 0
 
 
 if __name__ == "__main__":
