@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,3 +131,47 @@ def test_reproduce_one_source_on_the_sim(capsys: pytest.CaptureFixture[str], tmp
     assert "--source predicts on the sim only" in capsys.readouterr().err
     assert main(["reproduce", "--device", "sim", "--source", "nope", "--out", str(tmp_path)]) == 2
     assert "--source nope: no such source" in capsys.readouterr().err
+
+
+class _Asked(Exception):
+    """Stops a command once it has said what it would predict on (no replay runs)."""
+
+
+# Where each command hands its profile on: the door's RunOptions, fit's and fidelity's argument, a source's.
+_PROFILE_OF = {
+    "memclaims.run.run_recipe": lambda args, kwargs: args[1].profile,
+    "memclaims.report.fit.fit": lambda args, kwargs: kwargs["profile"],
+    "memclaims.report.fidelity.fidelity": lambda args, kwargs: args[0],
+    "memclaims.report.source_claims.predict": lambda args, kwargs: args[1],
+}
+
+
+@pytest.mark.parametrize("argv, where, expected", [
+    (["run", "vit", "--device", "sim"], "memclaims.run.run_recipe", "current"),
+    (["run", "vit", "--device", "sim", "--sim-profile", "article"], "memclaims.run.run_recipe", "article"),
+    (["fit", "vit", "--memory", "24GB"], "memclaims.report.fit.fit", "current"),
+    (["fit", "vit", "--memory", "24GB", "--sim-profile", "h100"], "memclaims.report.fit.fit", "h100"),
+    (["fidelity"], "memclaims.report.fidelity.fidelity", "article"),
+    (["reproduce", "--device", "sim", "--source", "course"], "memclaims.report.source_claims.predict", "article"),
+])
+def test_the_default_sim_profile_is_the_installed_torch_except_where_the_article_is_reproduced(
+        argv: list[str], where: str, expected: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """run and fit answer for today's torch (issue #43); fidelity and reproduce keep the article's profile; run and
+    fit name the profile they predict on before they start."""
+    import importlib
+
+    module, _, name = where.rpartition(".")
+    asked: list[str] = []
+
+    def ask(*args: Any, **kwargs: Any) -> Any:
+        asked.append(_PROFILE_OF[where](args, kwargs))
+        raise _Asked
+
+    monkeypatch.setattr(importlib.import_module(module), name, ask)
+    with pytest.raises(_Asked):
+        main(argv)
+    assert asked == [expected]
+    if argv[0] in ("run", "fit"):
+        assert f"profile {expected!r} (" in capsys.readouterr().err
+
