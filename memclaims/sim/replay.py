@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 import memclaims.sim.ddp as ddp
 from memclaims.core.errors import OutOfMemory, UsageError
@@ -489,10 +490,12 @@ class _Precision:
         self.scale: torch.Tensor | None = None
 
     def convert_input(self, inputs: Any) -> Any:
-        if isinstance(inputs, dict):
-            return {k: self.convert_input(v) for k, v in inputs.items()}
+        """Each floating tensor of a batch (a tensor, or a mapping, tuple or list of them: Lightning's
+        ``apply_to_collection``) in the plugin's input dtype."""
         dtype = self.spec.input_dtype()
-        return inputs.to(dtype) if dtype is not None and inputs.is_floating_point() else inputs
+        if dtype is None:
+            return inputs
+        return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, inputs)
 
     def forward_context(self) -> Any:
         if self.spec.autocast_dtype is not None:

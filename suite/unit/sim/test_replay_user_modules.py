@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from fixtures import demo_transformer as demo
 from fixtures.user_module_zoo import ZOO, workload
 from memclaims import sim
 from memclaims.core.errors import UsageError
@@ -94,6 +95,14 @@ def test_fake_batches_take_the_shapes_and_dtypes_of_one_real_batch() -> None:
     images = BatchShapes("images", lambda scale: [(torch.zeros(3, 8, 8, dtype=torch.float16), 1)] * 2, None)
     x, y = images(_scale(16), 5)  # fewer examples than a batch: the set's
     assert (x.shape, x.dtype, y.dtype) == ((5, 3, 8, 8), torch.float16, torch.long)
+
+
+def test_labels_flattened_over_the_tokens_scale_with_the_batch() -> None:
+    """(batch x sequence,) labels, as Lightning's demo Transformer's loss reads them: k positions per example."""
+    shapes = BatchShapes("flat-labels", lambda scale: demo.tokens(10, 1), demo.flattened)
+    (inputs, target), labels = shapes(_scale(4), 8)
+    assert inputs.shape == target.shape == (8, demo.SEQUENCE) and labels.shape == (8 * demo.SEQUENCE,)
+    assert labels.dtype == torch.long
 
 
 def test_a_batch_without_a_leading_batch_dimension_is_refused() -> None:
