@@ -175,3 +175,33 @@ def test_the_default_sim_profile_is_the_installed_torch_except_where_the_article
     if argv[0] in ("run", "fit"):
         assert f"profile {expected!r} (" in capsys.readouterr().err
 
+
+@pytest.mark.sim
+def test_a_user_model_on_the_sim_runs_where_its_values_are_constants_and_is_one_line_where_they_are_data(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Lightning's demo Transformer (its decoder reads its causal mask's values) runs on the sim from the command
+    line; a model whose forward branches on its input's values stops with one line naming the op, the module path
+    and what to do, exit status 2, no traceback (issue #43)."""
+    from memclaims.workloads import user as user_workloads
+
+    monkeypatch.setenv("MEMCLAIMS_WORKLOADS", "fixtures.demo_transformer:make,fixtures.demo_transformer:reads_data")
+    monkeypatch.setattr(user_workloads, "_env_specs_loaded", set())
+    try:
+        assert main(["run", "demo-transformer", "--device", "sim", "--scale", "smoke", "-t", "bf16-true",
+                     "--json"]) == 0
+        captured = capsys.readouterr()
+        record = json.loads(captured.out)
+        assert captured.err.startswith("memclaims: predicting demo-transformer-smoke/bf16-true on the sim, profile "
+                                       "'current' (")
+        assert (record["probe"], record["step_examples"]) == ("sim:current", 4)
+        assert main(["run", "reads-data", "--device", "sim", "--scale", "smoke"]) == 2
+    finally:
+        for name in ("demo-transformer", "reads-data"):
+            user_workloads.forget(name)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "Traceback" not in err  # the profile line, then the one error line
+    error = err.splitlines()[1]
+    assert error.startswith("error: the sim cannot replay workload 'reads-data': module blocks.0 "
+                            "(fixtures.demo_transformer.Gate) at ")
+    assert "demo_transformer.py:" in error and "(aten._local_scalar_dense.default: " in error
+    assert error.endswith("or run it with --device cpu or cuda")
