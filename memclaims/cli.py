@@ -177,7 +177,8 @@ def cmd_list(args: Settings) -> int:
     for r in data["named_recipes"]:
         needs = "; ".join(r["needs"]) or "runnable"
         print(f"  {r['name']:<36} {r['workload']}: {'+'.join(r['techniques'])}  [{needs}]")
-    print("\nSimulated GPUs (--device sim --sim-profile NAME):")
+    print(f"\nSimulated GPUs (--device sim --sim-profile NAME; run and fit predict on {INSTALLED_TORCH_PROFILE!r}, "
+          f"reproduce and fidelity on {ARTICLE_PROFILE!r}):")
     for name, summary in data["sim_profiles"].items():
         print(f"  {name:<26} {summary}")
     counts = data["case_counts"]

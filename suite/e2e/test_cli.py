@@ -50,6 +50,7 @@ def test_list_text_shows_the_same(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "06_sgd-with-scheduler" in out and "vit" in out and "overall-20x" in out
+    assert "run and fit predict on 'current', reproduce and fidelity on 'article'" in out
 
 
 @pytest.mark.cpu
