@@ -423,10 +423,11 @@ def cmd_fit(args: Settings) -> int:
 
     budget = fit.parse_size(args.memory)
     profile = args.sim_profile or INSTALLED_TORCH_PROFILE  # what fits today (core/names.py)
-    if not args.json:
-        print(f"memclaims: fit on the sim, {_profile_words(profile)}", file=sys.stderr)
     result = fit.fit(workload_from(args), budget, profile=profile, scale=args.scale, sizes=sizes_from(args),
                      exact=not args.extrapolate, only=tuple(args.technique or ()), devices=args.devices,
+                     # said once the budget is judged: a refusal stays one line
+                     answering=None if args.json else
+                     (lambda: print(f"memclaims: fit on the sim, {_profile_words(profile)}", file=sys.stderr)),
                      progress=None if args.json or progress_bar.shown() else  # a terminal shows the bar
                      (lambda recipe_id: print(f"memclaims: predicting {recipe_id}", file=sys.stderr, flush=True)))
     if args.plot:

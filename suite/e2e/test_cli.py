@@ -141,7 +141,8 @@ class _Asked(Exception):
 # Where each command hands its profile on: the door's RunOptions, fit's and fidelity's argument, a source's.
 _PROFILE_OF = {
     "memclaims.run.run_recipe": lambda args, kwargs: args[1].profile,
-    "memclaims.report.fit.fit": lambda args, kwargs: kwargs["profile"],
+    # fit says its profile once the budget is judged (``answering``), just before its first replay
+    "memclaims.report.fit.fit": lambda args, kwargs: (kwargs["answering"](), kwargs["profile"])[1],
     "memclaims.report.fidelity.fidelity": lambda args, kwargs: args[0],
     "memclaims.report.source_claims.predict": lambda args, kwargs: args[1],
 }
