@@ -21,6 +21,7 @@ from memclaims.claims import catalogue as claim_registry
 from memclaims.core import offline
 from memclaims.core import settings as table
 from memclaims.core.errors import MemclaimsError, OutOfMemory, UsageError
+from memclaims.core.names import ARTICLE_PROFILE, INSTALLED_TORCH_PROFILE
 from memclaims.core.settings import Settings
 from memclaims.recipes.named import NAMED_RECIPES
 from memclaims.techniques import technique_registry as registry
@@ -177,7 +178,8 @@ def cmd_list(args: Settings) -> int:
     for r in data["named_recipes"]:
         needs = "; ".join(r["needs"]) or "runnable"
         print(f"  {r['name']:<36} {r['workload']}: {'+'.join(r['techniques'])}  [{needs}]")
-    print("\nSimulated GPUs (--device sim --sim-profile NAME):")
+    print(f"\nSimulated GPUs (--device sim --sim-profile NAME; run and fit predict on {INSTALLED_TORCH_PROFILE!r}, "
+          f"reproduce and fidelity on {ARTICLE_PROFILE!r}):")
     for name, summary in data["sim_profiles"].items():
         print(f"  {name:<26} {summary}")
     counts = data["case_counts"]
@@ -210,9 +212,10 @@ def cmd_run(args: Settings) -> int:
     if args.download:
         _download_data(args.data_dir)
     print(offline.describe(args.download, "--download")[1], file=sys.stderr)  # how main set the Hub, in one line
+    profile = args.sim_profile or INSTALLED_TORCH_PROFILE  # a question about today (core/names.py)
     options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
                          data_dir=args.data_dir, devices=args.devices if (args.devices or 1) > 1 else None,
-                         profile=args.sim_profile, timeout_s=args.timeout or None,
+                         profile=profile, timeout_s=args.timeout or None,
                          evaluate_each_epoch=args.evaluate_each_epoch)
     if runs_ranks(recipe, options):
         from memclaims.measure.distributed import DistributedResult
@@ -220,7 +223,9 @@ def cmd_run(args: Settings) -> int:
         print(f"memclaims: running {recipe.id} on {args.device}, sharded", file=sys.stderr)
         text = DistributedResult.from_records(run_recipe(recipe, options)).to_json()
     else:
-        if args.device != "sim":
+        if args.device == "sim":
+            print(f"memclaims: predicting {recipe.id} on the sim, {_profile_words(profile)}", file=sys.stderr)
+        else:
             print(f"memclaims: running {recipe.id} on {args.device}", file=sys.stderr)
         (record,) = run_recipe(recipe, options)
         text = record.to_json()
@@ -245,6 +250,13 @@ def _download_data(folder: Path | None) -> None:
         raise UsageError(f"--download failed: {error}") from None
     for line in lines:
         print(f"memclaims: {line}", file=sys.stderr)
+
+
+def _profile_words(name: str) -> str:
+    """``profile 'current' (A100 with today's torch defaults: ...)``: which simulated GPU and torch answer."""
+    from memclaims.sim import profile
+
+    return f"profile {name!r} ({profile(name).summary})"
 
 
 def _print_summary(record: dict[str, Any]) -> None:
@@ -303,7 +315,7 @@ def _reproduce_source(args: Settings) -> int:
     if args.device != "sim":
         raise UsageError(f"--source predicts on the sim only, got --device {args.device!r}; use --device sim "
                          "(the other tiers check a source's claims in pytest: memclaims claims --source NAME)")
-    rows = source_claims.predict(args.source, args.sim_profile)
+    rows = source_claims.predict(args.source, ARTICLE_PROFILE)  # reproduce: the article's profile
     assert args.out is not None  # the command's default: reproduce/
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -430,8 +442,12 @@ def cmd_fit(args: Settings) -> int:
     from memclaims.core import progress as progress_bar
 
     budget = fit.parse_size(args.memory)
-    result = fit.fit(workload_from(args), budget, profile=args.sim_profile, scale=args.scale, sizes=sizes_from(args),
+    profile = args.sim_profile or INSTALLED_TORCH_PROFILE  # what fits today (core/names.py)
+    result = fit.fit(workload_from(args), budget, profile=profile, scale=args.scale, sizes=sizes_from(args),
                      exact=not args.extrapolate, only=tuple(args.technique or ()), devices=args.devices,
+                     # said once the budget is judged: a refusal stays one line
+                     answering=None if args.json else
+                     (lambda: print(f"memclaims: fit on the sim, {_profile_words(profile)}", file=sys.stderr)),
                      progress=None if args.json or progress_bar.shown() else  # a terminal shows the bar
                      (lambda recipe_id: print(f"memclaims: predicting {recipe_id}", file=sys.stderr, flush=True)))
     if args.plot:
@@ -447,7 +463,7 @@ def cmd_fit(args: Settings) -> int:
 def cmd_fidelity(args: Settings) -> int:
     from memclaims.report import fidelity
 
-    rows = fidelity.fidelity(args.sim_profile, article=not args.hf_only, hf=not args.article_only,
+    rows = fidelity.fidelity(args.sim_profile or ARTICLE_PROFILE, article=not args.hf_only, hf=not args.article_only,
                              progress=None if args.json else
                              (lambda recipe_id: print(f"memclaims: {recipe_id}", file=sys.stderr, flush=True)))
     if args.json:

@@ -54,6 +54,24 @@ GPU_SMOKE = "gpusmoke"
 # before torch is imported.
 SIM_PROFILES = ("article", "current", "torch-2.1", "article-untimed", "article-math", "cpu-kernels", "a100", "h100",
                 "h200")
+# The profile of a sim run that names none (no --sim-profile, no --memclaims-sim-profile). A question about
+# today ("what fits on my card": memclaims run and fit, a user workload's sim-tier cases) gets the installed
+# torch's defaults: ``current``'s optimizer step and FSDP are the installed torch's and Lightning's, its kernels
+# and workspaces today's (issue #43: the article's 2023 Adam step overstated a 2024 run's peak by 1.21x, current
+# 1.03x). Reproducing the article (memclaims reproduce, fidelity, the article's claims, the built-in workloads'
+# sim tier, whose committed baselines are baselines/measured/sim-article.json) gets the article's A100 and torch.
+INSTALLED_TORCH_PROFILE = "current"
+ARTICLE_PROFILE = "article"
+
+
+def sim_tier_profile(workload: str, chosen: str | None = None) -> str:
+    """The profile of ``workload``'s sim-tier cases: ``chosen`` (--memclaims-sim-profile) where given; else the
+    article's for the built-in and ``hf:`` workloads (their committed sim baselines are the article profile's)
+    and the installed torch's for a user's own workload."""
+    if chosen:
+        return chosen
+    built_in = workload in BUILT_IN_WORKLOADS or workload.startswith(HF_PREFIX)
+    return ARTICLE_PROFILE if built_in else INSTALLED_TORCH_PROFILE
 # Optimizer steps the sim measures where none are asked for, at any scale (a real run measures its
 # scale's memory_steps; memclaims.recipes.run_options.memory_steps picks). The peak needs the second step:
 # gradients and optimizer state alive during the forward. With accumulation the scripts step at batch

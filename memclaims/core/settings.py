@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from memclaims.core.names import (
+    ARTICLE_PROFILE,
     BUILT_IN_WORKLOADS,
     DATA_DIR_ENV,
     DEVICES,
     GPU_SMOKE,
+    INSTALLED_TORCH_PROFILE,
     SIM_MEMORY_STEPS,
     SIM_PROFILES,
     Device,
@@ -142,8 +144,10 @@ OPTIONS: tuple[Option, ...] = (
            default=False, pytest=True),
     Option("vit-h14", "flag", "also run the ViT-H/14 series (518 px, 16-mixed, batch 4 per GPU) in the gpu tier",
            default=False, pytest=True),
-    Option("sim-profile", "choice", "the simulated GPU of the sim tier and of --device sim (memclaims list "
-           "shows the profiles)", default="article", choices=SIM_PROFILES, metavar="NAME", pytest=True,
+    Option("sim-profile", "choice", f"the simulated GPU and torch of the sim tier and of --device sim (memclaims "
+           f"list shows the profiles; default: {INSTALLED_TORCH_PROFILE}, the installed torch's defaults, for run, fit "
+           f"and a user workload's sim tier; {ARTICLE_PROFILE}, the article's A100 and torch of 2023, for fidelity, "
+           "reproduce and the built-in workloads' sim tier)", choices=SIM_PROFILES, metavar="NAME", pytest=True,
            cli=_flags("run", "fit", "fidelity"), cli_aliases=("--profile",)),
     Option("workload", "text", "the workload the technique matrix runs on: vit, another built-in, "
            "hf:<model_type>, or one registered by an entry point (group memclaims.workloads.vit) or "
@@ -419,7 +423,7 @@ class Settings:
     accuracy_epochs: int | None = None
     accuracy_full_epochs: bool = False
     vit_h14: bool = False
-    sim_profile: str = "article"  # one of memclaims.core.names.SIM_PROFILES
+    sim_profile: str | None = None  # one of memclaims.core.names.SIM_PROFILES; None: the context's (names.py)
     workload: str = "vit"
     workloads: tuple[str, ...] = ()
     data_dir: Path | None = None  # the option, else $MEMCLAIMS_DATA_DIR, else None (offline data)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from memclaims.measure.tensors import storage_bytes
 from memclaims.techniques.base import LoopHelper
@@ -206,10 +207,12 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def batch_examples(inputs: Any, targets: torch.Tensor) -> int:
-    """Examples in a micro-batch: the inputs' leading dimension (a causal LM's targets are its tokens,
-    one per position), the targets' where the inputs are no tensor or mapping of tensors."""
-    first = next(iter(inputs.values()), None) if isinstance(inputs, dict) else inputs
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) else int(targets.shape[0])
+    """Examples in a micro-batch: the leading dimension of the inputs' first tensor (a tensor, or the first
+    in a mapping, tuple or list of them), never the targets' where the inputs have one: a causal LM's targets
+    are its tokens, one per position, and flattened labels (``target.view(-1)``) lead with batch x sequence.
+    The targets' only where the inputs hold no tensor."""
+    first = next((leaf for leaf in tree_leaves(inputs) if isinstance(leaf, torch.Tensor)), None)
+    return int(first.shape[0]) if first is not None else int(targets.shape[0])
 
 
 def watch_linear_outputs(model: nn.Module) -> Callable[[], list[str]]:

@@ -29,7 +29,7 @@ import pytest
 
 from memclaims.core import offline, tested_versions
 from memclaims.core.machine import Machine
-from memclaims.core.names import DATA_DIR_ENV, Tier
+from memclaims.core.names import ARTICLE_PROFILE, DATA_DIR_ENV, Tier, sim_tier_profile
 from memclaims.core.settings import BY_NAME as OPTION_BY_NAME
 from memclaims.core.settings import OPTIONS, BadValue, Option, Settings, parse, settings_from
 from memclaims.pytest.addoption import SELECTIONS, pytest_addoption  # noqa: F401 - the hook, registered here
@@ -122,8 +122,22 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     hub = [config.stash[_HUB].line] if _HUB in config.stash else []  # Hub offline, or downloads allowed
     return [f"memclaims: matrix {chosen!r}: {counts[chosen]} cases per workload and tier "
             f"(singles {counts['singles']}, default {counts['default']}, full {counts['full']}); "
-            f"gpu tier at {settings(config).gpu_scale!r} scale", *hub, gpu_budget_line(config),
+            f"gpu tier at {settings(config).gpu_scale!r} scale", *hub, sim_profile_line(config), gpu_budget_line(config),
             *tested_versions.header_lines(tested_versions.installed()), *config.stash.get(_STACK_NOTES, [])]
+
+
+def sim_profile_line(config: pytest.Config) -> str:
+    """Which simulated GPU and torch the sim tier predicts for (memclaims.core.names.sim_tier_profile)."""
+    chosen, workload = settings(config).sim_profile, selected_workload(config)
+    if chosen:
+        return f"memclaims: sim tier on profile {chosen!r} (--memclaims-sim-profile)"
+    profile = sim_tier_profile(workload)
+    if profile == ARTICLE_PROFILE:
+        return (f"memclaims: sim tier on profile {profile!r} (the article's A100 and torch of 2023, as the built-in "
+                "workloads' baselines; --memclaims-sim-profile NAME picks another)")
+    return (f"memclaims: sim tier on profile {profile!r} for workload {workload!r} (the installed torch's defaults, "
+            f"for a user workload), {ARTICLE_PROFILE!r} for the built-in workloads' rows and claims "
+            "(--memclaims-sim-profile NAME picks one for all)")
 
 
 def gpu_budget_line(config: pytest.Config) -> str:

@@ -13,7 +13,7 @@ import pytest
 from memclaims.claims.catalogue import Claim, skip_reason
 from memclaims.claims.lookup import Key, Lookup, load_only, recipe_of
 from memclaims.core.errors import MemclaimsError, OutOfMemory
-from memclaims.core.names import tier_device
+from memclaims.core.names import sim_tier_profile, tier_device
 from memclaims.core.record import Record
 from memclaims.pytest.plugin import note_out_of_memory, settings, tier_scale
 from memclaims.recipes import requirements
@@ -87,7 +87,8 @@ class RecordCache:
 
     def _measure(self, tier: str, recipe: Recipe, seed: int | None = None, load_only: bool = False) -> Record:
         if tier == "sim":
-            return run_recipe(recipe, RunOptions(device="sim", profile=settings(self.config).sim_profile,
+            profile = sim_tier_profile(recipe.workload.name, settings(self.config).sim_profile)
+            return run_recipe(recipe, RunOptions(device="sim", profile=profile,
                                               memory_steps=settings(self.config).steps,
                                               load_only=load_only))[0]
         options = self.options(tier)

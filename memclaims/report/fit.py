@@ -227,9 +227,12 @@ def predict(recipe: Recipe, profile: str, exact: bool, devices: int | None = Non
 
 def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scale: str = "article",
         sizes: Sizes | None = None, exact: bool = True, only: tuple[str, ...] = (),
-        progress: Callable[[str], None] | None = None, devices: int | None = None) -> FitResult:
+        progress: Callable[[str], None] | None = None, devices: int | None = None,
+        answering: Callable[[], None] | None = None) -> FitResult:
     """``only``: consider combinations of these techniques only (default: every single-process one,
-    and with ``devices`` N > 1 every technique); ``devices``: the GPUs a strategy spreads the run over."""
+    and with ``devices`` N > 1 every technique); ``devices``: the GPUs a strategy spreads the run over;
+    ``answering``: called once the question is judged answerable (profile, devices, budget), before any
+    replay, so that what a command prints then never precedes a refusal's one line."""
     sizes = Sizes() if sizes is None else sizes
     from memclaims import sim
 
@@ -247,6 +250,8 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
     combos = sorted(candidates, key=lambda c: (c != (registry.REFERENCE,), len(c), cost(c)[0] or float("inf")))
     reference = resolve(workload_name, scale, [], sizes)
     _check_floor(reference, candidates, memory_bytes)
+    if answering:
+        answering()
     result = FitResult(reference.workload.name, scale, profile, memory_bytes, devices or 1,
                        "replayed" if exact or not (_layers(reference) or 0) > EXTRAPOLATION_LAYERS[1]
                        else f"extrapolated from {EXTRAPOLATION_LAYERS[0]} and {EXTRAPOLATION_LAYERS[1]} layers")

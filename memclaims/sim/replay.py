@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 import memclaims.sim.ddp as ddp
 from memclaims.core.errors import OutOfMemory, UsageError
@@ -51,6 +52,7 @@ from memclaims.recipes.run_options import memory_steps as resolve_steps
 from memclaims.sim.allocator import CachingAllocator, DeviceFull, TraceEvent
 from memclaims.sim.eras import optimizer_era
 from memclaims.sim.fake_build import naming_the_module, same_mode_copies
+from memclaims.sim.known_values import reading_values
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
@@ -315,6 +317,21 @@ class _Session:
         results[name] = PhaseResult(peak.allocated_bytes, peak.reserved_bytes or 0, peak.extra.get("live_bytes", 0))
 
     @contextmanager
+    def training(self, workload: str, model: nn.Module) -> Iterator[None]:
+        """The training phase: values made from constants only are known (memclaims.sim.known_values), and a
+        value the sim cannot know (read from data or parameters) is named in one line."""
+        with reading_values(workload, model), self.fake.knowing_values():
+            yield
+
+    def data(self, inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]]) -> Callable[[Any, int], tuple[Any, torch.Tensor]]:
+        """``inputs_fn`` making its batches with values unknown: a batch is data, whatever it was filled with."""
+        def made(scale: Any, batch: int) -> tuple[Any, torch.Tensor]:
+            with self.fake.knowing_values(False):
+                return inputs_fn(scale, batch)
+
+        return made
+
+    @contextmanager
     def host(self) -> Iterator[None]:
         """Work that a GPU run does on the CPU: not device memory, so initial values are skipped too."""
         with self.memory.outside(), _no_init():
@@ -491,10 +508,12 @@ class _Precision:
         self.scale: torch.Tensor | None = None
 
     def convert_input(self, inputs: Any) -> Any:
-        if isinstance(inputs, dict):
-            return {k: self.convert_input(v) for k, v in inputs.items()}
+        """Each floating tensor of a batch (a tensor, or a mapping, tuple or list of them: Lightning's
+        ``apply_to_collection``) in the plugin's input dtype."""
         dtype = self.spec.input_dtype()
-        return inputs.to(dtype) if dtype is not None and inputs.is_floating_point() else inputs
+        if dtype is None:
+            return inputs
+        return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, inputs)
 
     def forward_context(self) -> Any:
         if self.spec.autocast_dtype is not None:
@@ -729,8 +748,8 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
             buckets = ddp.allocate_buckets(list(model.parameters())) if plan and plan.bucket_gradients else []
         param_count = sum(p.numel() for p in model.parameters())
         param_tensors = len(list(model.parameters()))
-        with session.phase(phases, "train"):
-            states = _train(session, recipe, model, steps, inputs_fn)
+        with session.phase(phases, "train"), session.training(recipe.workload.name, model):
+            states = _train(session, recipe, model, steps, session.data(inputs_fn))
         site = dict(session.memory.reserved_peak_site)
         del model, buckets
     notes.extend(_allocator_notes(site, session))
@@ -848,8 +867,9 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         param_tensors = len(list(model.parameters()))
         precision = _Precision(recipe)
         attention = _attention_context(chosen, precision.compute)
-        with session.phase(phases, "train"):
-            states, replayed = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision, attention)
+        with session.phase(phases, "train"), session.training(recipe.workload.name, model):
+            states, replayed = sharded.train(session, recipe, wrapped, steps, session.data(inputs_fn), precision,
+                                             attention)
         if replayed:
             notes.append(f"{replayed} micro-batches replayed from micro-batch 2's allocations, which matched micro-batch "
                          "1's event for event (memclaims.sim.repeat)")

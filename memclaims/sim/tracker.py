@@ -19,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+import memclaims.sim.known_values as known_values
 from memclaims.core.record import ACTIVATIONS, CATEGORIES
 from memclaims.sim.allocator import CachingAllocator
 from memclaims.sim.profiles import Profile
@@ -368,6 +369,28 @@ def _aliased_returns(func: Any) -> tuple[bool, ...]:
     return (False,) if schema is None else tuple(ret.alias_info is not None for ret in schema.returns)
 
 
+def _fresh_returns(func: Any, out: Any) -> Any:
+    """``out`` with a tensor its op returned twice as two fresh outputs, where the schema declares no alias.
+
+    A fake kernel run without FakeTensorMode's dispatch cache (an op's first call with its signature, before the
+    process-wide cache holds it; every call with an input carrying a constant, memclaims.sim.known_values) may
+    return one tensor for two outputs: ``mkldnn_rnn_layer_backward``'s meta kernel gives both bias gradients as
+    one tensor, where the CPU kernel (and the cache, which makes each output anew) gives two; autograd would then
+    copy one before accumulating it (an extra ``new_empty_strided`` + ``copy_`` on the timeline, which the real
+    kernel never makes it run)."""
+    if not isinstance(out, tuple) or len(out) < 2:
+        return out
+    seen: set[int] = set()
+    fresh = list(out)
+    for index, (value, alias) in enumerate(zip(out, _aliased_returns(func))):
+        if not isinstance(value, torch.Tensor) or alias:
+            continue
+        if id(value) in seen:
+            fresh[index] = value.new_empty_strided(value.size(), value.stride())
+        seen.add(id(value))
+    return tuple(fresh)
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -388,6 +411,26 @@ def tracked_fake_mode(memory: DeviceMemory) -> Any:
             self.memory = memory
             self.inside = False
             self.no_device: bool = FakeTensorMode.avoid_device_init.fget(self)  # type: ignore[attr-defined]
+            # The training phase: factories of constants carry their values (memclaims.sim.known_values).
+            self.knowing = False
+
+        @contextmanager
+        def knowing_values(self, knowing: bool = True) -> Iterator[None]:
+            """Values made from constants are known inside the block (``knowing=False``: unknown, a batch)."""
+            before, self.knowing = self.knowing, knowing
+            try:
+                yield
+            finally:
+                self.knowing = before
+
+        def may_turn_const(self, t: torch.Tensor) -> bool:
+            if not self.knowing:
+                return bool(super().may_turn_const(t))
+            return known_values.small_enough(t) and not self.is_our_fake(t)
+
+        def _run(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+            made = known_values.known_factory(self, func, args, kwargs) if self.knowing else None
+            return made if made is not None else _fresh_returns(func, self.dispatch(func, types, args, kwargs))
 
         @property
         def avoid_device_init(self) -> bool:
@@ -403,7 +446,7 @@ def tracked_fake_mode(memory: DeviceMemory) -> Any:
                 return self.dispatch(func, types, args, kwargs or {})
             self.inside = True
             try:
-                return memory.dispatch(func, args, kwargs, lambda: self.dispatch(func, types, args, kwargs or {}))
+                return memory.dispatch(func, args, kwargs, lambda: self._run(func, types, args, kwargs or {}))
             finally:
                 self.inside = False
 

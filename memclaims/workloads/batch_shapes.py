@@ -6,6 +6,11 @@ examples of the training set (the collate function the DataLoader gets, or its d
 scale, keeps each tensor's shape and dtype (dimension 0 is the batch, as ``default_collate`` and
 every padding collate lay it out), and makes empty tensors of those shapes at any batch size.
 Padded batches take the length of the longest of those first examples.
+
+Dimension 0 may also be the batch flattened with the positions of each example: labels of a language
+model viewed as ``(batch x sequence,)`` (``target.view(-1)``, as Lightning's demo Transformer and many
+LM losses take them) lead with ``n x k`` for ``n`` examples of ``k`` positions each, and scale as ``batch x k``.
+A leading dimension that is no multiple of the examples collated is not the batch's, and is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ if TYPE_CHECKING:
 class _Leaf:
     shape: tuple[int, ...]  # without the batch dimension
     dtype: torch.dtype
+    # Rows of dimension 0 per example: 1 where it is the batch, k where it is the batch flattened
+    # with k positions of each example (labels viewed as (batch x sequence,)).
+    per_example: int = 1
 
 
 class BatchShapes:
@@ -55,10 +63,12 @@ class BatchShapes:
             kept: list[_Leaf | Any] = []
             for leaf in leaves:
                 if isinstance(leaf, torch.Tensor):
-                    if leaf.dim() == 0 or leaf.shape[0] != count:
+                    if leaf.dim() == 0 or leaf.shape[0] == 0 or leaf.shape[0] % count:
                         raise UsageError(f"workload {self.workload!r}: a collated tensor of shape {tuple(leaf.shape)} "
-                                         f"does not lead with the batch dimension ({count}); the sim needs it first")
-                    kept.append(_Leaf(tuple(leaf.shape[1:]), leaf.dtype))
+                                         f"does not lead with the batch dimension ({count} examples), nor with the "
+                                         f"batch flattened with each example's positions ({count} x k); the sim "
+                                         "needs one of them first")
+                    kept.append(_Leaf(tuple(leaf.shape[1:]), leaf.dtype, leaf.shape[0] // count))
                 else:
                     kept.append(leaf)
             self._read[scale] = (kept, spec)
@@ -66,7 +76,7 @@ class BatchShapes:
 
     def __call__(self, scale: Scale, batch: int) -> tuple[Any, torch.Tensor]:
         kept, spec = self._leaves(scale)
-        made = [torch.zeros((batch, *leaf.shape), dtype=leaf.dtype) if isinstance(leaf, _Leaf) else leaf
-                for leaf in kept]
+        made = [torch.zeros((batch * leaf.per_example, *leaf.shape), dtype=leaf.dtype) if isinstance(leaf, _Leaf)
+                else leaf for leaf in kept]
         inputs, labels = tree_unflatten(made, spec)
         return inputs, labels

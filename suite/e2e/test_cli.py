@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,7 @@ def test_list_text_shows_the_same(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "06_sgd-with-scheduler" in out and "vit" in out and "overall-20x" in out
+    assert "run and fit predict on 'current', reproduce and fidelity on 'article'" in out
 
 
 @pytest.mark.cpu
@@ -146,3 +148,78 @@ def test_reproduce_one_source_on_the_sim(capsys: pytest.CaptureFixture[str], tmp
     assert "--source predicts on the sim only" in capsys.readouterr().err
     assert main(["reproduce", "--device", "sim", "--source", "nope", "--out", str(tmp_path)]) == 2
     assert "--source nope: no such source" in capsys.readouterr().err
+
+
+class _Asked(Exception):
+    """Stops a command once it has said what it would predict on (no replay runs)."""
+
+
+# Where each command hands its profile on: the door's RunOptions, fit's and fidelity's argument, a source's.
+_PROFILE_OF = {
+    "memclaims.run.run_recipe": lambda args, kwargs: args[1].profile,
+    # fit says its profile once the budget is judged (``answering``), just before its first replay
+    "memclaims.report.fit.fit": lambda args, kwargs: (kwargs["answering"](), kwargs["profile"])[1],
+    "memclaims.report.fidelity.fidelity": lambda args, kwargs: args[0],
+    "memclaims.report.source_claims.predict": lambda args, kwargs: args[1],
+}
+
+
+@pytest.mark.parametrize("argv, where, expected", [
+    (["run", "vit", "--device", "sim"], "memclaims.run.run_recipe", "current"),
+    (["run", "vit", "--device", "sim", "--sim-profile", "article"], "memclaims.run.run_recipe", "article"),
+    (["fit", "vit", "--memory", "24GB"], "memclaims.report.fit.fit", "current"),
+    (["fit", "vit", "--memory", "24GB", "--sim-profile", "h100"], "memclaims.report.fit.fit", "h100"),
+    (["fidelity"], "memclaims.report.fidelity.fidelity", "article"),
+    (["reproduce", "--device", "sim", "--source", "course"], "memclaims.report.source_claims.predict", "article"),
+])
+def test_the_default_sim_profile_is_the_installed_torch_except_where_the_article_is_reproduced(
+        argv: list[str], where: str, expected: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """run and fit answer for today's torch (issue #43); fidelity and reproduce keep the article's profile; run and
+    fit name the profile they predict on before they start."""
+    import importlib
+
+    module, _, name = where.rpartition(".")
+    asked: list[str] = []
+
+    def ask(*args: Any, **kwargs: Any) -> Any:
+        asked.append(_PROFILE_OF[where](args, kwargs))
+        raise _Asked
+
+    monkeypatch.setattr(importlib.import_module(module), name, ask)
+    with pytest.raises(_Asked):
+        main(argv)
+    assert asked == [expected]
+    if argv[0] in ("run", "fit"):
+        assert f"profile {expected!r} (" in capsys.readouterr().err
+
+
+@pytest.mark.sim
+def test_a_user_model_on_the_sim_runs_where_its_values_are_constants_and_is_one_line_where_they_are_data(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Lightning's demo Transformer (its decoder reads its causal mask's values) runs on the sim from the command
+    line; a model whose forward branches on its input's values stops with one line naming the op, the module path
+    and what to do, exit status 2, no traceback (issue #43)."""
+    from memclaims.workloads import user as user_workloads
+
+    monkeypatch.setenv("MEMCLAIMS_WORKLOADS", "fixtures.demo_transformer:make,fixtures.demo_transformer:reads_data")
+    monkeypatch.setattr(user_workloads, "_env_specs_loaded", set())
+    try:
+        assert main(["run", "demo-transformer", "--device", "sim", "--scale", "smoke", "-t", "bf16-true",
+                     "--json"]) == 0
+        captured = capsys.readouterr()
+        record = json.loads(captured.out)
+        assert captured.err.startswith("memclaims: predicting demo-transformer-smoke/bf16-true on the sim, profile "
+                                       "'current' (")
+        assert (record["probe"], record["step_examples"]) == ("sim:current", 4)
+        assert main(["run", "reads-data", "--device", "sim", "--scale", "smoke"]) == 2
+    finally:
+        for name in ("demo-transformer", "reads-data"):
+            user_workloads.forget(name)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "Traceback" not in err  # the profile line, then the one error line
+    error = err.splitlines()[1]
+    assert error.startswith("error: the sim cannot replay workload 'reads-data': module blocks.0 "
+                            "(fixtures.demo_transformer.Gate) at ")
+    assert "demo_transformer.py:" in error and "(aten._local_scalar_dense.default: " in error
+    assert error.endswith("or run it with --device cpu or cuda")

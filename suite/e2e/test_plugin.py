@@ -59,6 +59,36 @@ def test_header_prints_how_many_cases_each_selection_holds(suite: pytest.Pyteste
     result.stdout.fnmatch_lines(["memclaims: matrix 'full': * cases per workload and tier (singles *, default *, full *)*"])
 
 
+SIM_PROFILE_PROBE = """
+    import memclaims.pytest.records as records
+
+    def test_sim_profiles(record_cache, monkeypatch):
+        asked = []
+        monkeypatch.setattr(records, "run_recipe", lambda recipe, options: asked.append(options.profile) or [None])
+        for workload in ("vit", "hf:gpt2", "demo-transformer"):
+            record_cache.get("sim", record_cache.recipe("sim", workload, ()))
+        print("sim profiles asked:", asked)
+"""
+
+
+@pytest.mark.parametrize("chosen, header, asked", [
+    ((), "memclaims: sim tier on profile 'current' for workload 'demo-transformer' (the installed torch's defaults, "
+         "for a user workload), 'article' for the built-in workloads' rows and claims *",
+     "['article', 'article', 'current']"),
+    (("--memclaims-sim-profile", "h100"), "memclaims: sim tier on profile 'h100' (--memclaims-sim-profile)",
+     "['h100', 'h100', 'h100']"),
+])
+def test_the_sim_tier_predicts_a_user_workload_for_the_installed_torch(
+        pytester: pytest.Pytester, chosen: tuple[str, ...], header: str, asked: str) -> None:
+    """A user workload's sim-tier cases answer for today's torch, the built-in workloads' keep the article's
+    profile (their committed baselines'), a chosen profile is every case's; the header says which."""
+    make_project(pytester, ROOT, ini_extra="memclaims_workloads = fixtures.demo_transformer:make\n")
+    pytester.makepyfile(test_profiles=SIM_PROFILE_PROBE)
+    result = pytester.runpytest("-s", "--memclaims-workload", "demo-transformer", "-k", "test_sim_profiles", *chosen)
+    result.stdout.fnmatch_lines([header])
+    assert f"sim profiles asked: {asked}" in result.stdout.str() and result.parseoutcomes().get("passed") == 1
+
+
 def test_matrix_option_changes_the_number_of_cases(suite: pytest.Pytester) -> None:
     counts = {}
     for matrix in ("singles", "default"):

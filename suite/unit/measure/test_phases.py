@@ -13,7 +13,7 @@ from torch import nn
 from fixtures.paths import PACKAGE
 from memclaims.core.record import Record
 from memclaims.measure import active, steady
-from memclaims.measure.loop import STEP_PHASES, TrainingLoop
+from memclaims.measure.loop import STEP_PHASES, TrainingLoop, batch_examples
 from memclaims.measure.probes import CpuProbe, CudaProbe, PhasePeak, phase_entries
 from memclaims.measure.record_builder import build_record
 from memclaims.measure.tensors import bytes_by, device_type, dtype_name
@@ -337,3 +337,16 @@ def test_activation_checkpointing_on_one_device_must_recompute_in_backward() -> 
     assert any("nothing was recomputed" in line for line in active.problems(recipe, lazy, without=without))
     unobserved = dataclasses.replace(checkpointed, recomputed_linear_calls=None)  # FSDP on the sim observes none
     assert active.problems(recipe, unobserved, without=without) == []
+
+
+def test_a_batch_counts_the_examples_of_its_inputs_not_the_tokens_of_its_labels() -> None:
+    """The active check of batch sizes reads this (``Record.step_examples``): labels flattened over the tokens
+    (``target.view(-1)``, Lightning's demo Transformer's) lead with batch x sequence, the inputs with the batch."""
+    ids = torch.zeros(4, 16, dtype=torch.long)
+    flat = ids.reshape(-1)
+    assert batch_examples(ids, flat) == 4
+    assert batch_examples({"input_ids": ids, "attention_mask": ids}, flat) == 4
+    assert batch_examples((ids, ids), flat) == 4  # the demo Transformer's (inputs, target)
+    assert batch_examples([ids], flat) == 4
+    assert batch_examples({"texts": ["a", "b", "c"]}, torch.zeros(3)) == 3  # no tensor in the inputs: the labels'
+
