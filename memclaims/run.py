@@ -130,6 +130,12 @@ def needs(recipe: Recipe, tier: str) -> requirements.Needs:
 
     result = requirements.for_techniques(recipe.techniques, tier) | requirements.Needs(
         packages=frozenset(workload_packages(recipe.workload.name)))
+    if tier != "sim":  # what a technique refuses before running on the device (a stack's workload, what it expresses)
+        from memclaims.core.names import tier_device
+
+        options = RunOptions(device="cuda" if result.cuda_devices else tier_device(tier))
+        refused = (hooks.refusal(recipe, options) for hooks in recipe.hooks)
+        result |= requirements.Needs(unsupported=tuple(reason for reason in refused if reason))
     if tier == "sim":
         try:
             sim.check(recipe)

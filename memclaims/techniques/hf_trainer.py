@@ -105,6 +105,13 @@ def trainer_arguments(recipe: Recipe) -> dict[str, Any]:
     return arguments
 
 
+def checkpointing(model: Any) -> bool:
+    """Whether a transformers model checkpoints its layers (``is_activation_checkpointing``; before transformers 5.2x,
+    ``is_gradient_checkpointing``, a deprecated alias since)."""
+    name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
 def workload_refusal(recipe: Recipe) -> str | None:
     """Why the Trainer's own loss cannot train the workload: it asks the model for it (``labels`` in, ``loss`` out), as
     a transformers sequence classifier computes it; memclaims' loss of a causal LM or a torchvision model is its own."""
@@ -160,9 +167,7 @@ class HfTrainer(Stack):
         # the step ran fused, and the checkpointing; the Trainer's class is the real run's to observe.
         groups = getattr(optimizer, "param_groups", [{}])
         return {"by_technique": {NAME: {"fused": bool(groups[0].get("fused")) if groups else None,
-                                        "checkpointing": bool(getattr(model, "is_activation_checkpointing",
-                                                                      getattr(model, "is_gradient_checkpointing",
-                                                                              False)))}}}
+                                        "checkpointing": checkpointing(model)}}}
 
 
 ENTRY = Technique(NAME, "transformers' Trainer runs the loop (the course's code path): TrainingArguments' switches, "

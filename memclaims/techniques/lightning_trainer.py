@@ -41,6 +41,10 @@ CONFLICTS: tuple[tuple[str, str], ...] = (
 )
 
 
+# The parameters' dtype under each true half precision (what Lightning's HalfPrecision converts to).
+HALF_DTYPES = {"bf16-true": "bfloat16", "16-true": "float16"}
+
+
 def trainer_arguments(recipe: Recipe) -> dict[str, Any]:
     """The recipe as Lightning Trainer's switches (the engine adds the device, the steps and the quiet settings)."""
     return {"precision": recipe.precision, "accumulate_grad_batches": recipe.accumulation_steps}
@@ -65,6 +69,10 @@ class LightningTrainer(Stack):
         for key in ("precision", "accumulate_grad_batches"):
             if seen.get(key) != expected[key]:
                 say(f"the Trainer ran {key}={seen.get(key)!r} after phase load, the recipe asks {expected[key]!r}")
+        half = HALF_DTYPES.get(recipe.precision)
+        if half is not None and seen.get("param_dtypes") != [half]:  # Lightning#19721: bf16-true kept fp32 weights
+            say(f"the parameters were {seen.get('param_dtypes')} after phase train under precision "
+                f"{recipe.precision!r}, expected [{half!r}]")
 
     def sim_builds_on_device(self) -> bool:
         return True  # Trainer.init_module(): on the device, in the half dtype for true precisions

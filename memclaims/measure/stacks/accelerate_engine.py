@@ -32,7 +32,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from memclaims.measure.loop import PhaseCallback, no_phase
-from memclaims.measure.stacks.stack_engine import StackEngine, fresh_accelerate_state, transformers_model
+from memclaims.measure.stacks.stack_engine import (
+    StackEngine,
+    course_optimizer_size,
+    fresh_accelerate_state,
+    transformers_model,
+)
 from memclaims.techniques import accelerate_loop
 
 if TYPE_CHECKING:
@@ -90,9 +95,14 @@ class AccelerateEngine(StackEngine):
 
     def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any], optimizer_steps: int,
               on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
-        accelerator, accumulation = self.accelerator, self.recipe.accumulation_steps
         if scheduler is not None and self._scheduler is None:
-            self._scheduler = accelerator.prepare(scheduler)
+            self._scheduler = self.accelerator.prepare(scheduler)
+        self._train(model, optimizer, batches, optimizer_steps, on_step, phase)
+        self.observed.update(course_optimizer_size(optimizer))  # over accelerator.prepare's optimizer, as the course
+
+    def _train(self, model: nn.Module, optimizer: Any, batches: Iterator[Any], optimizer_steps: int,
+               on_step: Callable[[], None] | None, phase: PhaseCallback) -> None:
+        accelerator, accumulation = self.accelerator, self.recipe.accumulation_steps
         done = 0
         with self.measuring(optimizer_steps, on_step, phase), warnings.catch_warnings():
             # torch's ModTracker (under the cpu probe's MemTracker) warns once when a module's weak reference is gone

@@ -34,7 +34,12 @@ from torch.utils.data import DataLoader
 
 from memclaims.core.errors import UsageError
 from memclaims.measure.loop import PhaseCallback, no_phase
-from memclaims.measure.stacks.stack_engine import StackEngine, fresh_accelerate_state, transformers_model
+from memclaims.measure.stacks.stack_engine import (
+    StackEngine,
+    course_optimizer_size,
+    fresh_accelerate_state,
+    transformers_model,
+)
 from memclaims.techniques import hf_trainer
 from memclaims.techniques.base import CLIP_GRAD_NORM
 
@@ -200,10 +205,9 @@ class HfTrainerEngine(StackEngine):
         optimizer = self.trainer.optimizer
         inner = getattr(optimizer, "optimizer", optimizer)
         defaults = getattr(inner, "defaults", {})
-        return {"optimizer_class": type(inner).__name__, "fused": defaults.get("fused"),
+        return {**course_optimizer_size(optimizer), "optimizer_class": type(inner).__name__, "fused": defaults.get("fused"),
                 "foreach": defaults.get("foreach"),
-                "checkpointing": bool(getattr(model, "is_activation_checkpointing",
-                                              getattr(model, "is_gradient_checkpointing", False)))}
+                "checkpointing": hf_trainer.checkpointing(model)}
 
     # --- evaluate: the Trainer's evaluate() and the course's compute_metrics ---------------------------------
 

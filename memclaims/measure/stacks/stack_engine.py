@@ -66,6 +66,17 @@ def fresh_accelerate_state() -> None:
     GradientState._reset_state()
 
 
+def course_optimizer_size(optimizer: Any) -> dict[str, int]:
+    """The course's ``compute_optimizer_size(trainer.optimizer.state.values())``: the elements and bytes of every
+    tensor in the optimizer's state, each counted where it appears (bitsandbytes' quantization maps once per
+    parameter), as the slides count 131,566,188 elements and 128 MB."""
+    from memclaims.core.optim_state import count_every_tensor
+
+    elements = sum(v.numel() for state in optimizer.state.values() for v in state.values()
+                   if isinstance(v, torch.Tensor))
+    return {"course_optimizer_size_elements": elements, "course_optimizer_size_bytes": count_every_tensor(optimizer)}
+
+
 def transformers_model(model: nn.Module) -> bool:
     """Whether ``model`` is a transformers model, whose forward takes ``labels`` and returns the loss."""
     from transformers import PreTrainedModel
