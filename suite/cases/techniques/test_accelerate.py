@@ -55,6 +55,7 @@ def test_the_courses_accelerate_loop_is_active_and_matches_its_baseline(record_c
 
 
 @pytest.mark.sim
+@pytest.mark.slow  # two article-scale replays (about 11 s under load); CI keeps the cpu case and the injection
 def test_sim_matches_its_baseline_and_frees_the_gradients_before_the_forward(record_cache, baseline_check,
                                                                              record_property) -> None:
     recipe = resolve(WORKLOAD, "article", COURSE)

@@ -80,6 +80,7 @@ def test_sim_article_scale_matches_its_baseline(record_cache, baseline_check, re
 
 
 @pytest.mark.sim
+@pytest.mark.slow  # two article-scale replays (about 12 s under load); CI keeps the sim baseline above
 def test_sim_the_trainers_default_step_is_fused(record_cache) -> None:
     """transformers 5.x's default optim, adamw_torch_fused: the step allocates nothing parameter-sized beyond the
     state, where the same recipe through Fabric (foreach Adam of the profile's era) holds at least one

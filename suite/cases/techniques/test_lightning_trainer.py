@@ -49,6 +49,7 @@ def test_true_precision_is_active_and_matches_its_baseline(record_cache, baselin
 
 
 @pytest.mark.sim
+@pytest.mark.slow  # an article-scale replay (about 7 s under load); CI keeps the cpu case and the injection
 def test_sim_matches_its_baseline(record_cache, baseline_check, record_property) -> None:
     recipe = resolve(WORKLOAD, "article", TRUE_HALF)
     record = record_cache.get("sim", recipe)
