@@ -2,7 +2,9 @@
 
 It picks the engine and nothing else: the simulated GPU (``memclaims.sim``) for ``--device sim``;
 the sharded ranks (``memclaims.measure.distributed``: FSDP2 on CPU ranks, Lightning FSDP on CUDA ranks)
-for a sharded recipe or several devices; otherwise Fabric on one device (``memclaims.measure.runner``).
+for a sharded recipe or several devices; the stack's own engine (``memclaims.measure.stacks``: the HF Trainer,
+Accelerate, Lightning's Trainer) for a recipe of a stack that runs the loop itself; otherwise Fabric on one device
+(``memclaims.measure.runner``).
 The real engines run through ``memclaims.measure.pipeline``; the sim replays the same training loop
 (``memclaims.measure.loop``) on fake tensors; every engine's Record is assembled by
 ``memclaims.measure.record_builder``. A sharded run returns one Record per rank, rank 0 first.
@@ -61,6 +63,11 @@ def run_recipe(recipe: Recipe, options: RunOptions) -> Measurement:
         return Measurement(distributed.run_distributed(recipe, options, timeout_s=options.timeout_s).records)
     from memclaims.measure import runner
 
+    stack = recipe.stack_hooks
+    if stack is not None:  # a stack that runs the loop itself: its own engine (memclaims.measure.stacks)
+        from memclaims.measure.stacks import engine_class
+
+        return Measurement([runner.run(recipe, options, engine=engine_class(stack.engine))])
     return Measurement([runner.run(recipe, options)])
 
 
@@ -123,6 +130,12 @@ def needs(recipe: Recipe, tier: str) -> requirements.Needs:
 
     result = requirements.for_techniques(recipe.techniques, tier) | requirements.Needs(
         packages=frozenset(workload_packages(recipe.workload.name)))
+    if tier != "sim":  # what a technique refuses before running on the device (a stack's workload, what it expresses)
+        from memclaims.core.names import tier_device
+
+        options = RunOptions(device="cuda" if result.cuda_devices else tier_device(tier))
+        refused = (hooks.refusal(recipe, options) for hooks in recipe.hooks)
+        result |= requirements.Needs(unsupported=tuple(reason for reason in refused if reason))
     if tier == "sim":
         try:
             sim.check(recipe)

@@ -28,8 +28,23 @@ NIGHTLY_CONVERGED = (("small-batch",),)
 # (about 10 s); its sim case, suite/cases/techniques/test_lora.py's cpu baseline and sim injection run in CI.
 # fused-linear-ce-logits-never-whole on the cpu tier trains GPT-2 smoke with and without the fused loss (about
 # 10 s); its sim case and suite/cases/techniques/test_fused_linear_ce.py's cpu baseline and sim injection run in CI.
+# The training stacks' claims (issue #42): on the cpu tier they train DistilBERT smoke (the ViT for Accelerate's)
+# through a stack and through Fabric with accuracy (five Records: 180 s under this machine's load), on the sim they
+# replay two article-scale recipes each (ViT-L/16 for Accelerate's: 57 s under load, 13 s for Lightning's, 10 s for the
+# HF Trainer's). CI keeps each stack's cpu case, baseline and injection (suite/cases/techniques/test_hf_trainer.py,
+# test_accelerate.py, test_lightning_trainer.py), the course's claims through them, and the HF Trainer's sim baseline.
 NIGHTLY_CLAIMS = frozenset({("sim", "batch-1-further-75"), ("cpu", "lora-few-trainable-parameters"),
-                            ("cpu", "fused-linear-ce-logits-never-whole")})
+                            ("cpu", "fused-linear-ce-logits-never-whole"),
+                            ("cpu", "lightning-trainer-same-loop"), ("cpu", "accelerate-accumulate-same-loop"),
+                            ("cpu", "hf-trainer-gradients-freed-before-forward"),
+                            ("cpu", "hf-trainer-fused-adamw-default"),
+                            ("sim", "lightning-trainer-same-loop"), ("sim", "accelerate-accumulate-same-loop"),
+                            ("sim", "hf-trainer-gradients-freed-before-forward"), ("sim", "hf-trainer-fused-adamw-default")})
+
+# Claims that read the Records of a technique's own cases, in their xdist group (pytest.ini's --dist loadgroup): one
+# worker measures each Record once for both. The course's 8-bit counts through its Trainer path and Accelerate loop
+# read suite/cases/techniques/test_hf_trainer.py's and test_accelerate.py's Records.
+SHARED_RECORDS = {("cpu", "course-adam8bit-128"): "course-stacks", ("cpu", "course-adam8bit-elements"): "course-stacks"}
 
 # suite/cases/techniques/test_optimizer_impl.py's cpu-against-sim step temporaries, per (workload, optimizer
 # techniques): CI keeps the ViT's Adam (the baseline cases' own Records and three smoke replays, a few seconds);
@@ -74,7 +89,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         if callspec is not None and nightly_only(callspec.params):
             item.add_marker(pytest.mark.slow)
+        if callspec is not None:
+            group = shared_group(callspec.params)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
     stress = [item for item in items if item.get_closest_marker(STRESS)]
     if stress and not stress_asked(config):
         config.hook.pytest_deselected(items=stress)
         items[:] = [item for item in items if not item.get_closest_marker(STRESS)]
+
+
+def shared_group(params: dict[str, object]) -> str | None:
+    """The xdist group of a claim's case that reads a technique case's Records (``SHARED_RECORDS``), or None."""
+    from memclaims.claims.catalogue import Claim
+
+    claim = params.get("claim")
+    return SHARED_RECORDS.get((str(params.get("tier")), claim.name)) if isinstance(claim, Claim) else None

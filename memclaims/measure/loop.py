@@ -3,7 +3,10 @@
 The loop decides the peak, so it exists once: ``zero_grad`` after the forward pass (scripts 01-04,
 06), or a scaled loss with a step on every accumulation-th batch and ``zero_grad`` after it (05).
 Subclasses say how a loss is computed, back-propagated and read, and how the optimizer steps
-(the sim wraps the step to attribute its temporaries and cannot read a fake loss).
+(the sim wraps the step to attribute its temporaries and cannot read a fake loss). A training stack
+that runs its own loop (memclaims.measure.stacks) has its order (``techniques.base.LoopOrder``: the HF
+Trainer and the course's Accelerate loop zero after every step, Lightning's Trainer at the start of each
+accumulation window, the Trainer clips and prefetches a step's micro-batches), which the sim replays here.
 
 The loop also names the phases of a step (``STEP_PHASES``) and opens each through the ``phase``
 callback that ``train`` takes, so that the probes measure the same boundaries on every engine.
@@ -22,7 +25,14 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from memclaims.measure.tensors import storage_bytes
-from memclaims.techniques.base import LoopHelper
+from memclaims.techniques.base import (
+    CLIP_GRAD_NORM,
+    ZERO_AFTER_STEP,
+    ZERO_AS_SCRIPTS,
+    ZERO_AT_WINDOW_START,
+    LoopHelper,
+    LoopOrder,
+)
 
 # The phases of a training step, in the order of scripts 01-04 and 06 (05 zeroes after the step).
 # The loss (and its scaling under accumulation) belongs to ``forward``; reading its value, the
@@ -42,8 +52,9 @@ def json_number(value: float) -> float | None:
 
 
 class TrainingLoop:
-    def __init__(self, accumulation_steps: int) -> None:
+    def __init__(self, accumulation_steps: int, order: LoopOrder | None = None) -> None:
         self.accumulation_steps = accumulation_steps
+        self.order = order or LoopOrder()  # the article scripts' unless a stack's loop is replayed
         self.losses: list[float] = []
         self.step_times: list[float] = []
         self.nan_step: int | None = None  # index into ``losses`` of the first NaN/inf
@@ -91,6 +102,10 @@ class TrainingLoop:
     def after_step(self, optimizer: Any) -> None:
         """Right after the optimizer step's phase has closed."""
 
+    def clip(self, model: nn.Module) -> None:
+        """The gradient norm and clipping of a stack that clips (``LoopOrder.clips_gradients``)."""
+        torch.nn.utils.clip_grad_norm_(model.parameters(), self.order.max_grad_norm)
+
     def synchronize(self) -> None:
         """Wait for queued device work, so that step times are real."""
 
@@ -118,10 +133,13 @@ class TrainingLoop:
               phase: PhaseCallback = no_phase) -> None:
         """``optimizer_steps`` optimizer steps (or until ``batches`` runs out when negative);
         ``phase(name)`` wraps each of the ``STEP_PHASES`` (a probe's ``step_phase``)."""
-        accumulation = self.accumulation_steps
+        accumulation, order = self.accumulation_steps, self.order
+        scripts = order.zero_grad == ZERO_AS_SCRIPTS
         done = 0
         examples = micro_batches = 0
         started = time.perf_counter()
+        if order.prefetches and accumulation > 1:
+            batches = prefetched(batches, accumulation)
         for batch_index, (inputs, targets) in enumerate(batches):
             if on_step is not None:
                 on_step()
@@ -137,15 +155,19 @@ class TrainingLoop:
                     self.compute_dtypes = helper.compute_dtypes(self.compute_dtypes)
             examples += batch_examples(inputs, targets)
             micro_batches += 1
-            if accumulation == 1:
+            if (accumulation == 1 and scripts
+                    or order.zero_grad == ZERO_AT_WINDOW_START and batch_index % accumulation == 0):
                 with phase("zero_grad"):
-                    optimizer.zero_grad()  # 01..04, 06: after the forward pass
+                    optimizer.zero_grad()  # 01..04, 06: after the forward pass (Lightning: the window's first)
             count = count_linear_calls(model) if self.recomputed_linear_calls is None else None
             with phase("backward"):
                 self.backward(loss)
             if count is not None:
                 self.recomputed_linear_calls = count()
-            stepping = accumulation == 1 or batch_index % accumulation == 0
+            if scripts:  # 05 steps after its first micro-batch, then after every accumulation-th
+                stepping = accumulation == 1 or batch_index % accumulation == 0
+            else:  # the stacks step after each whole window
+                stepping = (batch_index + 1) % accumulation == 0
             self.watch_loss(loss)
             if not stepping:
                 continue
@@ -155,10 +177,13 @@ class TrainingLoop:
                     self.grad_digest = gradient_digest(self.gradients(model))
             self.step_examples, self.step_micro_batches = examples, micro_batches
             examples = micro_batches = 0
+            if order.clips_gradients:
+                with phase(CLIP_GRAD_NORM):
+                    self.clip(model)
             with phase("optimizer_step"):
                 self.step(optimizer)
             self.after_step(optimizer)
-            if accumulation > 1:
+            if accumulation > 1 and scripts or order.zero_grad == ZERO_AFTER_STEP:
                 with phase("zero_grad"):
                     optimizer.zero_grad()
             if scheduler is not None:
@@ -190,6 +215,17 @@ class TrainingLoop:
         self.losses.append(value)
         if self.nan_step is None and not math.isfinite(value):
             self.nan_step = len(self.losses) - 1
+
+
+def prefetched(batches: Iterator[Any], window: int) -> Iterator[Any]:
+    """``batches`` a window at a time: all micro-batches of a step fetched before its first forward, and held until
+    the next window is fetched (the HF Trainer's ``get_batch_samples`` list)."""
+    source = iter(batches)
+    while True:
+        fetched = [batch for _, batch in zip(range(window), source)]
+        if not fetched:
+            return
+        yield from fetched
 
 
 def gradient_digest(gradients: Iterator[torch.Tensor]) -> str:

@@ -39,7 +39,7 @@ class Engine(TrainingLoop):
     declares_schedule = True
 
     def __init__(self, recipe: Recipe, options: RunOptions) -> None:
-        super().__init__(recipe.accumulation_steps)
+        super().__init__(recipe.accumulation_steps, recipe.loop_order)
         self.recipe, self.options = recipe, options
         self.notes: list[str] = []
 
@@ -60,6 +60,11 @@ class Engine(TrainingLoop):
     def build(self) -> tuple[nn.Module, str]:
         """The model as the load phase builds it, and whether its weights are pretrained."""
         raise NotImplementedError
+
+    def make_optimizer(self, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[Any, Any]:
+        """The optimizer and scheduler, in the load phase, before ``setup`` (a stack that builds its own: the HF
+        Trainer's ``optim``)."""
+        return _make_optimizer(self, model, steps_per_epoch, memory_steps)
 
     def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
         return model, optimizer
@@ -197,7 +202,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         # Counted before setup: FSDP's parameters are this rank's flat shards afterwards.
         param_count = sum(p.numel() for p in model.parameters())
         param_tensor_count = len(list(model.parameters()))
-        optimizer, scheduler = _make_optimizer(engine, model, steps_per_epoch, memory_steps)
+        optimizer, scheduler = engine.make_optimizer(model, steps_per_epoch, memory_steps)
         for hooks in recipe.hooks:  # optimizer-in-backward on the optimizer itself; ddp's state sync on CPU ranks
             hooks.before_setup(engine, model, optimizer)
         model, optimizer = engine.setup(model, optimizer)

@@ -24,6 +24,7 @@ from memclaims.measure import evaluation, pipeline
 from memclaims.measure import probes as probe_module
 from memclaims.measure.record_builder import failed_phase
 from memclaims.recipes.run_options import RunOptions, check_device, resolve_memory_steps
+from memclaims.techniques.base import PYTORCH
 from memclaims.techniques.technique_registry import FP32
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class FabricEngine(pipeline.Engine):
         super().__init__(recipe, options)
         self.fabric: Any = None
         self.device = torch.device(options.device)
-        if not recipe.plain_pytorch:
+        if recipe.stack != PYTORCH:
             from lightning.fabric import Fabric
 
             if recipe.distributed:
@@ -169,9 +170,13 @@ def out_of_memory_request(error: BaseException) -> int | None:
     return None
 
 
-def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = None) -> Record:
-    """Run ``recipe`` once in this process (one device, or this rank of a CUDA FSDP run)."""
+def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = None,
+        engine: Callable[[Recipe, RunOptions], pipeline.Engine] | None = None) -> Record:
+    """Run ``recipe`` once in this process (one device, or this rank of a CUDA FSDP run); ``engine``: the engine of
+    the recipe's stack (memclaims.run.run_recipe picks it), else Fabric's (plain PyTorch's)."""
     check_device(options.device)
+    if engine is None and recipe.stack_hooks is not None:
+        raise UsageError(f"{recipe.id} runs on the {recipe.stack} stack's engine: run it with memclaims.run.run_recipe")
     strategy = recipe.distributed
     if strategy is not None and options.device not in strategy.lightning_devices:
         # Lightning refuses FSDP on the CPU; memclaims.measure.distributed shards with FSDP2 over gloo.
@@ -192,7 +197,7 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
                 context = hooks.run_context(recipe, options, getattr(probe, "cuda", None))
                 if context is not None:
                     around.enter_context(context)
-            record = pipeline.run(FabricEngine(recipe, options), probe, memory_steps)
+            record = pipeline.run((engine or FabricEngine)(recipe, options), probe, memory_steps)
         record.notes.extend(determinism_notes)
         return record
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:

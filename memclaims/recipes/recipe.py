@@ -9,7 +9,7 @@ from typing import Any
 
 from memclaims.core.errors import UsageError
 from memclaims.techniques import technique_registry as registry
-from memclaims.techniques.base import Hooks, Strategy, StrategyPlan
+from memclaims.techniques.base import FABRIC, Hooks, LoopOrder, Stack, Strategy, StrategyPlan
 from memclaims.workloads.registry import workload as find_workload
 from memclaims.workloads.types import Scale, Workload
 
@@ -55,7 +55,9 @@ class Recipe:
     batch_size: int  # examples per optimizer step
     accumulation_steps: int
     optimizer: str
-    plain_pytorch: bool
+    # The training stack that runs the loop: a ``loop`` technique's name (``fabric``, the reference, where the
+    # recipe names none; ``pytorch``, ``hf-trainer``, ``accelerate``, ``lightning-trainer``).
+    stack: str
     numerics_neutral: bool = False  # only techniques that compute as others do (Technique.computes_as)
     sizes: Sizes = Sizes()
     # How torch steps the optimizer: "for-loop", "foreach" or "fused" (memclaims.techniques.optimizer_impl);
@@ -76,6 +78,19 @@ class Recipe:
         """How the recipe runs on several ranks: its strategy technique's hooks (memclaims.techniques.base.Strategy),
         which the multi-rank engines ask; None: it runs on one device."""
         return next((hooks for hooks in self.hooks if isinstance(hooks, Strategy)), None)
+
+    @property
+    def stack_hooks(self) -> Stack | None:
+        """The hooks of the stack that runs the recipe's loop itself (memclaims.techniques.base.Stack), which the door
+        runs on its engine; None: Fabric's or plain PyTorch's loop (memclaims.measure.runner)."""
+        return next((hooks for hooks in self.hooks if isinstance(hooks, Stack)), None)
+
+    @property
+    def loop_order(self) -> LoopOrder:
+        """The order the recipe's loop runs a step in (where it zeroes the gradients, ...): its stack's, or the
+        article scripts' (Fabric, plain PyTorch)."""
+        stack = self.stack_hooks
+        return LoopOrder() if stack is None else stack.loop_order(self)
 
     def strategy_plan(self, world: int) -> StrategyPlan:
         """What the recipe's ``world`` ranks execute: its strategy's plan as each of its techniques changes it
@@ -177,7 +192,7 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         accumulation_steps=accumulation_steps,
         optimizer=next((t.optimizer for t in chosen if t.optimizer), "adam"),
         optimizer_impl=next((t.optimizer_impl for t in chosen if t.optimizer_impl), None),
-        plain_pytorch=any(t.plain_pytorch for t in chosen),
+        stack=next((t.stack for t in chosen if t.stack), FABRIC),
         numerics_neutral=bool(chosen) and all(t.computes_as is not None for t in chosen),
         sizes=sizes,
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from memclaims.recipes.recipe import Recipe
 from memclaims.recipes.run_options import RunOptions, accuracy_schedule, evaluates, resolve_memory_steps
+from memclaims.techniques.base import PYTORCH
 
 FP32_FLOPS = 25e12
 HALF_FLOPS = 300e12
@@ -77,7 +78,7 @@ def train_flops_per_example(recipe: Recipe) -> float:
 
 def estimate(recipe: Recipe, options: RunOptions, *, cifar: bool) -> Estimate:
     """Seconds on one H100-class GPU for one case of ``recipe`` run with ``options``."""
-    half = recipe.precision != "32-true" and not recipe.plain_pytorch
+    half = recipe.precision != "32-true" and recipe.stack != PYTORCH
     flops = HALF_FLOPS if half else FP32_FLOPS
     per_example = train_flops_per_example(recipe)
     memory_steps = resolve_memory_steps(recipe, options)

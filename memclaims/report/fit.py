@@ -41,6 +41,7 @@ from memclaims.recipes.recipe import Recipe, Sizes, resolve
 from memclaims.recipes.run_options import RunOptions
 from memclaims.run import check, run_recipe
 from memclaims.techniques import technique_registry as registry
+from memclaims.techniques.base import Stack
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -244,11 +245,17 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
     pool = tuple(registry.technique(name) for name in only) or \
         (registry.TECHNIQUES if devices is not None and devices > 1 else None)
     candidates = registry.full_matrix(pool)
-    if (registry.REFERENCE,) not in candidates:  # "do I need any technique at all?" is always asked
-        candidates.insert(0, (registry.REFERENCE,))
+    # A training stack among -t (hf-trainer, accelerate, lightning-trainer) is what the user trains with, not a
+    # technique to try: every combination runs through it, and the stack alone is the reference.
+    stack = next((name for name in only if isinstance(registry.technique(name).hooks, Stack)), None)
+    if stack is not None:
+        candidates = [c for c in candidates if stack in c]
+    base = (stack,) if stack is not None else (registry.REFERENCE,)
+    if base not in candidates:  # "do I need any technique at all?" is always asked
+        candidates.insert(0, base)
     # The reference (no technique) first: it is the empty set, a subset of every combination.
-    combos = sorted(candidates, key=lambda c: (c != (registry.REFERENCE,), len(c), cost(c)[0] or float("inf")))
-    reference = resolve(workload_name, scale, [], sizes)
+    combos = sorted(candidates, key=lambda c: (c != base, len(c), cost(c)[0] or float("inf")))
+    reference = resolve(workload_name, scale, [stack] if stack is not None else [], sizes)
     _check_floor(reference, candidates, memory_bytes)
     if answering:
         answering()

@@ -58,7 +58,7 @@ from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
 from memclaims.techniques import technique_registry as registry
-from memclaims.techniques.base import FSDP2_API, ON_SIM, merge_observed
+from memclaims.techniques.base import FABRIC, FSDP2_API, ON_SIM, PYTORCH, merge_observed
 from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
 from memclaims.techniques.optimizer_impl import torch_flags
 
@@ -268,7 +268,7 @@ def _observed_after(session: _Session, recipe: Recipe) -> dict[str, Any]:
 
 def _tf32_matmul(recipe: Recipe) -> bool:
     """The article's scripts from 02 on call ``torch.set_float32_matmul_precision("high")``; the fp32 rows do not."""
-    return recipe.precision != "32-true" and not recipe.plain_pytorch
+    return recipe.precision != "32-true" and recipe.stack == FABRIC
 
 
 class _Session:
@@ -502,7 +502,7 @@ class _Precision:
     (``core.precision.Precision``: the input cast, autocast, the output cast)."""
 
     def __init__(self, recipe: Recipe) -> None:
-        self.name = "32-true" if recipe.plain_pytorch else recipe.precision
+        self.name = "32-true" if recipe.stack == PYTORCH else recipe.precision
         self.spec = PRECISIONS[self.name]
         self.compute = self.spec.compute_dtype
         self.scale: torch.Tensor | None = None
@@ -544,7 +544,7 @@ class _SimLoop(TrainingLoop):
     """
 
     def __init__(self, session: _Session, recipe: Recipe) -> None:
-        super().__init__(recipe.accumulation_steps)
+        super().__init__(recipe.accumulation_steps, recipe.loop_order)  # the stack's order (the scripts' by default)
         self.session, self.recipe = session, recipe
         self.precision = _Precision(recipe)
         self.attention = _attention_context(session.profile, self.precision.compute)
@@ -555,7 +555,7 @@ class _SimLoop(TrainingLoop):
 
     def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         with self.attention:
-            if self.recipe.plain_pytorch:
+            if self.recipe.stack == PYTORCH:
                 self.logits = self.recipe.workload.logits(model, inputs)
             else:
                 x = self.precision.convert_input(inputs)
@@ -565,10 +565,17 @@ class _SimLoop(TrainingLoop):
                 self.logits = self.precision.convert_output(out)
                 del out
         loss = self.technique_loss(model, self.logits, targets)  # fused-linear-ce's, from the hidden states
-        return loss if loss is not None else F.cross_entropy(self.logits, targets)
+        loss = loss if loss is not None else F.cross_entropy(self.logits, targets)
+        if not self.order.keeps_output:  # a stack whose loss function returns the loss alone (the HF Trainer's)
+            self.logits = None
+        return loss
 
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss)
+
+    def clip(self, model: nn.Module) -> None:
+        # A GPU's default: the foreach norms (one scalar per gradient, then their norm) and the in-place scaling.
+        torch.nn.utils.clip_grad_norm_(model.parameters(), self.order.max_grad_norm, foreach=True)
 
     def watch_loss(self, loss: torch.Tensor) -> None:
         loss.detach().float()  # the real loop reads the value (.item()): a temporary at most
@@ -755,7 +762,7 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     notes.extend(_allocator_notes(site, session))
     return build_record(
         recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
-        precision="32-true" if recipe.plain_pytorch else recipe.precision, memory_steps=steps,
+        precision="32-true" if recipe.stack == PYTORCH else recipe.precision, memory_steps=steps,
         param_count=param_count, param_tensor_count=param_tensors, phases=session.recorder.phases,
         step_peaks=session.recorder.step_peaks,
         peak_reserved_total_bytes=session.allocator.stats.reserved_high_water,  # never reset: the article's figure

@@ -10,7 +10,7 @@ which technique a recipe has. ``technique_registry.py`` is the list of entries, 
 rules of combining them (``canonical``, the selections).
 
 Where the line is drawn. Three kinds of choice stay **core fields of the recipe** (``Recipe.precision``,
-``batch_size`` / ``accumulation_steps``, ``optimizer``, and the loop: ``plain_pytorch``): their techniques
+``batch_size`` / ``accumulation_steps``, ``optimizer``, and the loop: ``stack``): their techniques
 (``16-mixed``, ``bf16-true``, ..., ``small-batch``, ``grad-accum``, ``sgd``, ``adamw``, ``adam8bit``, ...,
 ``pytorch``, ``fabric``) are entries of ``technique_registry.py`` without a module. Every engine must make each of those
 choices for every recipe (one precision, one batch, one optimizer, one loop), Lightning's own ``precision=``
@@ -21,6 +21,13 @@ module here, paged-adamw8bit included: its optimizer is the core field, its pagi
 module's. So is the optimizer's implementation (``optimizer_impl.py``: ``for-loop``, ``foreach``, ``fused``): a core
 field (``Recipe.optimizer_impl``, torch's ``foreach=``/``fused=``) every engine builds, whose module observes which
 ran and the step's temporaries.
+
+The training stacks that run the loop themselves are ``loop`` techniques with a module each, whose hooks are a
+``base.Stack``: ``hf_trainer.py`` (transformers' Trainer), ``accelerate_loop.py`` (Accelerate with the course's loop),
+``lightning_trainer.py`` (Lightning's Trainer). The recipe's core fields are what they express through the stack's own
+switches (TrainingArguments, Accelerator's and Trainer's arguments: the module's mapping, plain data); what a stack
+cannot express it refuses as a conflict with the reason; its engine (``memclaims.measure.stacks``) drives the probes
+from the stack's callbacks; its ``loop_order`` is what the sim replays; its ``check`` reads what really ran.
 
 The strategies are techniques too, whose hooks are a ``base.Strategy`` (Lightning's ``Strategy``, torchtitan's
 ``parallelize_fn``): ``fsdp.py`` (fsdp and FSDP1's sharding strategies; ``fsdp2.py`` asks the same ``Fsdp`` for

@@ -25,7 +25,9 @@ class ActivationCheckpointing(Hooks):
     convert_order = 0  # the blocks as built, before a head bypass or adapters change the model
 
     def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
-        strategy = engine.recipe.distributed
+        strategy, stack = engine.recipe.distributed, engine.recipe.stack_hooks
+        if stack is not None and stack.checkpoints_blocks:  # the stack's own switch (the HF Trainer's) does it
+            return model
         if strategy is None or not strategy.block_policies:  # else the strategy's own policy (plan_strategy)
             from memclaims.techniques.impl import block_checkpointing as checkpointing
 

@@ -343,6 +343,125 @@ class Strategy(Hooks):
         return []
 
 
+# The training stacks (the ``loop`` group's techniques; ``Recipe.stack``): Lightning Fabric, the reference, runs a recipe
+# that names none; plain PyTorch is script 01's loop; the others are stacks that run the loop themselves (``Stack``).
+FABRIC = "fabric"
+PYTORCH = "pytorch"
+
+# Where a training loop zeroes the gradients (``LoopOrder.zero_grad``), which decides whether the previous step's
+# gradients are alive during the next forward pass:
+# - the article's scripts (and memclaims' Fabric and plain PyTorch loop): after the forward pass without
+#   accumulation (01-04, 06), after the optimizer step with it (05);
+ZERO_AS_SCRIPTS = "scripts"
+# - right after every optimizer step (the HF Trainer's ``model.zero_grad()``, the course's Accelerate loop);
+ZERO_AFTER_STEP = "after-step"
+# - after the forward pass of the first micro-batch of each accumulation window, inside the closure (Lightning's
+#   automatic optimization, lightning.pytorch.loops.optimization.automatic).
+ZERO_AT_WINDOW_START = "window-start"
+ZERO_GRAD_PLACES = (ZERO_AS_SCRIPTS, ZERO_AFTER_STEP, ZERO_AT_WINDOW_START)
+# The step phase of the gradient norm (and clipping) a stack runs between the last backward and the step.
+CLIP_GRAD_NORM = "clip_grad_norm"
+# What every stack refuses, and why (its entry's conflicts).
+STACK_REFUSES_STRATEGIES = ("a strategy runs the recipe on several ranks through memclaims' rank engines (Fabric's "
+                            "strategies, FSDP2 over gloo); the stack's own distributed launch is not driven by them")
+STACK_REFUSES_FABRIC_HOOKS = {
+    "init-module": "Fabric's init_module builds the model inside Fabric; the stack gets a model built before it",
+    "delayed-init": "Fabric's init_module(empty_init=False) under FSDP, a strategy the stack does not run",
+    "cpu-offload": "FSDP's CPUOffload, a strategy the stack does not run",
+    "activation-offload": "save_on_cpu around each forward is a helper of memclaims' own loop, which the stack's "
+                          "loop does not call",
+    "optimizer-in-backward": "per-parameter optimizers stepped from post-accumulate-grad hooks replace the loop's own "
+                             "optimizer step, which the stack runs itself",
+    "lora": "peft's adapters: the stack would train peft's model, a workload memclaims does not build for it",
+    "qlora": "peft's adapters on bitsandbytes' 4-bit weights: the stack would train peft's model, a workload "
+             "memclaims does not build for it",
+    "fused-linear-ce": "the chunked loss replaces the model's head inside memclaims' loss, which the stack does not call",
+}
+
+
+@dataclass(frozen=True)
+class LoopOrder:
+    """The order a stack's training loop runs a step in: what the real stacks do (their engines observe it) and what
+    the sim's replay of the same loop (memclaims.measure.loop.TrainingLoop) runs. Plain data."""
+
+    zero_grad: str = ZERO_AS_SCRIPTS
+    # The gradient norm computed (and the gradients clipped to ``max_grad_norm``) after the last backward of a step:
+    # the HF Trainer's ``_clip_grad_norm`` (``max_grad_norm=1.0`` by default; without it, the norm alone).
+    clips_gradients: bool = False
+    max_grad_norm: float = 1.0
+    # All micro-batches of a step fetched before its first forward (the HF Trainer's ``get_batch_samples``).
+    prefetches: bool = False
+    # The model's output stays bound until the next forward (the scripts' ``logits``, the course's ``outputs``);
+    # False: it is a local of a function that returns the loss (the HF Trainer's compute_loss, Lightning's training_step).
+    keeps_output: bool = True
+
+    def gradients_in_forward(self, accumulation_steps: int) -> bool:
+        """Whether the previous step's gradients are still alive during the first forward of a step (after the first):
+        the loop zeroes them only after that forward (the scripts without accumulation, Lightning's window start)."""
+        return self.zero_grad == ZERO_AT_WINDOW_START or self.zero_grad == ZERO_AS_SCRIPTS and accumulation_steps == 1
+
+    def step_phases(self, accumulation_steps: int) -> list[str]:
+        """The step phases of one optimizer step after the first, in the order the loop runs them."""
+        micro = ["forward", "backward"] * accumulation_steps
+        clip = [CLIP_GRAD_NORM] if self.clips_gradients else []
+        if self.zero_grad == ZERO_AS_SCRIPTS and accumulation_steps == 1 or self.zero_grad == ZERO_AT_WINDOW_START:
+            return ["forward", "zero_grad", *micro[1:], *clip, "optimizer_step"]
+        return [*micro, *clip, "optimizer_step", "zero_grad"]
+
+
+class Stack(Hooks):
+    """A training stack that runs the recipe's loop itself (the HF Trainer, Accelerate, Lightning's Trainer), beside the
+    ``Hooks`` every technique has: the door (memclaims.run) runs it on its engine (``engine``, a module of
+    memclaims.measure.stacks), which expresses the recipe through the stack's own switches and drives the probes from
+    the stack's callbacks; the sim replays the stack's ``loop_order`` (and what ``sim_before_train`` sets of its
+    optimizer)."""
+
+    # The module of memclaims.measure.stacks whose engine runs the stack.
+    engine = ""
+    # Whether the stack checkpoints the workload's blocks by its own switch (the HF Trainer's), so that the
+    # activation-checkpointing technique does not wrap them a second time.
+    checkpoints_blocks = False
+    # The techniques the stack expresses through its own switches (precision, batch, accumulation, optimizer, ...). The
+    # ones it cannot are refused as the entry's conflicts, each with its reason; a technique registered after the stack
+    # and in neither list is refused by ``refusal`` and ``sim_refusal``, before anything runs, never dropped.
+    expresses: frozenset[str] = frozenset()
+
+    def loop_order(self, recipe: Recipe) -> LoopOrder:
+        """The order the stack runs a step of ``recipe`` in."""
+        return LoopOrder()
+
+    def unexpressed(self, recipe: Recipe) -> str | None:
+        """Why the stack cannot run ``recipe``: a technique it does not express; None: it expresses them all."""
+        stray = [name for name in recipe.techniques if name != recipe.stack and name not in self.expresses]
+        if not stray:
+            return None
+        return (f"{recipe.stack!r} does not combine with {stray[0]!r}: the stack expresses only "
+                f"{', '.join(sorted(self.expresses))} through its own switches")
+
+    def refusal(self, recipe: Recipe, options: RunOptions) -> str | None:
+        return self.unexpressed(recipe)
+
+    def sim_refusal(self, recipe: Recipe) -> str | None:
+        return self.unexpressed(recipe)
+
+    def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
+        """What every stack's Record shows of its loop (its engine observes it in ``by_technique``): a step's phases in
+        the order of the stack's ``loop_order``, and the previous step's gradients alive during the next forward or
+        not, as that order says. The sim runs the declared order itself: nothing to observe there."""
+        if record.device == "sim":
+            return
+        seen = record.by_technique.get(recipe.stack, {})
+        order = self.loop_order(recipe)
+        expected = order.step_phases(recipe.accumulation_steps)
+        if seen.get("step_phases") != expected:
+            say(f"a step ran its phases in the order {seen.get('step_phases')}, expected {expected} (the stack's "
+                f"loop order: zero_grad {order.zero_grad})")
+        alive = order.gradients_in_forward(recipe.accumulation_steps)
+        if seen.get("gradients_in_forward") != alive:
+            say(f"the previous step's gradients were {'alive' if seen.get('gradients_in_forward') else 'freed'} in "
+                f"phase forward, expected {'alive' if alive else 'freed'} (zero_grad {order.zero_grad})")
+
+
 def merge_observed(into: dict[str, Any], observed: dict[str, Any]) -> None:
     """Add a hook's ``observe`` fields to the Record's: flat fields by name, ``by_technique`` by technique."""
     for key, value in observed.items():
@@ -390,7 +509,9 @@ class Technique:
     # How torch steps the optimizer (memclaims.techniques.optimizer_impl: "for-loop", "foreach", "fused");
     # None: torch's own default for the device.
     optimizer_impl: str | None = None
-    plain_pytorch: bool = False
+    # The training stack that runs the recipe's loop (``Recipe.stack``): a ``loop`` technique's name (``pytorch``,
+    # ``hf-trainer``, ...); None: Lightning Fabric, the reference (``FABRIC``).
+    stack: str | None = None
     alone: bool = False  # a whole recipe by itself; combines with nothing
     requires: frozenset[str] = field(default_factory=frozenset)  # capabilities, e.g. "bitsandbytes"
     needs: frozenset[str] = field(default_factory=frozenset)  # other techniques it builds on

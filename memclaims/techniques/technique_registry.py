@@ -14,6 +14,7 @@ from itertools import combinations
 
 from memclaims.core.errors import UsageError
 from memclaims.techniques import (
+    accelerate_loop,
     activation_checkpointing,
     activation_offload,
     cpu_offload,
@@ -24,7 +25,9 @@ from memclaims.techniques import (
     fsdp,
     fsdp2,
     fused_linear_ce,
+    hf_trainer,
     init_module,
+    lightning_trainer,
     lora,
     optimizer_impl,
     optimizer_in_backward,
@@ -33,6 +36,7 @@ from memclaims.techniques import (
 )
 
 # The registry's names where its readers import them (explicit re-exports).
+from memclaims.techniques.base import FABRIC, PYTORCH
 from memclaims.techniques.base import FP32 as FP32
 from memclaims.techniques.base import FSDP1_SHARDINGS as FSDP1_SHARDINGS
 from memclaims.techniques.base import FSDP2_TECHNIQUES as FSDP2_TECHNIQUES
@@ -46,9 +50,13 @@ from memclaims.techniques.fsdp import shard_group_size as shard_group_size
 
 TECHNIQUES: tuple[Technique, ...] = (
     Technique("pytorch", "plain PyTorch loop, fp32, Adam (no Fabric)", "01_pytorch-vit",
-              group="loop", plain_pytorch=True, alone=True),
+              group="loop", stack=PYTORCH, alone=True),
     Technique("fabric", "the same loop through Lightning Fabric, fp32: the reference recipe",
               "01-2_pytorch-fabric", group="loop", alone=True),
+    # The training stacks that run the loop themselves (issue #42): after the article's own loops in case ids.
+    hf_trainer.ENTRY,
+    accelerate_loop.ENTRY,
+    lightning_trainer.ENTRY,
     Technique("16-mixed", "float16 automatic mixed precision", "02_mixed-precision",
               group="precision", precision="16-mixed"),
     Technique("bf16-mixed", "bfloat16 automatic mixed precision", "02_mixed-precision (bf16 variant)",
@@ -93,7 +101,7 @@ TECHNIQUES: tuple[Technique, ...] = (
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}
-REFERENCE = "fabric"
+REFERENCE = FABRIC
 
 # The article's cumulative single-GPU chain, 02 -> 06: each entry changes the previous by one thing
 # (01-2, the REFERENCE, comes before it). The one table of the chain's recipes; each step's logged

@@ -171,3 +171,15 @@ def test_strategies_are_considered_over_n_devices(capsys: pytest.CaptureFixture[
     assert next(r for r in over_two.rows if r.techniques == ["fsdp"]).peak_reserved_bytes > rows["fsdp"].peak_reserved_bytes
     with pytest.raises(UsageError, match="--devices 1: a strategy \\(fsdp\\) spreads a run over at least 2 GPUs"):
         fit.fit(TINY, budget, scale="smoke", sizes=SIZES, only=("fsdp",), devices=1)
+
+
+def test_a_stack_among_the_techniques_trains_every_combination() -> None:
+    """-t hf-trainer (issue #42): the Trainer is what the user trains with, so every candidate runs through it and the
+    Trainer alone is the reference (not Fabric's loop, which would fit first and prune the Trainer's rows)."""
+    roomy = fit.fit("distilbert", 10**12, scale="smoke", only=("hf-trainer", "bf16-mixed"))
+    rows = {frozenset(r.techniques): r for r in roomy.rows}
+    assert set(rows) == {frozenset({"hf-trainer"}), frozenset({"hf-trainer", "bf16-mixed"})}, rows
+    assert rows[frozenset({"hf-trainer"})].status == "fits"
+    assert rows[frozenset({"hf-trainer", "bf16-mixed"})].status == "pruned"
+    tight = fit.fit("distilbert", 600_000, scale="smoke", only=("hf-trainer", "bf16-mixed"))  # the parameters: 563,976 B
+    assert {r.status for r in tight.rows} == {"too big"} and all("hf-trainer" in r.recipe for r in tight.rows)

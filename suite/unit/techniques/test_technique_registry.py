@@ -7,7 +7,7 @@ group, an `alone` technique by itself, `needs` present, no declared conflict).
 
 from __future__ import annotations
 
-from itertools import chain, combinations
+from itertools import chain, combinations, product
 
 import pytest
 
@@ -131,13 +131,35 @@ def test_single_process_is_every_technique_but_the_sharded_ones_in_registry_orde
     assert "activation-checkpointing" in names  # needs no sharding: it runs on one device
 
 
+def _at_most_one_per_group(pool: tuple[registry.Technique, ...]) -> list[tuple[str, ...]]:
+    """Every non-empty subset of ``pool`` with at most one technique of each group, in ``itertools.combinations``
+    order (by size, then registry order): the subsets the rules can accept at all. Enumerated per group, not over all
+    2^n subsets: with the training stacks (issue #42) the loop group has five members and 2^n took 145 s."""
+    index = {t.name: i for i, t in enumerate(pool)}
+    groups: dict[str, list[str]] = {}
+    for t in pool:
+        groups.setdefault(t.group or t.name, []).append(t.name)  # an ungrouped technique is a group of one
+    choices = [[(), *((name,) for name in members)] for members in groups.values()]
+    subsets = [tuple(sorted(chain.from_iterable(pick), key=index.__getitem__)) for pick in product(*choices)]
+    return sorted((s for s in subsets if s), key=lambda s: (len(s), [index[n] for n in s]))
+
+
+def test_the_grouped_enumeration_is_every_subset_with_one_per_group() -> None:
+    """The enumeration above against all 2^n subsets, on a pool small enough for the latter."""
+    pool = tuple(T[n] for n in ("pytorch", "fabric", "hf-trainer", "bf16-true", "16-true", "small-batch", "sgd",
+                                "adamw", "grad-accum"))
+    every = chain.from_iterable(combinations([t.name for t in pool], k) for k in range(1, len(pool) + 1))
+    one_per_group = [s for s in every if len({T[n].group or n for n in s}) == len(s)]
+    assert _at_most_one_per_group(pool) == one_per_group
+
+
 def test_full_matrix_is_exactly_the_valid_subsets() -> None:
     pool = registry.single_process()
-    subsets = chain.from_iterable(combinations([t.name for t in pool], k) for k in range(1, len(pool) + 1))
-    expected = [s for s in subsets if _valid_by_the_rules(s)]
+    expected = [s for s in _at_most_one_per_group(pool) if _valid_by_the_rules(s)]
     assert registry.full_matrix() == expected  # by size, then registry order
     assert list(registry.valid_combinations(pool)) == expected
-    assert registry.full_matrix()[:3] == [("pytorch",), ("fabric",), ("16-mixed",)]
+    assert registry.full_matrix()[:6] == [("pytorch",), ("fabric",), ("hf-trainer",), ("accelerate",),
+                                          ("lightning-trainer",), ("16-mixed",)]
     assert ("bf16-true", "small-batch", "grad-accum", "sgd", "init-module") in expected
 
 
@@ -193,7 +215,8 @@ def test_declared_conflicts_are_invalid_with_their_reason(names: tuple[str, ...]
 
 def test_singles_bring_what_they_need() -> None:
     singles = registry.singles()
-    assert singles[:3] == [("pytorch",), ("fabric",), ("16-mixed",)]
+    assert singles[:6] == [("pytorch",), ("fabric",), ("hf-trainer",), ("accelerate",), ("lightning-trainer",),
+                           ("16-mixed",)]
     assert ("activation-checkpointing",) in singles and ("fsdp", "cpu-offload") in singles  # offload needs fsdp
     assert singles.count(("fsdp",)) == 1 and len(singles) == len(registry.TECHNIQUES)
     assert registry.singles(registry.single_process()) == [(t.name,) for t in registry.single_process()]
@@ -205,7 +228,8 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     singles = registry.singles(tuple(t for t in pool if t.in_default))
     # Beside paged-adamw8bit, the optimizer's implementations: one more ViT-L/16 case each would pass the nightly's
     # 30 GPU-minutes; their singles run in suite/cases/techniques/test_optimizer_impl.py and the full matrix.
-    assert {t.name for t in pool if not t.in_default} == {"paged-adamw8bit", "for-loop", "foreach", "fused"}
+    assert {t.name for t in pool if not t.in_default} == {"paged-adamw8bit", "for-loop", "foreach", "fused",
+                                                          "hf-trainer", "accelerate", "lightning-trainer"}
     assert selection[:len(singles)] == singles
     assert len(selection) == len(set(selection))
     rest = selection[len(singles):]
@@ -216,7 +240,8 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     assert {t.name for t in pool} - {t.name for t in covered} == {"activation-offload", "optimizer-in-backward",
                                                                         "expandable-segments", "paged-adamw8bit",
                                                                         "lora", "qlora", "fused-linear-ce",
-                                                                        "for-loop", "foreach", "fused"}
+                                                                        "for-loop", "foreach", "fused",
+                                                                        "hf-trainer", "accelerate", "lightning-trainer"}
     cover = [c for c in registry.pairwise_cover(covered) if c not in singles and c not in chain_steps]
     assert rest[len(chain_steps):] == cover
     assert registry.default_selection(pool) == selection

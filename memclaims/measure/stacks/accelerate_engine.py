@@ -1,0 +1,138 @@
+"""Accelerate as the pipeline's engine: the course's loop around ``accelerate.Accelerator``, measured per phase.
+
+The course's code, as this engine runs it::
+
+    accelerator = Accelerator(mixed_precision=..., gradient_accumulation_steps=...)
+    model, adam_bnb_optim, train_dataloader, lr_scheduler = accelerator.prepare(model, adam_bnb_optim,
+                                                                                train_dataloader, lr_scheduler)
+    for batch in train_dataloader:
+        with accelerator.accumulate(model):
+            outputs = model(**batch)
+            loss = outputs.loss
+            accelerator.backward(loss)
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad()
+
+The loader is prepared with the data (``setup_loaders``), the model and the optimizer in the load phase (``setup``),
+the scheduler at the first step (the pipeline builds it with the optimizer). A transformers sequence classifier
+computes its own loss from ``labels`` (``outputs.loss``, the course's); any other model the workload's logits and
+cross-entropy, as every engine. ``optimizer.step()`` and ``zero_grad()`` run on every micro-batch as the course calls
+them; under ``accumulate`` they reach the optimizer only on the window's last one, and only there are they a phase.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from memclaims.measure.loop import PhaseCallback, no_phase
+from memclaims.measure.stacks.stack_engine import (
+    StackEngine,
+    course_optimizer_size,
+    fresh_accelerate_state,
+    transformers_model,
+)
+from memclaims.techniques import accelerate_loop
+
+if TYPE_CHECKING:
+    from memclaims.recipes.recipe import Recipe
+    from memclaims.recipes.run_options import RunOptions
+
+# The recipe's precision for the Accelerator's mixed_precision, the other way.
+PRECISION_RAN = {value: key for key, value in accelerate_loop.MIXED_PRECISION.items()}
+
+
+class AccelerateEngine(StackEngine):
+    def __init__(self, recipe: Recipe, options: RunOptions) -> None:
+        super().__init__(recipe, options)
+        from accelerate import Accelerator
+
+        fresh_accelerate_state()
+        self.accelerator = Accelerator(cpu=options.device == "cpu", **accelerate_loop.accelerator_arguments(recipe))
+        self.device = self.accelerator.device
+        self.outputs: Any = None  # the course's ``outputs``, bound until the next forward
+        self._scheduler: Any = None
+        self._model_loss = False
+        self.observed.update(mixed_precision=str(self.accelerator.mixed_precision),
+                             gradient_accumulation_steps=self.accelerator.gradient_accumulation_steps)
+
+    @property
+    def precision_ran(self) -> str:
+        return PRECISION_RAN.get(str(self.accelerator.mixed_precision), str(self.accelerator.mixed_precision))
+
+    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+        return self.accelerator.prepare(train), test
+
+    def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
+        self._model_loss = transformers_model(model) and self.recipe.workload.logits_fn is None
+        model, optimizer = self.accelerator.prepare(model, optimizer)
+        # The optimizer really stepping (under accumulate the wrapper's step reaches it once per window).
+        optimizer.optimizer.register_step_post_hook(lambda *args: self._raw_step())
+        self.observed["optimizer_steps"] = 0
+        return model, optimizer
+
+    def _raw_step(self) -> None:
+        if self.driver.current == "optimizer_step":  # the measured steps' (the accuracy phase's are not counted)
+            self.observed["optimizer_steps"] += 1
+
+    def batches(self, loader: Any) -> Iterator[tuple[Any, torch.Tensor]]:
+        return iter(loader)  # the prepared loader places each batch on the device itself
+
+    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        # Bound to the engine as the course's ``outputs`` is to its loop: the previous one lives through this forward.
+        if self._model_loss:  # outputs = model(**batch); loss = outputs.loss
+            self.outputs = model(**inputs, labels=targets)
+            loss: torch.Tensor = self.outputs.loss
+            return loss
+        self.outputs = self.recipe.workload.logits(model, inputs)
+        return torch.nn.functional.cross_entropy(self.outputs, targets)
+
+    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any], optimizer_steps: int,
+              on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
+        if scheduler is not None and self._scheduler is None:
+            self._scheduler = self.accelerator.prepare(scheduler)
+        self._train(model, optimizer, batches, optimizer_steps, on_step, phase)
+        self.observed.update(course_optimizer_size(optimizer))  # over accelerator.prepare's optimizer, as the course
+
+    def _train(self, model: nn.Module, optimizer: Any, batches: Iterator[Any], optimizer_steps: int,
+               on_step: Callable[[], None] | None, phase: PhaseCallback) -> None:
+        accelerator, accumulation = self.accelerator, self.recipe.accumulation_steps
+        done = 0
+        with self.measuring(optimizer_steps, on_step, phase), warnings.catch_warnings():
+            # torch's ModTracker (under the cpu probe's MemTracker) warns once when a module's weak reference is gone
+            # by its backward hook; nothing is lost.
+            warnings.filterwarnings("ignore", message="Module is None")
+            for inputs, targets in batches:
+                with accelerator.accumulate(model):
+                    model.train()
+                    self.micro_batch(inputs, targets)
+                    with self.phase_around("forward", model):
+                        loss = self.forward_loss(model, inputs, targets)
+                    self.loss_seen(float(loss.detach().float()) / accumulation)
+                    with self.phase_around("backward", model):
+                        accelerator.backward(loss)  # divides by gradient_accumulation_steps
+                    del loss
+                    stepping = accelerator.sync_gradients
+                    if stepping:
+                        self.before_step(model)
+                        self.phase_begin("optimizer_step")
+                    optimizer.step()
+                    if stepping:
+                        self.phase_end("optimizer_step")
+                    if self._scheduler is not None:
+                        self._scheduler.step()
+                    if stepping:
+                        self.phase_begin("zero_grad")
+                    optimizer.zero_grad()
+                    if stepping:
+                        self.phase_end("zero_grad")
+                        self.step_done()
+                        done += 1
+                        if done == optimizer_steps:
+                            return

@@ -1,0 +1,79 @@
+"""accelerate: the recipe trained by the course's Accelerate loop, ``accelerate.Accelerator`` around a loop of one's own.
+
+The course prepares everything at once (``accelerator.prepare(model, adam_bnb_optim, train_dataloader,
+lr_scheduler)``) and steps inside ``accelerator.accumulate(model)`` with ``accelerator.backward(loss)``; the recipe's
+core fields are the Accelerator's switches (``accelerator_arguments``): ``mixed_precision`` (autocast: "no", "bf16",
+"fp16") and ``gradient_accumulation_steps``, the batch is the loader's, the optimizer the user's own (memclaims',
+built as the course builds it). Its loop zeroes the gradients right after each step, so the previous step's gradients
+are gone in the next forward, unlike the article scripts' loop without accumulation (``loop_order``). The engine is
+``memclaims.measure.stacks.accelerate_engine``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memclaims.techniques.base import (
+    STACK_REFUSES_FABRIC_HOOKS,
+    STACK_REFUSES_STRATEGIES,
+    STRATEGIES,
+    ZERO_AFTER_STEP,
+    LoopOrder,
+    Say,
+    Stack,
+    Technique,
+)
+
+if TYPE_CHECKING:
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
+
+NAME = "accelerate"
+# Accelerator's mixed_precision for each of the recipe's precisions it expresses (autocast only).
+MIXED_PRECISION = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}
+EXPRESSES = frozenset({"16-mixed", "bf16-mixed", "small-batch", "grad-accum", "sgd", "adamw", "adam8bit", "adamw8bit",
+                       "paged-adamw8bit", "adafactor", "activation-checkpointing", "expandable-segments"})
+_TRUE_HALF = ("Accelerator's mixed_precision is autocast only ('no', 'fp16', 'bf16', 'fp8'): a model trained in a half "
+              "dtype is the model's own dtype, set by no Accelerator switch")
+CONFLICTS: tuple[tuple[str, str], ...] = (
+    ("16-true", _TRUE_HALF), ("bf16-true", _TRUE_HALF),
+    *((name, STACK_REFUSES_STRATEGIES) for name in STRATEGIES),
+    *STACK_REFUSES_FABRIC_HOOKS.items(),
+)
+
+
+def accelerator_arguments(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as the Accelerator's switches (the engine adds ``cpu=`` for the device)."""
+    return {"mixed_precision": MIXED_PRECISION[recipe.precision],
+            "gradient_accumulation_steps": recipe.accumulation_steps}
+
+
+class AccelerateLoop(Stack):
+    engine = "accelerate_engine"
+    expresses = EXPRESSES
+
+    def loop_order(self, recipe: Recipe) -> LoopOrder:
+        # optimizer.step(); lr_scheduler.step(); optimizer.zero_grad() in the loop's body; ``outputs`` stays bound.
+        return LoopOrder(zero_grad=ZERO_AFTER_STEP, keeps_output=True)
+
+    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+        return {"by_technique": {NAME: dict(engine.observed)}}
+
+    def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
+        super().check(recipe, record, without, say)
+        if record.device == "sim":
+            return
+        seen = record.by_technique.get(NAME, {})
+        expected = accelerator_arguments(recipe)
+        for key in ("mixed_precision", "gradient_accumulation_steps"):
+            if seen.get(key) != expected[key]:
+                say(f"the Accelerator ran {key}={seen.get(key)!r} after phase load, the recipe asks {expected[key]!r}")
+        if seen.get("optimizer_steps") != record.memory_steps:
+            say(f"the optimizer stepped {seen.get('optimizer_steps')} times in phase train, expected {record.memory_steps} "
+                f"(one per {recipe.accumulation_steps} micro-batch(es) under accelerator.accumulate)")
+
+
+ENTRY = Technique(NAME, "Accelerate runs the course's loop: Accelerator(mixed_precision, gradient_accumulation_steps), "
+                  "prepare, accumulate, accelerator.backward, zero_grad after the step",
+                  "course: 8-bit Adam lesson (Accelerate)", group="loop", stack=NAME, conflicts=CONFLICTS,
+                  in_cover=False, in_default=False, hooks=AccelerateLoop())

@@ -1,0 +1,176 @@
+"""hf-trainer: the recipe trained by transformers' ``Trainer``, as the course's 8-bit Adam lesson trains DistilBERT.
+
+The recipe's core fields are the Trainer's own switches (``trainer_arguments``): ``per_device_train_batch_size``,
+``gradient_accumulation_steps``, ``bf16`` / ``fp16`` (accelerate's autocast), the checkpointing flag
+(``activation_checkpointing``, ``gradient_checkpointing`` before transformers 5.2x), and the optimizer
+(``trainer_optimizer``): torch's through ``optim`` (the Trainer's default ``adamw_torch_fused``), bitsandbytes' 8-bit
+ones built as the course builds them and passed as ``optimizers=(optimizer, None)``. The engine
+(``memclaims.measure.stacks.hf_trainer_engine``) drives the probes from the Trainer's callbacks and its own calls; the
+sim replays the Trainer's order (``loop_order``: gradients zeroed right after the step, the gradient norm clipped
+before it, a step's micro-batches fetched before its first forward) and its fused step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from memclaims.techniques.base import (
+    STACK_REFUSES_FABRIC_HOOKS,
+    STACK_REFUSES_STRATEGIES,
+    STRATEGIES,
+    ZERO_AFTER_STEP,
+    LoopOrder,
+    Say,
+    Stack,
+    Technique,
+)
+
+if TYPE_CHECKING:
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
+    from memclaims.recipes.run_options import RunOptions
+
+NAME = "hf-trainer"
+# The course's weight decay on the decayed group (memclaims.measure.optimizers.WEIGHT_DECAY, repeated here because a
+# technique module imports no engine; suite/unit/techniques/test_hf_trainer.py holds them equal).
+WEIGHT_DECAY = 0.01
+# TrainingArguments' max_grad_norm default (transformers 4.x and 5.x): the Trainer clips every step unless told not to.
+MAX_GRAD_NORM = 1.0
+# What the Trainer needs of a model to compute its loss itself (compute_loss: ``model(**inputs, labels=...)``).
+TRANSFORMERS_MODULE = "transformers."
+
+_PRECISIONS = frozenset({"16-mixed", "bf16-mixed"})
+_OPTIMIZERS = frozenset({"sgd", "adamw", "adam8bit", "adamw8bit", "paged-adamw8bit", "adafactor"})
+EXPRESSES = _PRECISIONS | _OPTIMIZERS | {"small-batch", "grad-accum", "activation-checkpointing",
+                                         "expandable-segments"}
+_TRUE_HALF = ("TrainingArguments has no true half precision: bf16 and fp16 are accelerate's autocast (mixed), the "
+              "parameters stay in the model's dtype")
+CONFLICTS: tuple[tuple[str, str], ...] = (
+    ("16-true", _TRUE_HALF), ("bf16-true", _TRUE_HALF),
+    *((name, STACK_REFUSES_STRATEGIES) for name in STRATEGIES),
+    *STACK_REFUSES_FABRIC_HOOKS.items(),
+)
+
+
+@dataclass(frozen=True)
+class TrainerOptimizer:
+    """The recipe's optimizer as the Trainer gets it."""
+
+    optim: str | None  # TrainingArguments.optim; None: built as the course builds it, passed as optimizers=(opt, None)
+    weight_decay: float  # TrainingArguments.weight_decay (the Trainer's decay group: not LayerNorm, not biases)
+    optimizer_class: str  # the class the Trainer steps (``type(optimizer).__name__``)
+    implementation: str  # "fused" (no parameter-sized temporaries), "bitsandbytes", "per-parameter", "single"
+    lr_scheduler_type: str  # TrainingArguments.lr_scheduler_type: the recipe's schedule
+
+
+def trainer_optimizer(recipe: Recipe) -> TrainerOptimizer:
+    """The recipe's optimizer in the Trainer's terms, for the installed transformers 5.x.
+
+    What it assumes (one place, for when optimizer implementations become a recipe choice): the recipe's ``adam`` (no
+    optimizer technique) is the Trainer's default ``adamw_torch_fused``, AdamW with TrainingArguments' weight decay
+    0.0, which is Adam, stepped by torch's fused kernel; ``adamw`` the same with the course's weight decay; ``sgd``
+    torch's SGD (no momentum: no state, no temporaries, whatever the implementation) with a cosine schedule as
+    script 06. bitsandbytes' 8-bit optimizers are not the Trainer's ``adamw_bnb_8bit``: that one keeps every
+    ``nn.Embedding``'s states in 32 bits (``register_module_override``), so the recipe's are built as the course builds
+    its Adam8bit (memclaims.measure.optimizers: the course's two weight-decay groups) and passed in.
+    """
+    schedule = "cosine" if recipe.optimizer == "sgd" or recipe.scale.anneal else "constant"
+    if recipe.optimizer == "adam":
+        return TrainerOptimizer("adamw_torch_fused", 0.0, "AdamW", "fused", schedule)
+    if recipe.optimizer == "adamw":
+        return TrainerOptimizer("adamw_torch_fused", WEIGHT_DECAY, "AdamW", "fused", schedule)
+    if recipe.optimizer == "sgd":
+        return TrainerOptimizer("sgd", 0.0, "SGD", "single", schedule)
+    if recipe.optimizer == "adafactor":
+        return TrainerOptimizer("adafactor", 0.0, "Adafactor", "per-parameter", schedule)
+    eight_bit = {"adam8bit": "Adam8bit", "adamw8bit": "AdamW8bit", "paged_adamw8bit": "PagedAdamW8bit"}
+    return TrainerOptimizer(None, WEIGHT_DECAY, eight_bit[recipe.optimizer], "bitsandbytes", schedule)
+
+
+def trainer_arguments(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as TrainingArguments' switches (the engine adds where, how long and the quiet settings); the
+    checkpointing flag under its generic key ``checkpointing`` (the engine names it as the installed version does)."""
+    chosen = trainer_optimizer(recipe)
+    arguments: dict[str, Any] = dict(
+        per_device_train_batch_size=recipe.micro_batch_size, per_device_eval_batch_size=recipe.micro_batch_size,
+        gradient_accumulation_steps=recipe.accumulation_steps,
+        bf16=recipe.precision == "bf16-mixed", fp16=recipe.precision == "16-mixed",
+        checkpointing="activation-checkpointing" in recipe.techniques,
+        learning_rate=recipe.learning_rate, weight_decay=chosen.weight_decay, lr_scheduler_type=chosen.lr_scheduler_type,
+        max_grad_norm=MAX_GRAD_NORM,
+    )
+    if chosen.optim is not None:
+        arguments["optim"] = chosen.optim
+    return arguments
+
+
+def checkpointing(model: Any) -> bool:
+    """Whether a transformers model checkpoints its layers (``is_activation_checkpointing``; before transformers 5.2x,
+    ``is_gradient_checkpointing``, a deprecated alias since)."""
+    name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+def workload_refusal(recipe: Recipe) -> str | None:
+    """Why the Trainer's own loss cannot train the workload: it asks the model for it (``labels`` in, ``loss`` out), as
+    a transformers sequence classifier computes it; memclaims' loss of a causal LM or a torchvision model is its own."""
+    work = recipe.workload
+    if work.logits_fn is not None or not work.block_class().__module__.startswith(TRANSFORMERS_MODULE):
+        return (f"{NAME!r} does not run on workload {work.name!r}: the Trainer's loss is the model's own from its "
+                "labels (a transformers sequence classifier: distilbert, distilbert-cased, bigbird, "
+                "hf:<type>(head=classification)); this workload's loss is memclaims' own")
+    return None
+
+
+class HfTrainer(Stack):
+    engine = "hf_trainer_engine"
+    expresses = EXPRESSES
+    # The Trainer checkpoints the blocks itself (its checkpointing switch calls the model's own enable()).
+    checkpoints_blocks = True
+
+    def loop_order(self, recipe: Recipe) -> LoopOrder:
+        return LoopOrder(zero_grad=ZERO_AFTER_STEP, clips_gradients=True, max_grad_norm=MAX_GRAD_NORM,
+                         prefetches=True, keeps_output=False)
+
+    def refusal(self, recipe: Recipe, options: RunOptions) -> str | None:
+        return self.unexpressed(recipe) or workload_refusal(recipe)
+
+    def sim_refusal(self, recipe: Recipe) -> str | None:
+        return self.unexpressed(recipe) or workload_refusal(recipe)
+
+    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+        return {"by_technique": {NAME: dict(engine.observed)}}
+
+    def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
+        super().check(recipe, record, without, say)
+        seen = record.by_technique.get(NAME, {})
+        expected = trainer_optimizer(recipe)
+        if record.device != "sim" and seen.get("optimizer_class") != expected.optimizer_class:
+            say(f"the Trainer stepped {seen.get('optimizer_class')} after phase optimizer_step, expected "
+                f"{expected.optimizer_class} ({'optim=' + expected.optim if expected.optim else 'optimizers=(...)'})")
+        if expected.implementation == "fused" and seen.get("fused") is not True:  # the sim replays it fused too
+            say(f"the Trainer's {expected.optim} stepped with fused={seen.get('fused')} after phase optimizer_step")
+        requested = trainer_arguments(recipe)["checkpointing"]
+        if seen.get("checkpointing") != requested:
+            say(f"the model's activation checkpointing is {seen.get('checkpointing')} after phase load, the Trainer "
+                f"was asked for {requested}")
+
+    def sim_before_train(self, loop: Any, optimizer: Any) -> None:
+        """The Trainer's torch AdamW is fused (its default optim): no parameter-sized temporaries in the step."""
+        if trainer_optimizer(loop.recipe).implementation == "fused":
+            for group in optimizer.param_groups:
+                group["foreach"], group["fused"] = False, True
+
+    def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
+        # What the replay stepped (memclaims' optimizer on fake tensors, bitsandbytes' by its state layout): whether
+        # the step ran fused, and the checkpointing; the Trainer's class is the real run's to observe.
+        groups = getattr(optimizer, "param_groups", [{}])
+        return {"by_technique": {NAME: {"fused": bool(groups[0].get("fused")) if groups else None,
+                                        "checkpointing": checkpointing(model)}}}
+
+
+ENTRY = Technique(NAME, "transformers' Trainer runs the loop (the course's code path): TrainingArguments' switches, "
+                  "its default fused AdamW, zero_grad after the step", "course: 8-bit Adam lesson (Trainer)",
+                  group="loop", stack=NAME, conflicts=CONFLICTS, in_cover=False,
+                  in_default=False, hooks=HfTrainer())
