@@ -196,14 +196,16 @@ def test_singles_bring_what_they_need() -> None:
     assert singles[:3] == [("pytorch",), ("fabric",), ("16-mixed",)]
     assert ("activation-checkpointing",) in singles and ("fsdp", "cpu-offload") in singles  # offload needs fsdp
     assert singles.count(("fsdp",)) == 1 and len(singles) == len(registry.TECHNIQUES)
-    assert registry.singles(registry.single_process()) == [(t.name,) for t in registry.single_process()]
+    assert registry.singles(registry.single_process()) == [(t.name,) if not t.needs else ("qlora", t.name)
+                                                           for t in registry.single_process()]
+    assert ("qlora", "qlora-no-double-quant") in singles  # the option needs qlora
 
 
 def test_default_selection_is_singles_then_chain_then_cover_without_repeats() -> None:
     pool = registry.single_process()
     selection = registry.default_selection()
     singles = registry.singles(tuple(t for t in pool if t.in_default))
-    assert {t.name for t in pool if not t.in_default} == {"paged-adamw8bit"}
+    assert {t.name for t in pool if not t.in_default} == {"paged-adamw8bit", "qlora-no-double-quant"}
     assert selection[:len(singles)] == singles
     assert len(selection) == len(set(selection))
     rest = selection[len(singles):]
@@ -213,7 +215,8 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     covered = tuple(t for t in pool if t.in_cover)
     assert {t.name for t in pool} - {t.name for t in covered} == {"activation-offload", "optimizer-in-backward",
                                                                         "expandable-segments", "paged-adamw8bit",
-                                                                        "lora", "qlora", "fused-linear-ce"}
+                                                                        "lora", "qlora", "qlora-no-double-quant",
+                                                                        "fused-linear-ce"}
     cover = [c for c in registry.pairwise_cover(covered) if c not in singles and c not in chain_steps]
     assert rest[len(chain_steps):] == cover
     assert registry.default_selection(pool) == selection
