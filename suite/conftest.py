@@ -28,8 +28,12 @@ NIGHTLY_CONVERGED = (("small-batch",),)
 # (about 10 s); its sim case, suite/cases/techniques/test_lora.py's cpu baseline and sim injection run in CI.
 # fused-linear-ce-logits-never-whole on the cpu tier trains GPT-2 smoke with and without the fused loss (about
 # 10 s); its sim case and suite/cases/techniques/test_fused_linear_ce.py's cpu baseline and sim injection run in CI.
+# qlora-nf4-storage and qlora-double-quant-saving on the cpu tier train and score DistilBERT smoke with its 4-bit base
+# with and without double quantization (about 12 s each); their sim cases, the checks on constructed Records and
+# suite/cases/techniques/test_qlora.py's cpu baselines of both run in CI.
 NIGHTLY_CLAIMS = frozenset({("sim", "batch-1-further-75"), ("cpu", "lora-few-trainable-parameters"),
-                            ("cpu", "fused-linear-ce-logits-never-whole")})
+                            ("cpu", "fused-linear-ce-logits-never-whole"), ("cpu", "qlora-nf4-storage"),
+                            ("cpu", "qlora-double-quant-saving")})
 
 
 def nightly_only(params: dict[str, object]) -> bool:

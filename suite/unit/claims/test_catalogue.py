@@ -75,6 +75,13 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         fused = records[claims.FUSED_LOSS]
         records[claims.FUSED_LOSS] = dataclasses.replace(fused, fused_loss_chunk_rows=fused.fused_loss_rows,
                                                          peak_allocated_bytes=records[("fabric",)].peak_allocated_bytes)
+    elif name == "qlora-nf4-storage":  # the weights kept in 8 bits (an int8 layout), not packed two a byte
+        plain = records[claims.QLORA_NO_DOUBLE_QUANT]
+        seen = plain.by_technique["qlora"]
+        records[claims.QLORA_NO_DOUBLE_QUANT] = dataclasses.replace(
+            plain, by_technique={"qlora": {**seen, "packed_bytes": seen["quantized_elements"]}})
+    elif name == "qlora-double-quant-saving":  # compress_statistics ignored: the fp32 absmax as without it
+        records[claims.QLORA] = records[claims.QLORA_NO_DOUBLE_QUANT]
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
         records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
     elif name == "paged-optimizer-unified-memory":  # the states stayed in the caching allocator
