@@ -209,3 +209,16 @@ def test_double_quantization_not_as_asked_is_caught(techniques: tuple[str, ...],
     technique = "qlora-no-double-quant" if forced else "qlora"
     for named in (recipe.id, f"{technique} is not active", "double_quant", "phase load"):
         assert named in message, message
+
+
+@pytest.mark.cpu
+@pytest.mark.slow  # a DistilBERT smoke run (4 s on CI's 2 cores); the nightly checks it
+@BNB_CPU
+def test_qlora_whose_base_is_not_quantized_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memclaims.techniques.impl import nf4_base
+
+    monkeypatch.setattr(nf4_base, "quantize", lambda model, workload, device, **_: model)  # the base stays in fp32
+    recipe = resolve("distilbert", "smoke", QLORA)
+    problems = active.problems(recipe, run(recipe, RunOptions(device="cpu", evaluate=False)))
+    assert any(line.startswith("distilbert-smoke/qlora: qlora is not active: quantized_parameter_bytes is None after "
+                               "phase load") for line in problems), problems
