@@ -28,6 +28,9 @@ NIGHTLY_CONVERGED = (("small-batch",),)
 # (about 10 s); its sim case, suite/cases/techniques/test_lora.py's cpu baseline and sim injection run in CI.
 # fused-linear-ce-logits-never-whole on the cpu tier trains GPT-2 smoke with and without the fused loss (about
 # 10 s); its sim case and suite/cases/techniques/test_fused_linear_ce.py's cpu baseline and sim injection run in CI.
+# qlora-nf4-storage and qlora-double-quant-saving on the cpu tier train and score DistilBERT smoke with its 4-bit base
+# with and without double quantization (about 12 s each); their sim cases, the checks on constructed Records and
+# suite/cases/techniques/test_qlora.py's cpu baselines of both run in CI.
 # The training stacks' claims (issue #42): on the cpu tier they train DistilBERT smoke (the ViT for Accelerate's)
 # through a stack and through Fabric with accuracy (five Records: 180 s under this machine's load), on the sim they
 # replay two article-scale recipes each (ViT-L/16 for Accelerate's: 57 s under load, 13 s for Lightning's, 10 s for the
@@ -39,7 +42,8 @@ NIGHTLY_CLAIMS = frozenset({("sim", "batch-1-further-75"), ("cpu", "lora-few-tra
                             ("cpu", "hf-trainer-gradients-freed-before-forward"),
                             ("cpu", "hf-trainer-fused-adamw-default"),
                             ("sim", "lightning-trainer-same-loop"), ("sim", "accelerate-accumulate-same-loop"),
-                            ("sim", "hf-trainer-gradients-freed-before-forward"), ("sim", "hf-trainer-fused-adamw-default")})
+                            ("sim", "hf-trainer-gradients-freed-before-forward"), ("sim", "hf-trainer-fused-adamw-default"),
+                            ("cpu", "qlora-nf4-storage"), ("cpu", "qlora-double-quant-saving")})
 
 # Claims that read the Records of a technique's own cases, in their xdist group (pytest.ini's --dist loadgroup): one
 # worker measures each Record once for both. The course's 8-bit counts through its Trainer path and Accelerate loop

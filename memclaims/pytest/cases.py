@@ -41,13 +41,13 @@ def test_case(tier: str, techniques: tuple[str, ...], record_cache: RecordCache,
     assert record.recipe == recipe.id
     assert record.precision == recipe.precision
     assert record.batch_size == recipe.batch_size and record.accumulation_steps == recipe.accumulation_steps
-    # Parameters are stored in the recipe's parameter dtype: 2 bytes for true half, else 4.
+    # Parameters are stored in the recipe's parameter dtype: 2 bytes for true half, else 4; unless a technique
+    # stores some in another (qlora's 4-bit base, packed in uint8, one stored element a byte).
     bytes_per_param = 2 if recipe.precision in TRUE_HALF_PRECISIONS else 4
-    # qlora's 4-bit base weights are packed in uint8, one element a byte (their own active check); the rest in
-    # the recipe's dtype.
-    quantized = record.quantized_parameter_bytes or 0
-    assert record.param_bytes - quantized == (record.param_count - quantized) * bytes_per_param if quantized \
-        else record.param_bytes == record.param_count * bytes_per_param
+    expected_param_bytes = record.param_count * bytes_per_param
+    for hooks in recipe.hooks:
+        expected_param_bytes = hooks.expected_param_bytes(record, bytes_per_param, expected_param_bytes)
+    assert record.param_bytes == expected_param_bytes
     # One gradient per parameter, same dtype, unless a technique says otherwise: none left after a backward
     # that applied and freed each (optimizer-in-backward), the trainable parameters' only (lora).
     expected_grad_bytes = record.param_bytes

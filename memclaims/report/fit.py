@@ -299,12 +299,26 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
     return result
 
 
+def _stored_bits(combo: tuple[str, ...]) -> tuple[int, str]:
+    """(bits, what): the fewest bits a combination stores a parameter in: its precision's dtype, or fewer where
+    a technique says so (``Hooks.stored_bits``: qlora's 4-bit base)."""
+    techniques = list(map(registry.technique, combo))
+    dtype = PRECISIONS[next((t.precision for t in techniques if t.precision), registry.FP32)].param_dtype
+    fewest = (8 * dtype.itemsize, str(dtype).removeprefix("torch."))
+    for technique in techniques:
+        bits = technique.hooks.stored_bits()
+        if bits is not None and bits < fewest[0]:
+            fewest = (bits, f"{bits} bits ({technique.name})")
+    return fewest
+
+
 def parameter_floor(reference: Recipe, candidates: list[tuple[str, ...]]) -> tuple[int, int, str] | None:
     """(bytes, parameters, dtype): the fewest bytes any candidate holds on the device, its model's
-    parameters in the narrowest dtype the candidates' precisions store them in (the reference's model: no single-process
-    technique changes the parameter count). None where there is no such floor: a sharded candidate
-    holds a share of them, or none with cpu-offload; a workload the sim cannot build is left to the
-    replays, which say why."""
+    parameters in the narrowest dtype the candidates' precisions store them in, or fewer bits where a technique
+    stores them so (qlora's 4-bit base: every parameter counted at 4 bits, a floor below its absmax and the layers
+    it leaves unquantized) (the reference's model: no single-process technique changes the parameter count).
+    None where there is no such floor: a sharded candidate holds a share of them, or none with cpu-offload; a
+    workload the sim cannot build is left to the replays, which say why."""
     from memclaims import sim
 
     strategies = (registry.technique(name).distributed for combo in candidates for name in combo)
@@ -314,10 +328,8 @@ def parameter_floor(reference: Recipe, candidates: list[tuple[str, ...]]) -> tup
         count = sim.parameter_count(reference)
     except UsageError:
         return None
-    stored = {PRECISIONS[next((t.precision for t in map(registry.technique, combo) if t.precision),
-                              registry.FP32)].param_dtype for combo in candidates}
-    cheapest = min(stored, key=lambda dtype: dtype.itemsize)
-    return count * cheapest.itemsize, count, str(cheapest).removeprefix("torch.")
+    bits, what = min((_stored_bits(combo) for combo in candidates), key=lambda stored: stored[0])
+    return count * bits // 8, count, what
 
 
 def _check_floor(reference: Recipe, candidates: list[tuple[str, ...]], memory_bytes: int) -> None:
@@ -327,7 +339,7 @@ def _check_floor(reference: Recipe, candidates: list[tuple[str, ...]], memory_by
         need, count, dtype = floor
         raise UsageError(f"--memory {memory_bytes:,} B: nothing can fit: the parameters alone need {need:,} B "
                          f"({need / 1e9:.3g} GB decimal; {count:,} parameters of {reference.workload.name} at scale "
-                         f"{reference.scale.name!r} in {dtype}, the cheapest precision of the combinations)")
+                         f"{reference.scale.name!r} in {dtype}, the cheapest storage of the combinations)")
 
 
 # --- output -------------------------------------------------------------------------------------

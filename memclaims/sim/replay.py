@@ -231,11 +231,15 @@ def _apply_order(module: nn.Module) -> Iterator[tuple[dict[str, Any], str]]:
                 yield store, name
 
 
-def _move(module: nn.Module, dtype: torch.dtype | None = None) -> None:
-    """``module.to(device)`` or ``.to(dtype)``: each tensor gets a new storage, the old one is dropped."""
+def _move(module: nn.Module, dtype: torch.dtype | None = None,
+          held: Callable[[torch.Tensor], bool] | None = None) -> None:
+    """``module.to(device)`` or ``.to(dtype)``: each tensor gets a new storage, the old one is dropped; one the
+    device ``held`` already (a technique put it there) stays, as ``Module.to`` leaves a tensor on its device."""
     for store, name in _apply_order(module):
         value = store[name]
         if dtype is not None and not value.is_floating_point():
+            continue
+        if held is not None and held(value):
             continue
         fresh = torch.empty_like(value, dtype=dtype or value.dtype)
         value.data = fresh
@@ -362,7 +366,9 @@ def _load(session: _Session, recipe: Recipe, build: Callable[[Any, int | None], 
         # Fabric converts true precisions on the CPU (convert_module) before moving.
         with _default_dtype(true_dtype) if true_dtype else nullcontext():
             model = _adapted(recipe, build(recipe.scale, classes))
-    _move(model)
+    for hooks in recipe.hooks:  # qlora: each base layer quantized on the device as it moves there
+        hooks.sim_before_move(model, recipe)
+    _move(model, held=session.memory.holds)
     return model
 
 

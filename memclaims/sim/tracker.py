@@ -72,6 +72,10 @@ class DeviceMemory(TorchDispatchMode):
         # The timeline (memclaims.sim.timeline): every kernel-launching op advances it; None: memory only.
         self.clock: Clock | None = None
         self.tf32_matmul = False  # set_float32_matmul_precision("high") in the replayed script
+        # Scratch of ops whose insides the dispatch does not see (a custom op whose kernel allocates before its
+        # output), registered by a technique's sim hooks: op -> (op, args, kwargs) -> the bytes its kernel holds
+        # beside its output (qlora: bitsandbytes' gemm_4bit dequantizes the whole weight before its matmul).
+        self.op_scratch: dict[Any, Callable[[Any, Any, Any], int]] = {}
 
     # --- phases -----------------------------------------------------------------------------
 
@@ -97,6 +101,8 @@ class DeviceMemory(TorchDispatchMode):
             # (output layout, copies, scratch) are added here.
             kernel = self.profile.kernel(_dtype_name(args[0].dtype))
             scratch = self._attention_copies(func, kernel, args)
+        elif self.op_scratch and func in self.op_scratch:
+            scratch = [self.scratch(self.op_scratch[func](func, args, kwargs or {}))]
         self.op = func
         out = run()
         if func is RNN_LAYER:
@@ -144,6 +150,10 @@ class DeviceMemory(TorchDispatchMode):
             if handle is not None:
                 seen[handle] = self._bytes[handle]
         return sum(seen.values())
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s storage is on the simulated device already."""
+        return tensor.untyped_storage() in self._handles
 
     def host_bytes(self, tensors: Any) -> int:
         """Bytes of the distinct storages behind ``tensors`` that the simulated device does not hold

@@ -12,15 +12,15 @@ only the points it changes. The points, by engine:
   ``setup``), ``before_setup`` (the optimizer before Fabric wraps it), ``observe`` (the Record's fields of
   what it did, after the measured steps);
 - the active check (``memclaims.measure.active``): ``check``, ``rank_check``; the case test (``memclaims.pytest.cases``):
-  ``compare_without``, ``expected_grad_bytes``, ``accuracy_reported_only``;
+  ``compare_without``, ``expected_grad_bytes``, ``expected_param_bytes``, ``accuracy_reported_only``;
 - the sim (``memclaims.sim.replay``): ``sim_refusal``, ``sim_allocator``, ``sim_builds_on_device``, ``sim_reference``,
-  ``sim_attach``, ``sim_adapt`` (by ``convert_order``), ``sim_after_load``, ``sim_before_train``, ``sim_observe``,
+  ``sim_attach``, ``sim_adapt`` (by ``convert_order``), ``sim_before_move``, ``sim_after_load``, ``sim_before_train``, ``sim_observe``,
   ``sim_observe_run``;
 - a run on ranks (``memclaims.measure.distributed``, the sim's strategy replays): ``rank_refusal``, and
   ``plan_strategy``, how a technique that combines with a strategy changes what the ranks execute (the
   ``StrategyPlan``, which the strategy itself, a ``Strategy``, makes);
 - what reports read of a technique: ``unsupported_on`` (memclaims.recipes.requirements), ``load_only``
-  (memclaims.report.fit's time cost), ``stand_in`` and ``removes`` (memclaims.report.series: a published bar
+  (memclaims.report.fit's time cost), ``stored_bits`` (fit's parameter floor), ``stand_in`` and ``removes`` (memclaims.report.series: a published bar
   run where the technique cannot run as published, and the chain's floor).
 
 A strategy (``fsdp``, ``ddp``, ...) is a technique whose hooks are a ``Strategy``: the object the multi-rank
@@ -137,6 +137,11 @@ class Hooks:
         """The gradient bytes the case expects after a backward, given what the other techniques expect."""
         return expected
 
+    def expected_param_bytes(self, record: Record, bytes_per_param: int, expected: int) -> int:
+        """The parameter bytes the case expects, given what the other techniques expect (``param_count`` x the
+        precision's bytes by default): a technique that stores some parameters in another dtype says so."""
+        return expected
+
     def accuracy_reported_only(self, record: Record) -> bool:
         """Whether the case reports the accuracy rather than asserting it learned."""
         return False
@@ -166,6 +171,10 @@ class Hooks:
     def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, Any], None]) -> nn.Module:
         """The fake model as built, before it is moved to the device (by ``convert_order``)."""
         return model
+
+    def sim_before_move(self, model: nn.Module, recipe: Recipe) -> None:
+        """The fake model as built and adapted on the host, before the setup moves it to the device: what the
+        technique puts on the device itself first (the device counts it; the move leaves it where it is)."""
 
     def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         """The fake model after the load, in the load phase."""
@@ -206,6 +215,11 @@ class Hooks:
     def stand_in(self, workload: Workload, device: str) -> StandIn | None:
         """How a bar of a published series (memclaims.report.series) with this technique runs on ``device``
         where it cannot run as published; None: as published."""
+        return None
+
+    def stored_bits(self) -> int | None:
+        """The fewest bits the technique stores a parameter in, where fewer than any precision's dtype (qlora's
+        4-bit base: 4); None: as its recipe's precision stores it (memclaims.report.fit's parameter floor)."""
         return None
 
     def removes(self, after: Record) -> Removal | None:

@@ -33,6 +33,7 @@ from memclaims.techniques import (
     optimizer_in_backward,
     paged_adamw8bit,
     qlora,
+    qlora_no_double_quant,
 )
 
 # The registry's names where its readers import them (explicit re-exports).
@@ -97,6 +98,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     expandable_segments.ENTRY,
     lora.ENTRY,
     qlora.ENTRY,
+    qlora_no_double_quant.ENTRY,
     fused_linear_ce.ENTRY,
 )
 

@@ -54,7 +54,10 @@ def no_replay(monkeypatch: pytest.MonkeyPatch) -> None:
      "is not a multiple of the number of attention heads (32)."),
     (["fit", "vit", "--memory", "0GB", "--device", "sim"], "--memory '0GB' is not a positive budget (0 bytes)"),
     (["fit", "vit", "--memory", "-5GB"], "--memory '-5GB' is not a positive budget (-5000000000 bytes)"),
-    (["fit", "hf:llama", "--memory", "10GB"], f"nothing can fit: the parameters alone need {2 * LLAMA_7B_PARAMETERS:,} B"),
+    # qlora's 4-bit base is the cheapest storage (a 7B in bf16 needs 13.5 GB; 4 bits a parameter, 3.37 GB).
+    (["fit", "hf:llama", "--memory", "3GB"], f"nothing can fit: the parameters alone need {LLAMA_7B_PARAMETERS // 2:,} B"),
+    (["fit", "hf:llama", "--memory", "10GB", "-t", "bf16-true", "-t", "lora"],
+     f"nothing can fit: the parameters alone need {2 * LLAMA_7B_PARAMETERS:,} B"),
     # What the validators pass but the model (its build, its forward) refuses, found at resolution.
     (["run", "hf:llama", "--scale", "smoke", "--config", "hidden_act=foo", "--device", "sim"],
      "--config hidden_act=foo: the llama model at scale 'smoke' refuses it: KeyError"),
@@ -99,6 +102,8 @@ def test_the_floor_is_the_parameters_in_the_cheapest_precision_of_the_combinatio
     assert fit.parameter_floor(recipe, [("fabric",), ("16-mixed",)]) == (4 * count, count, "float32")  # fp32 masters
     # A sharded combination holds a share of the parameters (cpu-offload: none): no floor.
     assert fit.parameter_floor(recipe, [("fabric",), ("fsdp",)]) is None
+    # qlora stores its base in 4 bits: every parameter at 4 bits is below what any qlora recipe holds.
+    assert fit.parameter_floor(recipe, [("bf16-true",), ("bf16-true", "qlora")]) == (count // 2, count, "4 bits (qlora)")
 
 
 @pytest.mark.usefixtures("no_replay")

@@ -69,7 +69,8 @@ def test_a_missing_backend_of_bitsandbytes_never_stops_a_session(fresh_stack: No
     found = preflight.problems()
     assert [p.package for p in found] == ["bitsandbytes"]
     assert not any(preflight.stopping(found, w) for w in ("vit", "vit-h14", "distilbert", "hf:llama", "user-model"))
-    assert preflight.note(found[0]).endswith("the cases of the techniques that need it (adam8bit, adamw8bit, paged-adamw8bit, qlora) "
+    assert preflight.note(found[0]).endswith("the cases of the techniques that need it (adam8bit, adamw8bit, paged-adamw8bit, qlora, "
+                                             "qlora-no-double-quant) "
                                              "skip with that reason")
 
 

@@ -56,29 +56,6 @@ def apply(model: nn.Module, workload: Workload) -> nn.Module:
     return adapted
 
 
-def quantize(model: nn.Module, workload: Workload, device: str) -> nn.Module:
-    """The qlora technique's base: every ``nn.Linear`` outside the trained head replaced by bitsandbytes'
-    ``Linear4bit`` (NF4, fp32 compute), frozen, its weight quantized as it moves to ``device``."""
-    import bitsandbytes as bnb
-
-    targets = workload.lora_targets
-    head = targets.modules_to_save if targets is not None else ()
-    for name, module in list(model.named_modules()):
-        if any(name == h or name.endswith(f".{h}") or name.endswith(h) for h in head):
-            continue
-        for child_name, child in list(module.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if type(child) is not nn.Linear or any(full.endswith(h) for h in head):
-                continue
-            four_bit = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                         compute_dtype=child.weight.dtype, quant_type="nf4")
-            four_bit.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4")
-            if child.bias is not None:
-                four_bit.bias = nn.Parameter(child.bias.data, requires_grad=False)
-            setattr(module, child_name, four_bit.to(device))  # Params4bit quantizes as it moves
-    return model
-
-
 def _elements(param: nn.Parameter) -> int:
     """A parameter's elements as the model defines them: a 4-bit weight's original shape, not its packed bytes."""
     state = getattr(param, "quant_state", None)

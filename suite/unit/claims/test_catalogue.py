@@ -82,6 +82,13 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
     elif name == "optimizer-default-foreach-on-cuda":  # the reference defaulted to the other implementation
         other = claims.FOR_LOOP if tier == "sim" else claims.FOREACH
         records[("fabric",)] = dataclasses.replace(records[("fabric",)], phases=records[other].phases)
+    elif name == "qlora-nf4-storage":  # the weights kept in 8 bits (an int8 layout), not packed two a byte
+        plain = records[claims.QLORA_NO_DOUBLE_QUANT]
+        seen = plain.by_technique["qlora"]
+        records[claims.QLORA_NO_DOUBLE_QUANT] = dataclasses.replace(
+            plain, by_technique={"qlora": {**seen, "packed_bytes": seen["quantized_elements"]}})
+    elif name == "qlora-double-quant-saving":  # compress_statistics ignored: the fp32 absmax as without it
+        records[claims.QLORA] = records[claims.QLORA_NO_DOUBLE_QUANT]
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
         records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
     elif name == "paged-optimizer-unified-memory":  # the states stayed in the caching allocator

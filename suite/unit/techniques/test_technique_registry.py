@@ -219,7 +219,9 @@ def test_singles_bring_what_they_need() -> None:
                            ("16-mixed",)]
     assert ("activation-checkpointing",) in singles and ("fsdp", "cpu-offload") in singles  # offload needs fsdp
     assert singles.count(("fsdp",)) == 1 and len(singles) == len(registry.TECHNIQUES)
-    assert registry.singles(registry.single_process()) == [(t.name,) for t in registry.single_process()]
+    assert registry.singles(registry.single_process()) == [(t.name,) if not t.needs else ("qlora", t.name)
+                                                           for t in registry.single_process()]
+    assert ("qlora", "qlora-no-double-quant") in singles  # the option needs qlora
 
 
 def test_default_selection_is_singles_then_chain_then_cover_without_repeats() -> None:
@@ -229,7 +231,8 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     # Beside paged-adamw8bit, the optimizer's implementations: one more ViT-L/16 case each would pass the nightly's
     # 30 GPU-minutes; their singles run in suite/cases/techniques/test_optimizer_impl.py and the full matrix.
     assert {t.name for t in pool if not t.in_default} == {"paged-adamw8bit", "for-loop", "foreach", "fused",
-                                                          "hf-trainer", "accelerate", "lightning-trainer"}
+                                                          "hf-trainer", "accelerate", "lightning-trainer",
+                                                          "qlora-no-double-quant"}
     assert selection[:len(singles)] == singles
     assert len(selection) == len(set(selection))
     rest = selection[len(singles):]
@@ -239,7 +242,7 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     covered = tuple(t for t in pool if t.in_cover)
     assert {t.name for t in pool} - {t.name for t in covered} == {"activation-offload", "optimizer-in-backward",
                                                                         "expandable-segments", "paged-adamw8bit",
-                                                                        "lora", "qlora", "fused-linear-ce",
+                                                                        "lora", "qlora", "qlora-no-double-quant", "fused-linear-ce",
                                                                         "for-loop", "foreach", "fused",
                                                                         "hf-trainer", "accelerate", "lightning-trainer"}
     cover = [c for c in registry.pairwise_cover(covered) if c not in singles and c not in chain_steps]
