@@ -29,6 +29,7 @@ from memclaims.techniques import (
     optimizer_in_backward,
     paged_adamw8bit,
     qlora,
+    tensor_parallel,
 )
 
 # The registry's names where its readers import them (explicit re-exports).
@@ -75,6 +76,9 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("adafactor", "transformers Adafactor: factored second moment, no first moment",
               "course: 8-bit Adam (Adafactor)", group="optimizer", optimizer="adafactor"),
     init_module.ENTRY,
+    # Before FSDP's: a 2-D recipe (tensor-parallel + fsdp2) is run by tensor-parallel's strategy (Recipe.distributed,
+    # the first strategy in this order), which shards over the data-parallel dimension with fsdp2's settings.
+    tensor_parallel.ENTRY,
     *fsdp.ENTRIES,
     *fsdp2.ENTRIES,
     distributed_data_parallel.ENTRY,
