@@ -21,6 +21,7 @@ from fixtures.claim_worlds import (
     lookup_of,
     scaled_memory,
     sharded_record,
+    tensor_parallel_record,
     world,
 )
 from memclaims.claims.accuracy import BY_CLAIM as ACCURACY_PAIRS
@@ -92,6 +93,8 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         records[claims.SHARD_GRAD_OP_08] = sharded_record(claims.SHARD_GRAD_OP_08, tier, as_=claims.FULL_SHARD_08)
     elif name == "fsdp2-no-reshard-keeps-unsharded":  # reshard_after_forward=False ignored: resharded after forward
         records[claims.FSDP2_NO_RESHARD_08] = sharded_record(claims.FSDP2_NO_RESHARD_08, tier, as_=claims.FSDP2_08)
+    elif name in ("tensor-parallel-splits-matrices", "tensor-parallel-holds-a-portion"):  # the plan not applied
+        records[claims.TENSOR_PARALLEL] = tensor_parallel_record(tier, applied=False)
     elif name == "batch-1-further-75":
         records[claims.MICRO_BATCH_ONE] = scaled_memory(records[CHAIN_05], 0.6)
     elif name == "bf16-supported":
