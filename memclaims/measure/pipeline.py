@@ -73,8 +73,13 @@ class Engine(TrainingLoop):
         return iter(loader)
 
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
-        """This rank's own part of a (sharded) tensor."""
-        return tensor
+        """This rank's own part of a (sharded) tensor: a DTensor's local shard (tensor parallelism's and FSDP2's
+        parameters, their gradients and optimizer state), else the tensor."""
+        to_local = getattr(tensor, "to_local", None)
+        return to_local() if callable(to_local) else tensor
+
+    def gradients(self, model: nn.Module) -> Iterator[torch.Tensor]:
+        return (self.local(p.grad) for p in model.parameters() if p.grad is not None)
 
     def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
         raise NotImplementedError

@@ -76,6 +76,13 @@ class FabricEngine(pipeline.Engine):
     def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
         if self.fabric is None:
             return train, test
+        strategy, devices = self.recipe.distributed, self.options.devices
+        if strategy is not None and devices and self.recipe.strategy_plan(devices).data_parallel == 1:
+            # One data-parallel replica (tensor parallelism's ranks all share each batch): every rank iterates the
+            # loader as one process does. Fabric's DistributedSampler over 1 replica would only reorder the data
+            # (the loader draws its workers' seed from its generator before its sampler's permutation; the
+            # DistributedSampler seeds a generator of its own).
+            return tuple(self.fabric.setup_dataloaders(train, test, use_distributed_sampler=False))
         return tuple(self.fabric.setup_dataloaders(train, test))
 
     # --- load ------------------------------------------------------------------------------
@@ -107,6 +114,14 @@ class FabricEngine(pipeline.Engine):
         options: dict[str, Any] = {"move_to_device": True}
         for hooks in self.recipe.hooks:  # 09: with CPU offload the model stays on the host; FSDP moves what it needs
             options.update(hooks.setup_options())
+        strategy = self.recipe.distributed
+        if strategy is not None and strategy.replaces_parameters:
+            # Lightning's order for ModelParallelStrategy (its guides): the model first, then the optimizer; the
+            # optimizer made before setup, as the scripts make it, follows its parameters to the DTensor ones.
+            before = list(model.parameters())
+            module = self.fabric.setup_module(model, **options)
+            follow_parameters(optimizer, before, list(model.parameters()))
+            return module, self.fabric.setup_optimizers(optimizer)
         model, optimizer = self.fabric.setup(model, optimizer, **options)
         return model, optimizer
 
@@ -153,6 +168,19 @@ class FabricEngine(pipeline.Engine):
         model.eval()
         return evaluation.evaluate(lambda inputs: self.recipe.workload.logits(model, inputs), self.batches(loader),
                                    self.recipe.workload.num_classes, self.device)
+
+
+def follow_parameters(optimizer: Any, before: list[nn.Parameter], after: list[nn.Parameter]) -> None:
+    """Point ``optimizer``'s parameter groups (no state yet) from the parameters ``before`` setup to those that
+    replaced them ``after`` it, by position: parallelize_module and fully_shard re-register each parameter under
+    its own name, so the order stays, and a DTensor has its whole tensor's shape."""
+    if len(before) != len(after) or any(a.shape != b.shape for a, b in zip(after, before)):
+        # A library change, not the user's choice: no UsageError.
+        raise RuntimeError(f"setup changed the model's parameters ({len(before)} -> {len(after)}, or their shapes): "
+                           "the optimizer cannot follow them")
+    replaced = {id(b): a for b, a in zip(before, after)}
+    for group in optimizer.param_groups:
+        group["params"] = [replaced.get(id(p), p) for p in group["params"]]
 
 
 # "Tried to allocate 2.00 GiB" (CUDA caching allocator), "you tried to allocate 123 bytes" (CPU).

@@ -232,12 +232,13 @@ def _apply_order(module: nn.Module) -> Iterator[tuple[dict[str, Any], str]]:
 
 
 def _move(module: nn.Module, dtype: torch.dtype | None = None,
-          held: Callable[[torch.Tensor], bool] | None = None) -> None:
+          held: Callable[[torch.Tensor], bool] | None = None, placed: frozenset[int] = frozenset()) -> None:
     """``module.to(device)`` or ``.to(dtype)``: each tensor gets a new storage, the old one is dropped; one the
-    device ``held`` already (a technique put it there) stays, as ``Module.to`` leaves a tensor on its device."""
+    device ``held`` already (a technique put it there) stays, as ``Module.to`` leaves a tensor on its device, and
+    so do those of ``placed`` (the ids of tensors a strategy already put there)."""
     for store, name in _apply_order(module):
         value = store[name]
-        if dtype is not None and not value.is_floating_point():
+        if dtype is not None and not value.is_floating_point() or id(value) in placed:
             continue
         if held is not None and held(value):
             continue
@@ -730,6 +731,8 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
         if allocator_events is not None:
             raise UsageError(f"{recipe.id}: the allocator history is recorded for one-device recipes only")
         return _simulate_sharded(recipe, chosen, steps, notes, limit_bytes, devices)
+    if replay == "tensor-parallel":
+        return _simulate_tensor_parallel(recipe, chosen, steps, notes, limit_bytes, devices, allocator_events)
     plan = recipe.strategy_plan(devices or 1) if strategy is not None else None
 
     reference = None
@@ -890,6 +893,84 @@ def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[s
         del model, wrapped
     notes.extend(_allocator_notes(site, session))
     # The same phases entries as every engine's (the contract's keys, and live_bytes for load and train).
+    return build_record(
+        recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
+        precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,
+        phases=session.recorder.phases, step_peaks=session.recorder.step_peaks,
+        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, weights="random", data=FAKE_DATA,
+        notes=notes, observed=_merged(states, _observed_after(session, recipe)), devices=world, rank=0,
+    )
+
+
+def _simulate_tensor_parallel(recipe: Recipe, chosen: Profile, steps: int, notes: list[str], limit_bytes: int | None,
+                              devices: int | None, allocator_events: list[TraceEvent] | None) -> Record:
+    """Rank 0 of the recipe's tensor-parallel run (memclaims.sim.tensor_parallel): the model built on the host as
+    Lightning's ModelParallelStrategy gets it, its layout split to rank 0's shards and loaded as the parallelize_fn
+    loads it, then the one-device loop on the rank's shards and collectives; with FSDP2 (2-D) memclaims.sim.sharded's
+    FSDP2 over the data-parallel ranks on top, as fully_shard shards the tensor-parallel shards."""
+    import memclaims.sim.sharded as sharded
+    import memclaims.sim.tensor_parallel as tensor_parallel
+    from memclaims.techniques import tensor_parallel as technique
+    from memclaims.techniques.impl.tensor_parallel_plan import layout
+
+    strategy = recipe.distributed
+    assert strategy is not None  # sim_replay "tensor-parallel" is a strategy's
+    world = devices or technique.SIM_DEFAULT_WORLD
+    refused = strategy.rank_refusal(recipe, "sim", world)
+    if refused:
+        raise UsageError(refused)
+    plan = recipe.strategy_plan(world)
+    dp, tp = technique.mesh_sizes(plan)
+    fsdp2 = plan.fsdp_api == FSDP2_API
+    if fsdp2 and allocator_events is not None:
+        raise UsageError(f"{recipe.id}: the allocator history is recorded for one-device recipes and tensor "
+                         "parallelism alone")
+    build, inputs_fn = _model_fns(recipe)
+    notes.extend(plan.notes_on(ON_SIM))
+    spec = PRECISIONS[recipe.precision]
+    true_dtype = None if spec.mixed else spec.param_dtype
+    session = _Session(chosen, limit_bytes)
+    session.memory.tf32_matmul = _tf32_matmul(recipe)
+    session.allocator.events = allocator_events
+    phases: dict[str, PhaseResult] = {}
+    torch.manual_seed(0)
+    with _out_of_memory(recipe, chosen, limit_bytes, phases), session.active():
+        with session.phase(phases, "load"):
+            with session.host(), _default_dtype(true_dtype) if true_dtype else nullcontext():
+                model = build(recipe.scale, recipe.workload.num_classes)  # Fabric converts true precisions on the host
+            param_count = sum(p.numel() for p in model.parameters())  # the whole model's, as the real ranks count
+            param_tensors = len(list(model.parameters()))
+            found = layout(model, recipe.workload.block_class())
+            with session.host():
+                split = tensor_parallel.split(model, found, tp)
+            _move(model, placed=tensor_parallel.load_split(split))  # then model.to(device): the rest
+            if fsdp2:
+                wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=dp,
+                                       shard_dtype=spec.param_dtype, param_dtype=spec.param_dtype,
+                                       reduce_dtype=spec.param_dtype, offload=False, checkpointing=plan.checkpoint_blocks,
+                                       auto_wrap=plan.wrap_blocks, moved=True, sharding=plan.sharding_strategy,
+                                       fsdp2=True)
+            elif plan.checkpoint_blocks:  # TensorParallelize's order: the split, then the model's own checkpointing
+                from memclaims.techniques.impl import block_checkpointing as checkpointing
+
+                notes.append(checkpointing.enable(model, recipe.workload))
+        notes.append(found.note())
+        if fsdp2:
+            notes.append(f"FSDP2 over the {dp} data-parallel ranks (memclaims.sim.sharded): {sharded.FSDP2_NOTE}; "
+                         f"reshard_after_forward={plan.reshard_after_forward} on each block, False on the root; in "
+                         f"{spec.param_dtype} (no MixedPrecisionPolicy)")
+            precision = _Precision(recipe)
+            with session.phase(phases, "train"):
+                states, _ = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision,
+                                          _attention_context(chosen, precision.compute))
+            del wrapped
+        else:
+            with session.phase(phases, "train"):
+                states = _train(session, recipe, model, steps, inputs_fn)
+        merge_observed(states, {"by_technique": {technique.NAME: split.observed(dp, fsdp2)}})
+        site = dict(session.memory.reserved_peak_site)
+        del model, split
+    notes.extend(_allocator_notes(site, session))
     return build_record(
         recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
         precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,

@@ -270,6 +270,9 @@ class StrategyPlan:
     # The device mesh the ranks form where the plan needs one (HSDP's (replicate, shard)); None: one dimension.
     mesh_shape: tuple[int, ...] | None = None
     mesh_dim_names: tuple[str, ...] = ()
+    # The ranks that train on different data (tensor parallelism's ranks of one group share each batch: its mesh's
+    # data-parallel size); None: every rank has its own share.
+    data_parallel: int | None = None
     wrap_blocks: bool = False  # one unit (FSDP1) or fully_shard group (FSDP2) per workload block, then the root
     checkpoint_blocks: bool = False  # activation checkpointing of each block (non-reentrant, inside its unit)
     offload_params: bool = False  # FSDP's CPUOffload(offload_params=True): shards and their state on the host
@@ -331,6 +334,10 @@ class Strategy(Hooks):
     # Whether the strategy wraps the workload's blocks itself and checkpoints them by its own policy (FSDP's
     # auto-wrap and activation_checkpointing_policy); else a one-device engine wraps them.
     block_policies = False
+    # Whether Lightning's strategy replaces the model's parameters at setup (ModelParallelStrategy's parallelize_fn:
+    # torch's parallelize_module registers a DTensor parameter in place of each split weight), so that an optimizer
+    # made before setup, as the article's scripts make it, must follow its parameters to their replacements.
+    replaces_parameters = False
 
     def plan(self, recipe: Recipe, world: int) -> StrategyPlan:
         """Its own configuration for ``recipe`` on ``world`` ranks, before the other techniques change it."""

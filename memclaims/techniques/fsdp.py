@@ -240,8 +240,8 @@ class Fsdp(Strategy):
         FULL_SHARD and SHARD_GRAD_OP 1/N of the model state, NO_SHARD all of it, HYBRID_SHARD 1/(N/nodes);
         SHARD_GRAD_OP every parameter still gathered after the forward, the others (with a wrap policy) the
         root's only."""
-        if record.devices == 1:
-            return
+        if record.devices == 1 or recipe.distributed is not self:
+            return  # another strategy runs the ranks and checks what they hold (tensor-parallel's 2-D plan)
         sharding, world = self.sharding_strategy, record.devices
         group = shard_group_size(sharding, world)
         whole = record.param_count * (2 if record.precision in TRUE_HALF_PRECISIONS else 4)

@@ -34,6 +34,7 @@ from memclaims.techniques import (
     paged_adamw8bit,
     qlora,
     qlora_no_double_quant,
+    tensor_parallel,
 )
 
 # The registry's names where its readers import them (explicit re-exports).
@@ -86,6 +87,9 @@ TECHNIQUES: tuple[Technique, ...] = (
               "course: 8-bit Adam (Adafactor)", group="optimizer", optimizer="adafactor"),
     *optimizer_impl.ENTRIES,
     init_module.ENTRY,
+    # Before FSDP's: a 2-D recipe (tensor-parallel + fsdp2) is run by tensor-parallel's strategy (Recipe.distributed,
+    # the first strategy in this order), which shards over the data-parallel dimension with fsdp2's settings.
+    tensor_parallel.ENTRY,
     *fsdp.ENTRIES,
     *fsdp2.ENTRIES,
     distributed_data_parallel.ENTRY,

@@ -21,6 +21,7 @@ from fixtures.claim_worlds import (
     lookup_of,
     scaled_memory,
     sharded_record,
+    tensor_parallel_record,
     world,
 )
 from memclaims.claims.accuracy import BY_CLAIM as ACCURACY_PAIRS
@@ -119,6 +120,8 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         step = {"allocated_bytes": trainer.phases["optimizer_step"]["allocated_bytes"] + trainer.param_bytes}
         records[("hf-trainer",)] = dataclasses.replace(trainer, phases={"optimizer_step": step},
                                                        by_technique={"hf-trainer": {"fused": False}})
+    elif name in ("tensor-parallel-splits-matrices", "tensor-parallel-holds-a-portion"):  # the plan not applied
+        records[claims.TENSOR_PARALLEL] = tensor_parallel_record(tier, applied=False)
     elif name == "batch-1-further-75":
         records[claims.MICRO_BATCH_ONE] = scaled_memory(records[CHAIN_05], 0.6)
     elif name == "bf16-supported":

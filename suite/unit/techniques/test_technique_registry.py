@@ -127,7 +127,7 @@ def test_single_process_is_every_technique_but_the_sharded_ones_in_registry_orde
     names = [t.name for t in registry.single_process()]
     assert names == [t.name for t in registry.TECHNIQUES
                      if t.name not in ("fsdp", *registry.FSDP_SHARDINGS, "ddp", "deepspeed-zero2", "cpu-offload",
-                                        "delayed-init")]
+                                        "delayed-init", "tensor-parallel")]
     assert "activation-checkpointing" in names  # needs no sharding: it runs on one device
 
 

@@ -1,0 +1,183 @@
+"""One rank of a tensor-parallel recipe on the simulated GPU (the ``tensor-parallel`` technique), by per-rank
+accounting on fake tensors: the model the replay builds, split as the real ranks split it.
+
+The layout is the real ranks' own (``memclaims.techniques.impl.tensor_parallel_plan.layout``: which ``nn.Linear``
+layers, column-wise or row-wise, and the head counts divided). Every rank holds the same shapes, so rank 0 is
+replayed alone; each split layer keeps the rank's shard in place of its whole weight, where torch's styles put
+it: ``ColwiseParallel`` shards the weight and the bias on dim 0 (``out_features / N`` rows of each),
+``RowwiseParallel`` the weight on dim 1 (``in_features / N`` columns) and keeps the bias whole. The rest of the model
+(embeddings, norms, the head, attention without a split, as the ViT's) is whole on the rank; the attention and the
+MLP between the split layers run on the rank's own heads and features, so their activations are its share without
+anything more to emulate (the models reshape with ``view(..., -1, head_dim)``).
+
+Load (``load_split``), as ``TensorParallelize`` runs on a GPU: the model is built on the host, then
+``parallelize_module`` takes each split layer in the layout's order: ``distribute_tensor`` moves the whole weight to
+the device, splits it into one chunk per rank (contiguous copies when the split is on dim 1, views on dim 0),
+scatters them into the rank's own shard and frees the rest; the bias likewise (a row-wise layer's whole bias stays).
+Then the rest of the model moves to the device, as ``model.to(device)`` does.
+
+The collectives, as DTensor allocates them, put on the split layers as the plan's own hooks are (``split``):
+
+- forward, each row-wise layer: the local matmul gives a partial sum of the whole output; the plan's output hook
+  redistributes it from ``Partial`` to ``Replicate`` through ``funcol.all_reduce``, which clones its input and
+  reduces the clone in place: the partial output and the reduced copy coexist, then the partial is freed (no
+  backward keeps it). Its backward passes the gradient through (a replicated gradient stays replicated);
+- backward, each column-wise layer: the gradient of its replicated input is a partial sum, all-reduced the same
+  way where the plan's input hook made the input a DTensor (``DTensor.from_local``'s backward): one all-reduce per
+  column-wise layer (q, k and v each, the MLP's gate and up each), which autograd then sums; its forward allocates
+  nothing (the input is replicated already).
+
+Not modelled: NCCL's own buffers (outside the caching allocator, so not in ``max_memory_reserved``); DTensor's
+bias-sized temporaries of a row-wise layer's bias (at most one bias per layer, hundreds of bytes to kilobytes).
+With FSDP2 (2-D), ``memclaims.sim.sharded`` shards the rank's tensors over the data-parallel ranks afterwards, as
+``fully_shard`` shards the DTensor shards (dim 0 of each local shard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from memclaims.techniques.impl.tensor_parallel_plan import (
+    COLWISE,
+    SPLIT_DIM,
+    Layout,
+    divide_heads,
+    planned_linears,
+)
+
+
+class _AllReduceOutput(torch.autograd.Function):
+    """A row-wise layer's output hook: ``funcol.all_reduce`` of the partial sum (out of place: a clone, reduced in
+    place); its gradient passes through."""
+
+    @staticmethod
+    def forward(ctx: Any, partial: torch.Tensor) -> torch.Tensor:
+        return partial.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class _AllReduceInputGrad(torch.autograd.Function):
+    """A column-wise layer's input hook: the input as it is; its gradient, a partial sum, all-reduced out of place."""
+
+    @staticmethod
+    def forward(ctx: Any, replicated: torch.Tensor) -> torch.Tensor:
+        return replicated.view_as(replicated)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.clone()
+
+
+@dataclass
+class SplitModel:
+    """What ``split`` did to a model: the split layers' whole and local elements, and what its first training
+    forward showed (counted by the hooks, as ``ForwardWatch`` counts them on the real ranks)."""
+
+    layout: Layout
+    size: int
+    whole_elements: int = 0
+    colwise: int = 0
+    linears: list[tuple[nn.Linear, str]] = field(default_factory=list)  # (layer, style), in the layout's order
+    # The layers whose training forward ran on the rank's shard (each counted once, as on the first forward).
+    colwise_local_outputs: set[int] = field(default_factory=set)
+    rowwise_partial_outputs: set[int] = field(default_factory=set)
+
+    def observed(self, data_parallel: int, fsdp2: bool) -> dict[str, Any]:
+        """The Record's ``by_technique["tensor-parallel"]``, with the real ranks' keys. With FSDP2 the rank's share
+        of each split weight (and of its gradient) is FSDP2's dim-0 shard of its tensor-parallel shard (rank 0's:
+        ``ceil(rows / data-parallel ranks)`` rows), as ``memclaims.sim.sharded`` holds it."""
+        def share(weight: torch.Tensor) -> int:
+            rows, rest = weight.shape[0], weight[0].numel()
+            return -(-rows // data_parallel) * rest if fsdp2 else weight.numel()
+
+        local = sum(share(linear.weight) for linear, _ in self.linears)
+        grads = local if fsdp2 else sum(linear.weight.grad.numel() for linear, _ in self.linears
+                                        if linear.weight.grad is not None)
+        return {"tensor_parallel_size": self.size, "data_parallel_size": data_parallel,
+                "split_linears": len(self.linears), "sharded_linears": len(self.linears),
+                "split_weight_elements": self.whole_elements, "local_split_weight_elements": local,
+                "local_split_grad_elements": grads, "colwise_linears": self.colwise,
+                "forward_colwise_local_outputs": len(self.colwise_local_outputs),
+                "forward_rowwise_partial_outputs": len(self.rowwise_partial_outputs)}
+
+
+def _local_shape(tensor: torch.Tensor, style: str, size: int) -> list[int]:
+    """A split weight's (or a column-wise bias's) shape on a rank: 1/N of its rows or columns."""
+    shape = list(tensor.shape)
+    shape[SPLIT_DIM[style] if tensor.dim() == 2 else 0] //= size
+    return shape
+
+
+def split(model: nn.Module, layout: Layout, size: int) -> SplitModel:
+    """Rank 0's shards in place of each split layer's weight (and a column-wise layer's bias), on the host as the
+    model was built; the collectives' hooks on the layers; the layout's head counts divided."""
+    done = SplitModel(layout, size)
+    for _, linear, style in planned_linears(model, layout):
+        weight = linear.weight
+        done.whole_elements += weight.numel()
+        whole = weight.shape[SPLIT_DIM[style]]  # out_features (column-wise) or in_features (row-wise)
+        linear.weight = nn.Parameter(weight.new_empty(_local_shape(weight, style, size)), weight.requires_grad)
+        done.linears.append((linear, style))
+        if style == COLWISE:
+            done.colwise += 1
+            if linear.bias is not None:
+                linear.bias = nn.Parameter(linear.bias.new_empty(_local_shape(linear.bias, style, size)),
+                                           linear.bias.requires_grad)
+            linear.register_forward_pre_hook(_all_reduce_input_grad)
+            linear.register_forward_hook(_count_colwise(done, whole))
+        else:
+            linear.register_forward_hook(_all_reduce_output(done, whole))
+    divide_heads(model, layout, size)
+    return done
+
+
+def _all_reduce_input_grad(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (_AllReduceInputGrad.apply(args[0]), *args[1:])
+
+
+def _count_colwise(done: SplitModel, out_features: int) -> Callable[..., None]:
+    def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        if module.training and output.shape[-1] * done.size == out_features:
+            done.colwise_local_outputs.add(id(module))  # 1/N of the features: the shard's rows ran
+    return hook
+
+
+def _all_reduce_output(done: SplitModel, in_features: int) -> Callable[..., torch.Tensor]:
+    def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        if module.training and args[0].shape[-1] * done.size == in_features:
+            done.rowwise_partial_outputs.add(id(module))  # 1/N of the inputs: a partial sum, all-reduced here
+        return cast(torch.Tensor, _AllReduceOutput.apply(output))
+    return hook
+
+
+def load_split(done: SplitModel) -> frozenset[int]:
+    """The split layers' load on the device (inside the replay's counting), in the layout's order:
+    ``distribute_tensor``'s whole copy on the device, its chunks (copies where the split is on dim 1) and the rank's
+    shard, the whole and the chunks then freed (a replicated bias: the moved copy is the rank's). Returns the ids of
+    the tensors now on the device; the replay moves the rest (``model.to(device)``)."""
+    placed: set[int] = set()
+    for linear, style in done.linears:
+        for name in ("weight", "bias"):
+            local = getattr(linear, name)
+            if local is None:
+                continue
+            split_dim = SPLIT_DIM[style] if name == "weight" else (0 if style == COLWISE else None)
+            if split_dim is not None:
+                shape = list(local.shape)
+                shape[split_dim] *= done.size
+                whole = torch.empty(shape, dtype=local.dtype)  # distribute_tensor: tensor.to(device)
+                chunks = [c.contiguous() for c in torch.chunk(whole, done.size, split_dim)]
+                local.data = torch.empty_like(local)  # the scatter's output: the rank's shard
+                del whole, chunks
+            else:
+                local.data = torch.empty_like(local)  # Replicate: the moved copy, broadcast in place
+            placed.add(id(local))
+    return frozenset(placed)
