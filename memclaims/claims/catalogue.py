@@ -788,6 +788,37 @@ def _logits_never_whole(tier: str, get: Lookup) -> Verdict:
                    f"{fall / logits if logits else float('nan'):.2f}x the fp32 logits' {_mib(logits)} (at least 1x)")
 
 
+SELECTIVE: Techniques = ("selective-checkpointing",)
+FULL_CHECKPOINTING: Techniques = ("activation-checkpointing",)
+
+
+def _selective_between(tier: str, get: Lookup) -> Verdict:
+    """torch's SAC docstring: a helper "to avoid recomputing certain ops during activation checkpointing". Asserted
+    against the same recipe without checkpointing and with full checkpointing: the forward pass keeps less than
+    without and more than with full checkpointing (the saved outputs), the peak lies between theirs, and the
+    backward runs fewer ops again than the checkpointed forward ran (full checkpointing reruns them all), no
+    matmul among them that the policy saved."""
+    from memclaims.techniques.selective_checkpointing import MATMULS, NAME
+
+    plain, full, selective = get(("fabric",)), get(FULL_CHECKPOINTING), get(SELECTIVE)
+    kept = [record.phases.get("forward", {}).get("above_start_bytes", 0) for record in (plain, full, selective)]
+    peaks = [record.peak_allocated_bytes for record in (plain, full, selective)]
+    seen = selective.by_technique.get(NAME, {})
+    saved, marked, rerun = (seen.get(key, {}) for key in ("saved_ops", "recompute_ops", "recomputed_ops"))
+    forward_ops, rerun_ops = sum(saved.values()) + sum(marked.values()), sum(rerun.values())
+    matmuls = {key: (rerun.get(key, 0), saved.get(key, 0) + marked.get(key, 0)) for key in sorted(MATMULS)}
+    matmuls_rerun = sum(again for again, _ in matmuls.values())
+    matmuls_run = sum(ran for _, ran in matmuls.values())
+    between = kept[1] < kept[2] < kept[0] and peaks[1] <= peaks[2] <= peaks[0]
+    less = 0 < rerun_ops < forward_ops and matmuls_rerun <= sum(marked.get(key, 0) for key in MATMULS) < matmuls_run
+    return Verdict(between and less,
+                   f"the forward pass keeps {kept[0]:,} B without checkpointing, {kept[1]:,} B with full "
+                   f"checkpointing, {kept[2]:,} B with SAC; peak allocated {peaks[0]:,} B, {peaks[1]:,} B, "
+                   f"{peaks[2]:,} B; the backward ran {rerun_ops:,} of the checkpointed forward's {forward_ops:,} "
+                   f"ops again (full checkpointing: all of them), {matmuls_rerun:,} of its {matmuls_run:,} matmuls "
+                   f"(the policy saved {sum(saved.get(key, 0) for key in MATMULS):,})")
+
+
 # --- the checks, by claim id ---------------------------------------------------------------------
 
 RATIOS = (
@@ -838,6 +869,8 @@ CHECKS: dict[str, Check] = {
                                            workload="distilbert"),
     "fused-linear-ce-logits-never-whole": Check(_logits_never_whole, frozenset({"cpu", "sim"}),
                                                 {"*": (("fabric",), FUSED_LOSS)}, workload=FUSED_LOSS_WORKLOAD),
+    "selective-checkpointing-between-none-and-full": Check(_selective_between, frozenset({"cpu", "sim"}),
+                                                           {"*": (("fabric",), FULL_CHECKPOINTING, SELECTIVE)}),
     **{c: Check(_course(c), frozenset({"cpu"})) for c in (
         "course-param-count", "course-estimate-125", "course-bytes-per-param", "course-adamw-elements",
         "course-adam8bit-elements", "course-adamw-502", "course-adam8bit-128", "course-quarter")},

@@ -29,6 +29,7 @@ from memclaims.techniques import (
     optimizer_in_backward,
     paged_adamw8bit,
     qlora,
+    selective_checkpointing,
 )
 
 # The registry's names where its readers import them (explicit re-exports).
@@ -88,6 +89,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     lora.ENTRY,
     qlora.ENTRY,
     fused_linear_ce.ENTRY,
+    selective_checkpointing.ENTRY,
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}

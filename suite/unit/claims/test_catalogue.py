@@ -75,6 +75,11 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         fused = records[claims.FUSED_LOSS]
         records[claims.FUSED_LOSS] = dataclasses.replace(fused, fused_loss_chunk_rows=fused.fused_loss_rows,
                                                          peak_allocated_bytes=records[("fabric",)].peak_allocated_bytes)
+    elif name == "selective-checkpointing-between-none-and-full":  # SAC saved everything: nothing recomputed
+        selective = records[claims.SELECTIVE]
+        seen = selective.by_technique["selective-checkpointing"]
+        records[claims.SELECTIVE] = dataclasses.replace(selective, phases=records[("fabric",)].phases, by_technique={
+            "selective-checkpointing": {**seen, "recomputed_ops": {}}})
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
         records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
     elif name == "paged-optimizer-unified-memory":  # the states stayed in the caching allocator
