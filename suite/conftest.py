@@ -28,8 +28,12 @@ NIGHTLY_CONVERGED = (("small-batch",),)
 # (about 10 s); its sim case, suite/cases/techniques/test_lora.py's cpu baseline and sim injection run in CI.
 # fused-linear-ce-logits-never-whole on the cpu tier trains GPT-2 smoke with and without the fused loss (about
 # 10 s); its sim case and suite/cases/techniques/test_fused_linear_ce.py's cpu baseline and sim injection run in CI.
+# torchao-low-bit-state-bytes and torchao-low-bit-peak-falls-by-state on the sim replay ViT-L/16 with AdamW and each of
+# torchao's three, whose eager steps on fake tensors take about 10 s of CPU each; their cpu cases (vit-smoke, the
+# same relations on exact bytes) and suite/cases/techniques/test_torchao_adamw.py's sim replay at smoke scale run in CI.
 NIGHTLY_CLAIMS = frozenset({("sim", "batch-1-further-75"), ("cpu", "lora-few-trainable-parameters"),
-                            ("cpu", "fused-linear-ce-logits-never-whole")})
+                            ("cpu", "fused-linear-ce-logits-never-whole"), ("sim", "torchao-low-bit-state-bytes"),
+                            ("sim", "torchao-low-bit-peak-falls-by-state")})
 
 
 def nightly_only(params: dict[str, object]) -> bool:

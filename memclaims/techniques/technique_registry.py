@@ -30,6 +30,7 @@ from memclaims.techniques import (
     paged_adamw8bit,
     qlora,
     selective_checkpointing,
+    torchao_adamw,
 )
 
 # The registry's names where its readers import them (explicit re-exports).
@@ -90,6 +91,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     qlora.ENTRY,
     fused_linear_ce.ENTRY,
     selective_checkpointing.ENTRY,
+    *torchao_adamw.ENTRIES,
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}

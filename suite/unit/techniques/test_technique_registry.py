@@ -204,7 +204,8 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     selection = registry.default_selection()
     singles = registry.singles(tuple(t for t in pool if t.in_default))
     # Beside paged-adamw8bit, issue #43's: each more fp32 ViT-L/16 case would pass the nightly's 30 GPU-minutes.
-    assert {t.name for t in pool if not t.in_default} == {"paged-adamw8bit", "selective-checkpointing"}
+    assert {t.name for t in pool if not t.in_default} == {"paged-adamw8bit", "selective-checkpointing",
+                                                           "ao-adamw8bit", "ao-adamw4bit", "ao-adamw-fp8"}
     assert selection[:len(singles)] == singles
     assert len(selection) == len(set(selection))
     rest = selection[len(singles):]
@@ -215,7 +216,8 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     assert {t.name for t in pool} - {t.name for t in covered} == {"activation-offload", "optimizer-in-backward",
                                                                         "expandable-segments", "paged-adamw8bit",
                                                                         "lora", "qlora", "fused-linear-ce",
-                                                                        "selective-checkpointing"}
+                                                                        "selective-checkpointing", "ao-adamw8bit",
+                                                                        "ao-adamw4bit", "ao-adamw-fp8"}
     cover = [c for c in registry.pairwise_cover(covered) if c not in singles and c not in chain_steps]
     assert rest[len(chain_steps):] == cover
     assert registry.default_selection(pool) == selection
