@@ -24,6 +24,9 @@ from memclaims.recipes.recipe import resolve
 from memclaims.recipes.run_options import RunOptions
 from memclaims.techniques import selective_checkpointing as sac
 
+# One worker measures the Records its tests and its claims (suite/cases/test_claims.py) share.
+pytestmark = pytest.mark.xdist_group("selective-checkpointing")
+
 SAC = ("selective-checkpointing",)
 TIERS = [pytest.param("cpu", marks=pytest.mark.cpu), pytest.param("sim", marks=pytest.mark.sim)]
 

@@ -25,6 +25,9 @@ from memclaims.run import needs
 from memclaims.sim import simulate
 from memclaims.techniques import torchao_adamw
 
+# One worker measures the Records its tests and its claims (suite/cases/test_claims.py) share.
+pytestmark = pytest.mark.xdist_group("torchao-adamw")
+
 # technique -> (its state subclass, the codes' dtype, their bytes per element, the block)
 LOW_BIT = {"ao-adamw8bit": ("OptimState8bit", "uint8", 1.0, 256), "ao-adamw4bit": ("OptimState4bit", "uint8", 0.5, 128),
            "ao-adamw-fp8": ("OptimStateFp8", "float8_e4m3fn", 1.0, 256)}
