@@ -36,6 +36,9 @@ NIGHTLY_CONVERGED = (("small-batch",),)
 # replay two article-scale recipes each (ViT-L/16 for Accelerate's: 57 s under load, 13 s for Lightning's, 10 s for the
 # HF Trainer's). CI keeps each stack's cpu case, baseline and injection (suite/cases/techniques/test_hf_trainer.py,
 # test_accelerate.py, test_lightning_trainer.py), the course's claims through them, and the HF Trainer's sim baseline.
+# torchao-low-bit-state-bytes and torchao-low-bit-peak-falls-by-state on the sim replay ViT-L/16 with AdamW and each of
+# torchao's three, whose eager steps on fake tensors take about 10 s of CPU each; their cpu cases (vit-smoke, the
+# same relations on exact bytes) and suite/cases/techniques/test_torchao_adamw.py's sim replay at smoke scale run in CI.
 NIGHTLY_CLAIMS = frozenset({("sim", "batch-1-further-75"), ("cpu", "lora-few-trainable-parameters"),
                             ("cpu", "fused-linear-ce-logits-never-whole"),
                             ("cpu", "lightning-trainer-same-loop"), ("cpu", "accelerate-accumulate-same-loop"),
@@ -43,7 +46,8 @@ NIGHTLY_CLAIMS = frozenset({("sim", "batch-1-further-75"), ("cpu", "lora-few-tra
                             ("cpu", "hf-trainer-fused-adamw-default"),
                             ("sim", "lightning-trainer-same-loop"), ("sim", "accelerate-accumulate-same-loop"),
                             ("sim", "hf-trainer-gradients-freed-before-forward"), ("sim", "hf-trainer-fused-adamw-default"),
-                            ("cpu", "qlora-nf4-storage"), ("cpu", "qlora-double-quant-saving")})
+                            ("cpu", "qlora-nf4-storage"), ("cpu", "qlora-double-quant-saving"),
+                            ("sim", "torchao-low-bit-state-bytes"), ("sim", "torchao-low-bit-peak-falls-by-state")})
 
 # Claims that read the Records of a technique's own cases, in their xdist group (pytest.ini's --dist loadgroup): one
 # worker measures each Record once for both. The course's 8-bit counts through its Trainer path and Accelerate loop

@@ -11,6 +11,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from memclaims.core import machine
 from memclaims.core.errors import UsageError
+from memclaims.techniques import torchao_adamw
 
 # The course sets a weight decay on the decayed group; TrainingArguments' default (0.0) would make
 # the two groups identical, so the value is AdamW's usual 0.01 (torch's and transformers' examples).
@@ -27,7 +28,10 @@ from memclaims.techniques.optimizer_impl import TORCH_IMPLEMENTED, torch_flags  
 # The paged-adamw8bit technique's constant (memclaims.techniques.paged_adamw8bit), where the 8-bit models read it.
 from memclaims.techniques.paged_adamw8bit import PAGED_MIN_NUMEL as PAGED_MIN_NUMEL  # noqa: E402
 
-NAMES = ("adam", "sgd", "adamw", "adam8bit", "adamw8bit", "paged_adamw8bit", "adafactor")
+# torchao's low-bit AdamW (memclaims.techniques.torchao_adamw builds them), by the recipe's optimizer name.
+TORCHAO: tuple[str, ...] = torchao_adamw.OPTIMIZERS
+
+NAMES = ("adam", "sgd", "adamw", "adam8bit", "adamw8bit", "paged_adamw8bit", "adafactor", *TORCHAO)
 
 
 def training_arguments_defaults() -> dict[str, float]:
@@ -66,7 +70,8 @@ def build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
           min_8bit_size: int | None = None, anneal: bool = False,
           implementation: str | None = None) -> tuple[torch.optim.Optimizer, LRScheduler | None]:
     """(optimizer, scheduler or None) for the recipe's optimizer ``name``; ``min_8bit_size``: the
-    8-bit optimizers' threshold (None: bitsandbytes' default); ``anneal``: a cosine decay over
+    8-bit optimizers' threshold (None: bitsandbytes' default; torchao's quantize from it too, else from their
+    own); ``anneal``: a cosine decay over
     ``total_steps`` for every optimizer (the scale's ``anneal``), not only SGD's; ``implementation``: how
     torch steps Adam, AdamW or SGD (``for-loop``, ``foreach``, ``fused``: torch's own ``foreach=`` and
     ``fused=``), None: torch's default for the parameters' device."""
@@ -90,7 +95,7 @@ def _build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
         # 06: plain SGD, no momentum, cosine decay over the whole training run.
         optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, foreach=foreach, fused=fused)
         return optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total_steps))
-    if name == "adamw" or name in EIGHT_BIT:
+    if name == "adamw" or name in EIGHT_BIT or name in TORCHAO:
         hf = training_arguments_defaults()
         betas, eps = (hf["adam_beta1"], hf["adam_beta2"]), hf["adam_epsilon"]
         groups = parameter_groups(model)
@@ -99,6 +104,8 @@ def _build(name: str, model: nn.Module, learning_rate: float, total_steps: int,
                                      fused=fused), None
         # The device the parameters live on is where bitsandbytes steps (CPU with offloaded FSDP).
         device = next((p.device.type for p in model.parameters()), "cpu")
+        if name in TORCHAO:  # the course's AdamW arguments, torchao's low-bit states
+            return torchao_adamw.build(name, groups, learning_rate, betas, eps, min_8bit_size, device), None
         reason = machine.bitsandbytes_problem(device if device in machine.DEVICES else "cpu")
         if reason:
             raise UsageError(f"technique {name!r} needs bitsandbytes' 8-bit optimizers: {reason}")

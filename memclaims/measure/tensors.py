@@ -39,7 +39,19 @@ def device_type(tensor: torch.Tensor) -> str:
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    """The tensors an optimizer's state holds; a state that is a tensor subclass wrapping others (torchao's
+    low-bit states: codes, scales, a quantization map) as the plain tensors behind it, which own the storages."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     for state in optimizer.state.values():
         for value in state.values():
-            if isinstance(value, torch.Tensor):
-                yield value
+            if not isinstance(value, torch.Tensor):
+                continue
+            pending = [value]
+            while pending:
+                tensor = pending.pop()
+                if is_traceable_wrapper_subclass(tensor):
+                    names, _ = tensor.__tensor_flatten__()
+                    pending.extend(reversed([getattr(tensor, name) for name in names]))
+                else:
+                    yield tensor

@@ -29,13 +29,13 @@ if TYPE_CHECKING:
 INSTALL = {"bitsandbytes": "pip install 'bitsandbytes>=0.45'",  # pyproject.toml's bound
            "torchvision": "pip install the torchvision built for the installed torch",
            "transformers": "pip install transformers",
-           "deepspeed": "pip install 'memclaims[deepspeed]'", "xdist": "pip install pytest-xdist",
+           "deepspeed": "pip install 'memclaims[deepspeed]'", "torchao": "pip install 'torchao>=0.11'", "xdist": "pip install pytest-xdist",
            "mkdocs": "pip install -e '.[docs]'", "material": "pip install -e '.[docs]'"}
 # Registry capabilities that are an operation of the installed torch (the technique's ``requires``), each
 # checked by running it (memclaims.core.machine.torch_feature_problem).
 TORCH_FEATURES = frozenset({"linear_cross_entropy"})
 # Registry capabilities that are an importable package and nothing more (the technique's ``requires``).
-PACKAGE_CAPABILITIES = frozenset({"deepspeed"})
+PACKAGE_CAPABILITIES = frozenset({"deepspeed", "torchao"})
 # Why an opt-in option exists: a case that costs too much to run unasked says so in its reason.
 OPT_IN_WHY = {"vit-h14": "633M parameters at 518 px; the published bars used 4 GPUs",
               "download": "needs internet; never in CI"}

@@ -103,7 +103,7 @@ def _storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
 
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     params = list(model.parameters())
-    state = (v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    state = optimizer_state_tensors(optimizer)  # a low-bit state subclass as the tensors behind it
     return {"param_bytes": _storage_bytes(iter(params)),
             "grad_bytes": _storage_bytes(p.grad for p in params if p.grad is not None),
             "optimizer_state_bytes": _storage_bytes(state)}
@@ -619,7 +619,8 @@ def _optimizer(recipe: Recipe, model: nn.Module, memory: DeviceMemory) -> tuple[
             layout = dataclasses.replace(layout, min_8bit_size=recipe.scale.min_8bit_size)
         return build_eight_bit(recipe.optimizer, model, recipe.learning_rate, layout, memory.outside), None
     optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000,
-                                            implementation=recipe.optimizer_impl)
+                                            implementation=recipe.optimizer_impl,
+                                            min_8bit_size=recipe.scale.min_8bit_size)  # torchao's, as the real one
     if recipe.optimizer_impl is None:  # torch's default for the device: on CUDA foreach
         for group in optimizer.param_groups:
             group["foreach"] = True  # fake parameters would take the single-tensor path
@@ -982,8 +983,9 @@ def _simulate_tensor_parallel(recipe: Recipe, chosen: Profile, steps: int, notes
 
 # Recipe flags the sim cannot replay, with the reason.
 # Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
-# real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit.
-_OPTIMIZERS = ("adam", "sgd", "adamw", "adafactor", *optimizers.EIGHT_BIT)
+# real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit; torchao's low-bit ones
+# on fake tensors, eagerly (memclaims.techniques.torchao_adamw).
+_OPTIMIZERS = ("adam", "sgd", "adamw", "adafactor", *optimizers.EIGHT_BIT, *optimizers.TORCHAO)
 
 
 def _eight_bit_layout() -> Any:

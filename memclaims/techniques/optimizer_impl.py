@@ -207,6 +207,9 @@ _CONFLICTS: tuple[tuple[str, str], ...] = (
     *((eight_bit, "bitsandbytes' 8-bit optimizers step with their own block-wise kernels; torch.optim's foreach= "
                   "and fused= are not theirs")
       for eight_bit in ("adam8bit", "adamw8bit", "paged-adamw8bit")),
+    *((low_bit, "torchao's low-bit AdamW steps its quantized states with its own kernels; torch.optim's foreach= and "
+                "fused= are not theirs")
+      for low_bit in ("ao-adamw8bit", "ao-adamw4bit", "ao-adamw-fp8")),
     ("adafactor", "transformers' Adafactor steps one parameter at a time in Python and takes no foreach= or fused="),
     ("deepspeed-zero2", "DeepSpeed builds and steps its own optimizer over its partitioned fp32 master weights, "
                         "not torch.optim's"),

@@ -34,7 +34,9 @@ from memclaims.techniques import (
     paged_adamw8bit,
     qlora,
     qlora_no_double_quant,
+    selective_checkpointing,
     tensor_parallel,
+    torchao_adamw,
 )
 
 # The registry's names where its readers import them (explicit re-exports).
@@ -104,6 +106,8 @@ TECHNIQUES: tuple[Technique, ...] = (
     qlora.ENTRY,
     qlora_no_double_quant.ENTRY,
     fused_linear_ce.ENTRY,
+    selective_checkpointing.ENTRY,
+    *torchao_adamw.ENTRIES,
 )
 
 BY_NAME: dict[str, Technique] = {t.name: t for t in TECHNIQUES}

@@ -90,6 +90,20 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
             plain, by_technique={"qlora": {**seen, "packed_bytes": seen["quantized_elements"]}})
     elif name == "qlora-double-quant-saving":  # compress_statistics ignored: the fp32 absmax as without it
         records[claims.QLORA] = records[claims.QLORA_NO_DOUBLE_QUANT]
+    elif name == "selective-checkpointing-between-none-and-full":  # SAC saved everything: nothing recomputed
+        selective = records[claims.SELECTIVE]
+        seen = selective.by_technique["selective-checkpointing"]
+        records[claims.SELECTIVE] = dataclasses.replace(selective, phases=records[("fabric",)].phases, by_technique={
+            "selective-checkpointing": {**seen, "recomputed_ops": {}}})
+    elif name == "torchao-low-bit-state-bytes":  # 4-bit's codes a byte an element: 8-bit's layout under its name
+        four, eight = records[("ao-adamw4bit",)], records[("ao-adamw8bit",)]
+        held = eight.by_technique["ao-adamw8bit"]["state_subclasses"]["OptimState8bit"]
+        records[("ao-adamw4bit",)] = dataclasses.replace(four, by_technique={"ao-adamw4bit": {
+            **four.by_technique["ao-adamw4bit"], "state_subclasses": {"OptimState4bit": held}}})
+    elif name == "torchao-low-bit-peak-falls-by-state":  # the state shrank, the peak did not fall with it
+        eight = records[("ao-adamw8bit",)]
+        records[("ao-adamw8bit",)] = dataclasses.replace(eight, peak_allocated_bytes=records[
+            claims.AO_ADAMW].peak_allocated_bytes)
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
         records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
     elif name == "paged-optimizer-unified-memory":  # the states stayed in the caching allocator

@@ -204,6 +204,25 @@ def test_bytes_by_dtype_and_device() -> None:
     assert set(bytes_by(iter(tensors), device_type)) == {"cpu", "meta"}
 
 
+@pytest.mark.requires(packages="torchao")
+def test_a_state_subclass_counts_as_the_tensors_behind_it() -> None:
+    """torchao's low-bit states own no storage of their own (``untyped_storage()`` of one raises): its codes, scales
+    and map are what the Record counts, by their own dtypes; plain states stay as they are."""
+    from torchao.optim.subclass_8bit import OptimState8bit
+
+    from memclaims.measure.tensors import optimizer_state_tensors, storage_bytes
+
+    class Holder:
+        state = {0: {"step": torch.tensor(1.0), "exp_avg": OptimState8bit.zeros((64, 64), True, 256),
+                     "plain": torch.zeros(10)}}
+
+    held = list(optimizer_state_tensors(Holder()))  # type: ignore[arg-type]
+    assert [(t.dtype, t.numel()) for t in held] == [(torch.float32, 1), (torch.uint8, 4096), (torch.float32, 16),
+                                                    (torch.float32, 256), (torch.float32, 10)]
+    assert storage_bytes(iter(held)) == 4 + 4096 + 64 + 1024 + 40
+    assert bytes_by(iter(held), dtype_name) == {"float32": 4 + 64 + 1024 + 40, "uint8": 4096}
+
+
 # --- steady state ---------------------------------------------------------------------------------
 
 

@@ -228,11 +228,13 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
     pool = registry.single_process()
     selection = registry.default_selection()
     singles = registry.singles(tuple(t for t in pool if t.in_default))
-    # Beside paged-adamw8bit, the optimizer's implementations: one more ViT-L/16 case each would pass the nightly's
-    # 30 GPU-minutes; their singles run in suite/cases/techniques/test_optimizer_impl.py and the full matrix.
+    # Beside paged-adamw8bit, the optimizer's implementations, the stacks and issue #43's techniques: one more
+    # ViT-L/16 case each would pass the nightly's 30 GPU-minutes; their singles run in their own case files and the
+    # full matrix.
     assert {t.name for t in pool if not t.in_default} == {"paged-adamw8bit", "for-loop", "foreach", "fused",
                                                           "hf-trainer", "accelerate", "lightning-trainer",
-                                                          "qlora-no-double-quant"}
+                                                          "qlora-no-double-quant", "selective-checkpointing",
+                                                          "ao-adamw8bit", "ao-adamw4bit", "ao-adamw-fp8"}
     assert selection[:len(singles)] == singles
     assert len(selection) == len(set(selection))
     rest = selection[len(singles):]
@@ -244,7 +246,9 @@ def test_default_selection_is_singles_then_chain_then_cover_without_repeats() ->
                                                                         "expandable-segments", "paged-adamw8bit",
                                                                         "lora", "qlora", "qlora-no-double-quant", "fused-linear-ce",
                                                                         "for-loop", "foreach", "fused",
-                                                                        "hf-trainer", "accelerate", "lightning-trainer"}
+                                                                        "hf-trainer", "accelerate", "lightning-trainer",
+                                                                        "selective-checkpointing", "ao-adamw8bit",
+                                                                        "ao-adamw4bit", "ao-adamw-fp8"}
     cover = [c for c in registry.pairwise_cover(covered) if c not in singles and c not in chain_steps]
     assert rest[len(chain_steps):] == cover
     assert registry.default_selection(pool) == selection
