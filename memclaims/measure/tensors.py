@@ -52,6 +52,8 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.
                 tensor = pending.pop()
                 if is_traceable_wrapper_subclass(tensor):
                     names, _ = tensor.__tensor_flatten__()
-                    pending.extend(reversed([getattr(tensor, name) for name in names]))
+                    # torch 2.14's DTensor flattens its device mesh too: only the tensors own storages.
+                    inner = [getattr(tensor, name) for name in names]
+                    pending.extend(reversed([part for part in inner if isinstance(part, torch.Tensor)]))
                 else:
                     yield tensor

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from fixtures.messages import differs, not_related, who
+from fixtures.messages import differs, metric_value, not_related, who
 from memclaims.claims.catalogue import peak, peak_metric
 from memclaims.core import published
 from memclaims.core.record import Record
@@ -261,14 +261,19 @@ def test_result_reports_rank0_max_over_ranks_and_host_memory(sharded) -> None:
 @pytest.mark.cpu
 def test_vit_h14_series_descends_at_smoke_scale(cpu_sharded) -> None:
     """The series' bars one process -> FSDP -> + checkpointing, per rank (offload needs a GPU).
-    16-mixed runs as bf16-mixed on the CPU, on both sides."""
+    16-mixed runs as bf16-mixed on the CPU, on both sides. Checkpointing lowers the forward, where the
+    activations live; at smoke scale, with the bf16 all-gathers Lightning's FSDPPrecision configures, the
+    rank's peak is its optimizer step (fp32 state, untouched by checkpointing), so the peak may stay equal."""
     one = run(resolve("vit-h14", "smoke", ("16-mixed",)), RunOptions(device="cpu", evaluate=False))
     fsdp, checkpointed = cpu_sharded[("vit-h14", H14_FSDP)], cpu_sharded[("vit-h14", H14_FSDP_AC)]
     assert {r.precision for r in fsdp.records + checkpointed.records} == {one.precision} == {"bf16-mixed"}
     for plain, recomputed in zip(fsdp.records, checkpointed.records):
         assert plain.peak_allocated_bytes < one.peak_allocated_bytes, not_related(plain, "<", one, "peak_allocated_bytes")
-        assert recomputed.peak_allocated_bytes < plain.peak_allocated_bytes, not_related(
-            recomputed, "<", plain, "peak_allocated_bytes")
+        forward = "phases.forward.allocated_bytes"
+        assert metric_value(recomputed, forward) < metric_value(plain, forward), not_related(
+            recomputed, "<", plain, forward)
+        assert recomputed.peak_allocated_bytes <= plain.peak_allocated_bytes, not_related(
+            recomputed, "<=", plain, "peak_allocated_bytes")
         assert plain.param_bytes < one.param_bytes, not_related(plain, "<", one, "param_bytes")
 
 

@@ -43,7 +43,11 @@ def test_claims_filtered_by_source(capsys: pytest.CaptureFixture[str], tmp_path:
     out = capsys.readouterr().out
     assert "-- course: Course 'Efficient AI Model Training" in out and "fabric-memory" not in out
     assert main(["claims", "--source", "nope"]) == 2
-    assert "--source nope: no such source; valid: article, bitsandbytes-docs, course, peft-docs, pytorch-docs" in capsys.readouterr().err
+    from memclaims.core import published
+
+    valid = ", ".join(published.documents())  # every packaged source, the new ones included
+    assert {"article", "course", "pytorch-docs"} <= set(published.documents())
+    assert f"--source nope: no such source; valid: {valid}\n" in capsys.readouterr().err
 
 
 def test_list_text_shows_the_same(capsys: pytest.CaptureFixture[str]) -> None:
@@ -209,16 +213,18 @@ def test_a_user_model_on_the_sim_runs_where_its_values_are_constants_and_is_one_
                      "--json"]) == 0
         captured = capsys.readouterr()
         record = json.loads(captured.out)
-        assert captured.err.startswith("memclaims: predicting demo-transformer-smoke/bf16-true on the sim, profile "
-                                       "'current' (")
+        hub, predicting = captured.err.splitlines()[:2]  # the Hub line every run prints, then what it predicts
+        assert hub.startswith("memclaims: Hugging Face Hub offline")
+        assert predicting.startswith("memclaims: predicting demo-transformer-smoke/bf16-true on the sim, profile "
+                                     "'current' (")
         assert (record["probe"], record["step_examples"]) == ("sim:current", 4)
         assert main(["run", "reads-data", "--device", "sim", "--scale", "smoke"]) == 2
     finally:
         for name in ("demo-transformer", "reads-data"):
             user_workloads.forget(name)
     err = capsys.readouterr().err
-    assert err.count("\n") == 2 and "Traceback" not in err  # the profile line, then the one error line
-    error = err.splitlines()[1]
+    assert err.count("\n") == 3 and "Traceback" not in err  # the Hub line, the profile line, the one error line
+    error = err.splitlines()[2]
     assert error.startswith("error: the sim cannot replay workload 'reads-data': module blocks.0 "
                             "(fixtures.demo_transformer.Gate) at ")
     assert "demo_transformer.py:" in error and "(aten._local_scalar_dense.default: " in error

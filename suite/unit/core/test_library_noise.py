@@ -36,8 +36,8 @@ def test_only_the_enum_deprecation_is_dropped() -> None:
     assert kept.messages == ["another pytree warning"]
 
 
+@pytest.mark.requires(packages="torchao")
 def test_importing_torchao_after_memclaims_prints_no_pytree_line() -> None:
-    pytest.importorskip("torchao", reason="torchao is not installed: nothing imports it")
     done = subprocess.run([sys.executable, "-c", "import memclaims, torch, torchao"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
