@@ -180,13 +180,17 @@ def single_process() -> tuple[Technique, ...]:
     return tuple(t for t in TECHNIQUES if t.name not in ranked and not t.needs & ranked)
 
 
-def _never_valid(chosen: list[Technique]) -> bool:
-    """Whether ``chosen`` breaks a rule no further technique can mend (alone, a conflict, two of a group);
-    ``needs`` can be met by adding the technique needed, so it is not one of them."""
+def _never_valid(chosen: list[Technique], added: Technique) -> bool:
+    """Whether ``chosen`` (a prefix no technique could mend, less ``added``) with ``added`` breaks a rule no further
+    technique can mend (alone, a conflict, two of a group); ``needs`` can be met by adding the technique needed, so
+    it is not one of them. Only the pairs with ``added`` are new: the registry's 2^n walk checks each once."""
+    if chosen and (added.alone or any(t.alone for t in chosen)):
+        return True
+    if added.group and any(t.group == added.group for t in chosen):
+        return True
     names = {t.name for t in chosen}
-    groups = [t.group for t in chosen if t.group]
-    return (len(groups) != len(set(groups)) or any(t.alone for t in chosen) and len(chosen) > 1
-            or any(other in names for t in chosen for other, _ in t.conflicts))
+    return (any(other in names for other, _ in added.conflicts)
+            or any(other == added.name for t in chosen for other, _ in t.conflicts))
 
 
 def _valid_of_size(pool: tuple[Technique, ...], size: int, start: int,
@@ -199,9 +203,20 @@ def _valid_of_size(pool: tuple[Technique, ...], size: int, start: int,
             yield tuple(t.name for t in chosen)
         return
     for index in range(start, len(pool) - (size - len(chosen)) + 1):
+        if _never_valid(chosen, pool[index]):
+            continue
         extended = [*chosen, pool[index]]
-        if not _never_valid(extended):
-            yield from _valid_of_size(pool, size, index + 1, extended)
+        if not _needs_still_reachable(pool, index, extended):
+            continue
+        yield from _valid_of_size(pool, size, index + 1, extended)
+
+
+def _needs_still_reachable(pool: tuple[Technique, ...], index: int, chosen: list[Technique]) -> bool:
+    """Whether every technique ``chosen`` needs is chosen or still ahead in ``pool`` (past ``index``): the walk
+    adds techniques in pool order, so a need left behind is never met."""
+    names = {t.name for t in chosen}
+    ahead = {t.name for t in pool[index + 1:]}
+    return all(need in names or need in ahead for t in chosen for need in t.needs)
 
 
 def valid_combinations(pool: tuple[Technique, ...] = TECHNIQUES) -> Iterator[tuple[str, ...]]:
@@ -257,8 +272,9 @@ def full_matrix(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ..
 
 @cache
 def _full_matrix(pool: tuple[Technique, ...]) -> tuple[tuple[str, ...], ...]:
-    # Cached: about 11,000 combinations, seconds to enumerate, asked by every pytest session's header.
-    return tuple(canonical(c) for c in valid_combinations(pool))
+    # Cached: tens of thousands of combinations, asked by every pytest session's header. valid_combinations
+    # yields valid ones in registry order already: what canonical() would return, without validating twice.
+    return tuple(valid_combinations(pool))
 
 
 # The named selections of technique combinations (pytest's --memclaims-matrix, ``memclaims

@@ -49,6 +49,9 @@ def test_every_generated_combination_is_valid_and_unique() -> None:
         assert registry.canonical(combo) == combo
 
 
+# about 14 s on 2 cores (a greedy cover over the whole pool's 55,000 combinations): nightly; CI keeps
+# the cover of the default selection's pool (test_default_selection_*) and the small cover below.
+@pytest.mark.slow
 def test_pairwise_cover_covers_every_compatible_pair() -> None:
     pool = registry.single_process()
     covered = {frozenset(p) for combo in registry.pairwise_cover(pool) for p in combinations(combo, 2)}
@@ -153,6 +156,9 @@ def test_the_grouped_enumeration_is_every_subset_with_one_per_group() -> None:
     assert _at_most_one_per_group(pool) == one_per_group
 
 
+# about 32 s on 2 cores (the brute-force oracle walks every subset with one technique per group): nightly;
+# CI keeps test_every_generated_combination_is_valid_and_unique and the needs rules below.
+@pytest.mark.slow
 def test_full_matrix_is_exactly_the_valid_subsets() -> None:
     pool = registry.single_process()
     expected = [s for s in _at_most_one_per_group(pool) if _valid_by_the_rules(s)]
@@ -182,6 +188,8 @@ def test_compatible_pairs_and_a_small_pairwise_cover() -> None:
     assert registry.pairwise_cover(tuple(T[n] for n in ("bf16-true", "16-true"))) == []
 
 
+# about 14 s on 2 cores (the whole pool's cover, as above): nightly.
+@pytest.mark.slow
 def test_pairwise_cover_of_the_single_process_pool_is_small_and_complete() -> None:
     pool = registry.single_process()
     cover = registry.pairwise_cover(pool)
