@@ -270,11 +270,14 @@ def full_matrix(pool: tuple[Technique, ...] | None = None) -> list[tuple[str, ..
     return list(_full_matrix(single_process() if pool is None else pool))
 
 
+_REGISTRY_ORDER = {t.name: index for index, t in enumerate(TECHNIQUES)}
+
+
 @cache
 def _full_matrix(pool: tuple[Technique, ...]) -> tuple[tuple[str, ...], ...]:
     # Cached: tens of thousands of combinations, asked by every pytest session's header. valid_combinations
-    # yields valid ones in registry order already: what canonical() would return, without validating twice.
-    return tuple(valid_combinations(pool))
+    # yields valid ones in the pool's order: each put in registry order (canonical()'s), not validated twice.
+    return tuple(tuple(sorted(combo, key=_REGISTRY_ORDER.__getitem__)) for combo in valid_combinations(pool))
 
 
 # The named selections of technique combinations (pytest's --memclaims-matrix, ``memclaims

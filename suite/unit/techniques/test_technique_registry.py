@@ -307,3 +307,10 @@ def test_a_technique_a_workload_cannot_take_is_refused_with_the_reason_and_left_
     assert [c for c in default if c not in for_workload("distilbert", default)] == [("fused-linear-ce",)]
     assert [c for c in default if c not in for_workload("vit", default)] == [("lora",), ("qlora",), ("fused-linear-ce",)]
     assert for_workload("hf:gpt2", default) == default
+
+
+def test_full_matrix_of_a_pool_in_any_order_names_recipes_in_registry_order() -> None:
+    """fit passes its -t pool in the user's order; every combination still reads as its recipe id."""
+    pool = (T["activation-checkpointing"], T["adafactor"])
+    assert registry.full_matrix(pool) == [("activation-checkpointing",), ("adafactor",),
+                                          registry.canonical(("activation-checkpointing", "adafactor"))]
