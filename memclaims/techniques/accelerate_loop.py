@@ -49,15 +49,13 @@ def accelerator_arguments(recipe: Recipe) -> dict[str, Any]:
 
 
 class AccelerateLoop(Stack):
+    name = NAME
     engine = "accelerate_engine"
     expresses = EXPRESSES
 
     def loop_order(self, recipe: Recipe) -> LoopOrder:
         # optimizer.step(); lr_scheduler.step(); optimizer.zero_grad() in the loop's body; ``outputs`` stays bound.
         return LoopOrder(zero_grad=ZERO_AFTER_STEP, keeps_output=True)
-
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
-        return {"by_technique": {NAME: dict(engine.observed)}}
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         super().check(recipe, record, without, say)

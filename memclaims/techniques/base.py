@@ -437,6 +437,8 @@ class Stack(Hooks):
     the stack's callbacks; the sim replays the stack's ``loop_order`` (and what ``sim_before_train`` sets of its
     optimizer)."""
 
+    # The stack's technique name: its Record part (``by_technique[name]``) holds what its engine observed.
+    name = ""
     # The module of memclaims.measure.stacks whose engine runs the stack.
     engine = ""
     # Whether the stack checkpoints the workload's blocks by its own switch (the HF Trainer's), so that the
@@ -450,6 +452,10 @@ class Stack(Hooks):
     def loop_order(self, recipe: Recipe) -> LoopOrder:
         """The order the stack runs a step of ``recipe`` in."""
         return LoopOrder()
+
+    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+        """What the stack's engine observed of the run (its switches, what it stepped), as the stack's Record part."""
+        return {"by_technique": {self.name: dict(engine.observed)}}
 
     def unexpressed(self, recipe: Recipe) -> str | None:
         """Why the stack cannot run ``recipe``: a technique it does not express; None: it expresses them all."""

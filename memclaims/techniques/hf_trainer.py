@@ -124,6 +124,7 @@ def workload_refusal(recipe: Recipe) -> str | None:
 
 
 class HfTrainer(Stack):
+    name = NAME
     engine = "hf_trainer_engine"
     expresses = EXPRESSES
     # The Trainer checkpoints the blocks itself (its checkpointing switch calls the model's own enable()).
@@ -138,9 +139,6 @@ class HfTrainer(Stack):
 
     def sim_refusal(self, recipe: Recipe) -> str | None:
         return self.unexpressed(recipe) or workload_refusal(recipe)
-
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
-        return {"by_technique": {NAME: dict(engine.observed)}}
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         super().check(recipe, record, without, say)

@@ -51,14 +51,12 @@ def trainer_arguments(recipe: Recipe) -> dict[str, Any]:
 
 
 class LightningTrainer(Stack):
+    name = NAME
     engine = "lightning_trainer_engine"
     expresses = EXPRESSES
 
     def loop_order(self, recipe: Recipe) -> LoopOrder:
         return LoopOrder(zero_grad=ZERO_AT_WINDOW_START, keeps_output=False)
-
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
-        return {"by_technique": {NAME: dict(engine.observed)}}
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         super().check(recipe, record, without, say)

@@ -21,10 +21,9 @@ Trainer's own bitsandbytes optimizers register and which outlive them: findings 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,6 +37,7 @@ from memclaims.measure.stacks.stack_engine import (
     StackEngine,
     course_optimizer_size,
     fresh_accelerate_state,
+    loggers_quiet,
     transformers_model,
 )
 from memclaims.techniques import hf_trainer
@@ -224,22 +224,9 @@ class HfTrainerEngine(StackEngine):
         return {key: float(metrics[key]) for key in ("eval_loss", "eval_accuracy", "eval_f1")}
 
 
-@contextmanager
-def quiet() -> Iterator[None]:
+def quiet() -> AbstractContextManager[None]:
     """transformers' and accelerate's info and warnings off for the run (the Trainer's banners, deprecation notes)."""
-    import warnings
-
-    loggers = [logging.getLogger(name) for name in ("transformers", "accelerate")]
-    levels = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for log, level in zip(loggers, levels):
-            log.setLevel(level)
+    return loggers_quiet("transformers", "accelerate")
 
 
 def _phase_callback(engine: HfTrainerEngine) -> Any:

@@ -12,11 +12,9 @@ optimizer steps, by a Trainer of its own over the same module and optimizer. Not
 
 from __future__ import annotations
 
-import logging
 import tempfile
-import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from memclaims.measure.loop import PhaseCallback, no_phase
-from memclaims.measure.stacks.stack_engine import StackEngine
+from memclaims.measure.stacks.stack_engine import StackEngine, loggers_quiet
 from memclaims.techniques import lightning_trainer
 
 if TYPE_CHECKING:
@@ -32,24 +30,13 @@ if TYPE_CHECKING:
     from memclaims.recipes.run_options import RunOptions
 
 
-@contextmanager
-def quiet() -> Iterator[None]:
+def quiet() -> AbstractContextManager[None]:
     """Lightning's info lines (GPU available, the precision chosen, "max_steps reached", the litlogger tip) and its
     warnings (num_workers, the LeafSpec deprecation) off: ``lightning.pytorch`` sets its own level at import, so it is
     imported first."""
     import lightning.pytorch  # noqa: F401
 
-    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
-    levels = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for log, level in zip(loggers, levels):
-            log.setLevel(level)
+    return loggers_quiet("lightning.pytorch", "lightning.fabric")
 
 
 class LightningTrainerEngine(StackEngine):

@@ -12,7 +12,9 @@ points, through ``phase``; what only a stack shows (its optimizer, its order) go
 
 from __future__ import annotations
 
+import logging
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -217,3 +219,20 @@ class StackEngine(pipeline.Engine):
         model.eval()
         return evaluation.evaluate(lambda inputs: self.recipe.workload.logits(model, inputs), self.batches(loader),
                                    self.recipe.workload.num_classes, self.device)
+
+
+@contextmanager
+def loggers_quiet(*names: str) -> Iterator[None]:
+    """The named loggers at ERROR and Python's warnings off for the block, put back after: a stack's banners, info
+    lines and deprecation notes are not memclaims' output."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
