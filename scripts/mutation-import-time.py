@@ -32,7 +32,11 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "mutants"
-TARGETS = ("memclaims.claims.catalogue", "memclaims.baselines.compare", "memclaims.baselines.store", "memclaims.techniques.technique_registry")
+# The claims' source modules (memclaims/claims/sources/*.py: one per source file) are mutated as the catalogue is.
+SOURCES = tuple(f"memclaims.claims.sources.{p.stem}" for p in sorted((ROOT / "memclaims/claims/sources").glob("*.py"))
+                if p.stem != "__init__")
+TARGETS = ("memclaims.claims.catalogue", "memclaims.claims.ratio", *SOURCES, "memclaims.baselines.compare",
+           "memclaims.baselines.store", "memclaims.techniques.technique_registry")
 # What every child would import anyway, loaded once: the training stack (the plugin's preflight imports
 # all of it) and pytest's plugins. Not memclaims: its import is what runs the mutant.
 PRELOAD = ("torch", "torchvision", "lightning", "torchmetrics", "transformers", "bitsandbytes", "numpy", "pytest",
@@ -90,7 +94,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests", nargs="+", default=config["pytest_add_cli_args_test_selection"],
                         help="pytest arguments selecting the tests (default: [tool.mutmut]'s selection)")
-    parser.add_argument("--only", nargs="+", help="these functions (e.g. memclaims.claims.catalogue.x__course)")
+    parser.add_argument("--only", nargs="+", help="these functions (e.g. memclaims.claims.sources.course.x__course)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
     args = parser.parse_args()
     if not MUTANTS.is_dir():

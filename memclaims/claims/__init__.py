@@ -1,4 +1,5 @@
-"""The claims of every source as relations over Records: the catalogue and its checks, what a check
+"""The claims of every source as relations over Records: the catalogue (``catalogue``), each source's checks
+(``sources``, one module per source file) and their shared machinery (``check``, ``ratio``, ``figures``), what a check
 looks up (``lookup``: Records by key, measured by the caller through ``memclaims.run.run_recipe``), the
 "keeps accuracy" pairs and their mutations, the published accuracies, and the verdicts of the last run.
 

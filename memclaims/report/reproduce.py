@@ -131,6 +131,7 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
     ``load_fn``: the sim's load-only replays of the 07 scripts (through memclaims.run.run_recipe unless given)."""
     from memclaims.claims import catalogue as claims
     from memclaims.claims.lookup import Key, Lookup, recipe_of
+    from memclaims.claims.sources import article
     from memclaims.run import model_parameters
 
     run_fn = run_fn or _default_run
@@ -147,7 +148,7 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
     if device == "sim":
         # The 07 scripts printed reserved memory of the stock 1000-class model: the sim's load-only
         # replays predict exactly that (the recipe's Record holds live bytes of the 10-class model).
-        for load in (claims.LOAD_BUILD_THEN_CONVERT, claims.LOAD_INIT_MODULE):
+        for load in (article.LOAD_BUILD_THEN_CONVERT, article.LOAD_INIT_MODULE):
             records[load] = (load_fn or _default_load)(recipe_of(load, "vit", scale), device)
 
     def find(key: Key) -> Record:
@@ -180,8 +181,8 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
     load_result = claims.CLAIMS_BY_NAME["init-module-load"].check.run(tier, lookup)  # type: ignore[union-attr]
     loads = {which: _load_bytes(load_record, which) for _, _, which in LOAD_ROWS}
     if device == "sim":  # the load-only replays' reserved peaks (above)
-        loads = {"reference-load": records[claims.LOAD_BUILD_THEN_CONVERT].peak_reserved_bytes,
-                 "load": records[claims.LOAD_INIT_MODULE].peak_reserved_bytes}
+        loads = {"reference-load": records[article.LOAD_BUILD_THEN_CONVERT].peak_reserved_bytes,
+                 "load": records[article.LOAD_INIT_MODULE].peak_reserved_bytes}
         load_base = None
     build = loads["reference-load"]
     for row, script, which in LOAD_ROWS:
@@ -246,19 +247,21 @@ def _audit(tier: str, lookup: Lookup) -> dict[str, str]:
     """Every claim whose text and logs disagree: 'text X, logs Y, this run Z' where this tier checks
     it with the records at hand, else why this run says nothing about it."""
     from memclaims.claims import catalogue as claims
+    from memclaims.claims.figures import as_factor
+    from memclaims.claims.sources import article
 
     result = {}
     for claim in claims.CLAIMS:
         if not claim.audit and claim.name not in SUMMARY_CLAIMS:
             continue
         said = f"text {claim.audit['text']}, logs {claim.audit['logs']}" if claim.audit else ""
-        timed = next((t for t in claims.TIME_RATIOS if t.claim == claim.name), None)
+        timed = next((t for t in article.TIME_RATIOS if t.claim == claim.name), None)
         if tier == "sim" and timed is not None and claim.checks.get("sim", "").startswith("suite/cases/test_sim_step_times"):
             from memclaims.sim.timemodel import predicted_ratio
 
             ratio = predicted_ratio(timed.candidate, timed.reference)
             result[claim.name] = (f"{said}, this run (roofline on the simulated A100, memclaims/sim/timemodel.py) "
-                                  f"{claims._factor(ratio)}{' faster' if ratio < 1 else ''}")
+                                  f"{as_factor(ratio)}{' faster' if ratio < 1 else ''}")
             continue
         if claim.check is not None and tier in claim.tiers:
             try:

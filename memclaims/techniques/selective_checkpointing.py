@@ -28,6 +28,7 @@ import weakref
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from memclaims.core.torch_ops import MATMULS
 from memclaims.techniques.base import STRATEGIES, Hooks, Say, Technique
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ TORCHTITAN_SAVE = ("aten.mm.default", "aten._scaled_dot_product_efficient_attent
 # memclaims' additions: a linear layer with a bias runs addmm; the CPU (and the sim's fake tensors) run its own
 # flash kernel.
 ADDED_SAVE = ("aten.addmm.default", "aten._scaled_dot_product_flash_attention_for_cpu.default")
-# The matmuls of torchtitan's "every second one is recomputed" (its rule counts aten.mm only).
-MATMULS = frozenset({"aten.mm.default", "aten.addmm.default"})
 
 
 def save_list() -> frozenset[Any]:

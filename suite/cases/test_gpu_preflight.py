@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from memclaims.claims.catalogue import Check, Claim, Verdict
+from memclaims.claims.catalogue import Claim
+from memclaims.claims.check import Check, Verdict
 from memclaims.core.errors import UsageError
 from memclaims.gpu import sim_preflight as pre
 from memclaims.recipes.recipe import resolve

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from fixtures.messages import differs, metric_value, not_related, who
-from memclaims.claims.catalogue import peak, peak_metric
+from memclaims.claims.figures import peak, peak_metric
 from memclaims.core import published
 from memclaims.core.record import Record
 from memclaims.measure import active, lightning_fsdp

@@ -7,6 +7,7 @@ tier skips a claim, and the catalogue's coverage rule.
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,8 +25,20 @@ from fixtures.claim_worlds import (
     tensor_parallel_record,
     world,
 )
+from memclaims.claims import shared_keys
 from memclaims.claims.accuracy import BY_CLAIM as ACCURACY_PAIRS
+from memclaims.claims.figures import as_factor, in_mib, peak, peak_metric, step_counters, then, within
 from memclaims.claims.lookup import Key, Lookup, recipe_of
+from memclaims.claims.ratio import Ratio, scaled
+from memclaims.claims.sources import article as article_source
+from memclaims.claims.sources import bitsandbytes_docs as bitsandbytes_docs_source
+from memclaims.claims.sources import course as course_source
+from memclaims.claims.sources import peft_docs as peft_docs_source
+from memclaims.claims.sources import pytorch_docs as pytorch_docs_source
+from memclaims.claims.sources import pytorch_tutorial as pytorch_tutorial_source
+from memclaims.claims.sources import qlora_paper as qlora_paper_source
+from memclaims.claims.sources import stacks_docs as stacks_docs_source
+from memclaims.claims.sources import torchao_docs as torchao_docs_source
 from memclaims.core import published
 from memclaims.core.record import Record
 
@@ -33,22 +46,22 @@ from memclaims.core.record import Record
 def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the claim false in ``records`` (or in what the check reads besides Records)."""
     check = claims.CHECKS[name]
-    if isinstance(check.run, claims.Ratio):
+    if isinstance(check.run, Ratio):
         numerator = check.run.on(tier)[0]
         records[numerator] = scaled_memory(records[numerator], 1.5)
-    elif isinstance(check.run, claims.TimeRatio):
+    elif isinstance(check.run, article_source.TimeRatio):
         candidate, reference = records[check.run.candidate], records[check.run.reference]
         expected = (candidate.step_time_s / candidate.batch_size) / (reference.step_time_s / reference.batch_size)
         factor = 2.0 if abs(expected - 1) <= 0.1 else 1 / expected**2
         records[check.run.candidate] = dataclasses.replace(candidate, step_time_s=candidate.step_time_s * factor)
     elif name in ACCURACY_PAIRS:
         candidate = ACCURACY_PAIRS[name].on(tier)[0]
-        tolerance = claims.accuracy_tolerance(name, records[candidate].scale)
+        tolerance = article_source.accuracy_tolerance(name, records[candidate].scale)
         records[candidate] = dataclasses.replace(records[candidate], accuracy=records[candidate].accuracy - tolerance - 0.01)
     elif name == "init-module-load":
         key = ("16-true", "init-module")
         records[key] = dataclasses.replace(records[key], load_peak_bytes=int(records[key].load_peak_bytes * 1.5))
-        records[claims.LOAD_INIT_MODULE] = load_record(claims.LOAD_INIT_MODULE.techniques, 1.5)
+        records[article_source.LOAD_INIT_MODULE] = load_record(article_source.LOAD_INIT_MODULE.techniques, 1.5)
     elif name in ("adam-two-states", "course-adamw-8-bytes"):
         fabric = records[("fabric",)]
         records[("fabric",)] = dataclasses.replace(fabric, optimizer_state_bytes=3 * fabric.param_bytes)
@@ -66,34 +79,34 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         records[key] = scaled_memory(records[("bf16-true",)], 1.01)
     elif name == "optimizer-in-backward-gradients":  # hooks lost: the gradients live as without it
         plain = records[("fabric",)]
-        records[claims.IN_BACKWARD] = dataclasses.replace(records[claims.IN_BACKWARD], grad_bytes=plain.grad_bytes,
+        records[pytorch_tutorial_source.IN_BACKWARD] = dataclasses.replace(records[pytorch_tutorial_source.IN_BACKWARD], grad_bytes=plain.grad_bytes,
                                                           peak_allocated_bytes=plain.peak_allocated_bytes)
     elif name == "lora-few-trainable-parameters":  # adapters silently not applied: everything trains
-        adapted = records[claims.LORA]
-        records[claims.LORA] = dataclasses.replace(adapted, trainable_parameters=adapted.total_parameters,
+        adapted = records[peft_docs_source.LORA]
+        records[peft_docs_source.LORA] = dataclasses.replace(adapted, trainable_parameters=adapted.total_parameters,
                                                    optimizer_state_bytes=records[("fabric",)].optimizer_state_bytes)
     elif name == "fused-linear-ce-logits-never-whole":  # one chunk of every token: the whole logits buffer again
-        fused = records[claims.FUSED_LOSS]
-        records[claims.FUSED_LOSS] = dataclasses.replace(fused, fused_loss_chunk_rows=fused.fused_loss_rows,
+        fused = records[pytorch_docs_source.FUSED_LOSS]
+        records[pytorch_docs_source.FUSED_LOSS] = dataclasses.replace(fused, fused_loss_chunk_rows=fused.fused_loss_rows,
                                                          peak_allocated_bytes=records[("fabric",)].peak_allocated_bytes)
     elif name == "optimizer-foreach-sizeof-params-more":  # a foreach that holds one parameter's tensor at a time
-        records[claims.FOREACH] = _observed(records[claims.FOREACH], "foreach", records[claims.FOR_LOOP], "for-loop")
+        records[pytorch_docs_source.FOREACH] = _observed(records[pytorch_docs_source.FOREACH], "foreach", records[pytorch_docs_source.FOR_LOOP], "for-loop")
     elif name == "optimizer-fused-no-intermediates":  # fused=True running the foreach step
-        records[claims.FUSED_STEP] = _observed(records[claims.FUSED_STEP], "fused", records[claims.FOREACH], "foreach")
+        records[pytorch_docs_source.FUSED_STEP] = _observed(records[pytorch_docs_source.FUSED_STEP], "fused", records[pytorch_docs_source.FOREACH], "foreach")
     elif name == "optimizer-default-foreach-on-cuda":  # the reference defaulted to the other implementation
-        other = claims.FOR_LOOP if tier == "sim" else claims.FOREACH
+        other = pytorch_docs_source.FOR_LOOP if tier == "sim" else pytorch_docs_source.FOREACH
         records[("fabric",)] = dataclasses.replace(records[("fabric",)], phases=records[other].phases)
     elif name == "qlora-nf4-storage":  # the weights kept in 8 bits (an int8 layout), not packed two a byte
-        plain = records[claims.QLORA_NO_DOUBLE_QUANT]
+        plain = records[qlora_paper_source.QLORA_NO_DOUBLE_QUANT]
         seen = plain.by_technique["qlora"]
-        records[claims.QLORA_NO_DOUBLE_QUANT] = dataclasses.replace(
+        records[qlora_paper_source.QLORA_NO_DOUBLE_QUANT] = dataclasses.replace(
             plain, by_technique={"qlora": {**seen, "packed_bytes": seen["quantized_elements"]}})
     elif name == "qlora-double-quant-saving":  # compress_statistics ignored: the fp32 absmax as without it
-        records[claims.QLORA] = records[claims.QLORA_NO_DOUBLE_QUANT]
+        records[qlora_paper_source.QLORA] = records[qlora_paper_source.QLORA_NO_DOUBLE_QUANT]
     elif name == "selective-checkpointing-between-none-and-full":  # SAC saved everything: nothing recomputed
-        selective = records[claims.SELECTIVE]
+        selective = records[pytorch_docs_source.SELECTIVE]
         seen = selective.by_technique["selective-checkpointing"]
-        records[claims.SELECTIVE] = dataclasses.replace(selective, phases=records[("fabric",)].phases, by_technique={
+        records[pytorch_docs_source.SELECTIVE] = dataclasses.replace(selective, phases=records[("fabric",)].phases, by_technique={
             "selective-checkpointing": {**seen, "recomputed_ops": {}}})
     elif name == "torchao-low-bit-state-bytes":  # 4-bit's codes a byte an element: 8-bit's layout under its name
         four, eight = records[("ao-adamw4bit",)], records[("ao-adamw8bit",)]
@@ -103,26 +116,26 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
     elif name == "torchao-low-bit-peak-falls-by-state":  # the state shrank, the peak did not fall with it
         eight = records[("ao-adamw8bit",)]
         records[("ao-adamw8bit",)] = dataclasses.replace(eight, peak_allocated_bytes=records[
-            claims.AO_ADAMW].peak_allocated_bytes)
+            torchao_docs_source.AO_ADAMW].peak_allocated_bytes)
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
-        records[claims.OFFLOAD] = dataclasses.replace(records[claims.OFFLOAD], phases=records[("fabric",)].phases)
+        records[pytorch_docs_source.OFFLOAD] = dataclasses.replace(records[pytorch_docs_source.OFFLOAD], phases=records[("fabric",)].phases)
     elif name == "paged-optimizer-unified-memory":  # the states stayed in the caching allocator
-        records[claims.PAGED] = dataclasses.replace(records[claims.EIGHT_BIT_ADAMW], paged_state_bytes=0)
+        records[bitsandbytes_docs_source.PAGED] = dataclasses.replace(records[bitsandbytes_docs_source.EIGHT_BIT_ADAMW], paged_state_bytes=0)
     elif name == "expandable-segments-fewer-slivers":  # the setting did not take: the default's segments
-        records[claims.EXPANDABLE] = dataclasses.replace(records[("fabric",)], expandable_segment_bytes=0)
+        records[pytorch_docs_source.EXPANDABLE] = dataclasses.replace(records[("fabric",)], expandable_segment_bytes=0)
     elif name == "activation-offload-no-copy-on-cpu":  # a host copy of every saved tensor (pinned on the CPU)
-        offload = records[claims.OFFLOAD]
+        offload = records[pytorch_docs_source.OFFLOAD]
         forward = offload.phases["forward"]
         copied = {**forward, "allocated_bytes": forward["allocated_bytes"] + FORWARD_KEEPS}
-        records[claims.OFFLOAD] = dataclasses.replace(offload, phases={"forward": copied})
+        records[pytorch_docs_source.OFFLOAD] = dataclasses.replace(offload, phases={"forward": copied})
     elif name == "fsdp-no-shard-replicates":  # the strategy fell back to FULL_SHARD: a quarter on each rank
-        records[claims.NO_SHARD_08] = sharded_record(claims.NO_SHARD_08, tier, as_=claims.FULL_SHARD_08)
+        records[pytorch_docs_source.NO_SHARD_08] = sharded_record(pytorch_docs_source.NO_SHARD_08, tier, as_=pytorch_docs_source.FULL_SHARD_08)
     elif name == "fsdp-shard-grad-op-shards-outside-computation":  # fell back to FULL_SHARD: resharded after forward
-        records[claims.SHARD_GRAD_OP_08] = sharded_record(claims.SHARD_GRAD_OP_08, tier, as_=claims.FULL_SHARD_08)
+        records[pytorch_docs_source.SHARD_GRAD_OP_08] = sharded_record(pytorch_docs_source.SHARD_GRAD_OP_08, tier, as_=pytorch_docs_source.FULL_SHARD_08)
     elif name == "fsdp2-no-reshard-keeps-unsharded":  # reshard_after_forward=False ignored: resharded after forward
-        records[claims.FSDP2_NO_RESHARD_08] = sharded_record(claims.FSDP2_NO_RESHARD_08, tier, as_=claims.FSDP2_08)
+        records[pytorch_docs_source.FSDP2_NO_RESHARD_08] = sharded_record(pytorch_docs_source.FSDP2_NO_RESHARD_08, tier, as_=pytorch_docs_source.FSDP2_08)
     elif name in ("lightning-trainer-same-loop", "accelerate-accumulate-same-loop"):  # the stack's loop ran otherwise
-        stack = next(p for p in claims.STACK_PARITY if p.claim == name).stack
+        stack = next(p for p in stacks_docs_source.STACK_PARITY if p.claim == name).stack
         records[stack] = scaled_memory(records[stack], 1.02)
     elif name == "hf-trainer-gradients-freed-before-forward":  # zero_grad moved after the next forward: as Fabric's
         trainer = records[("hf-trainer",)]
@@ -135,9 +148,9 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         records[("hf-trainer",)] = dataclasses.replace(trainer, phases={"optimizer_step": step},
                                                        by_technique={"hf-trainer": {"fused": False}})
     elif name in ("tensor-parallel-splits-matrices", "tensor-parallel-holds-a-portion"):  # the plan not applied
-        records[claims.TENSOR_PARALLEL] = tensor_parallel_record(tier, applied=False)
+        records[shared_keys.TENSOR_PARALLEL] = tensor_parallel_record(tier, applied=False)
     elif name == "batch-1-further-75":
-        records[claims.MICRO_BATCH_ONE] = scaled_memory(records[CHAIN_05], 0.6)
+        records[article_source.MICRO_BATCH_ONE] = scaled_memory(records[CHAIN_05], 0.6)
     elif name == "bf16-supported":
         _fake_cuda(monkeypatch, bf16=False)
     elif name == "bf16-range-for-precision":  # a bfloat16 with float16's range and precision
@@ -152,7 +165,7 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
         real_ce = F.cross_entropy
         monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: real_ce(*a, **k).to(torch.bfloat16))
     elif name == "course-fp8-parameters":  # what bitsandbytes really stores: parameters in float32
-        monkeypatch.setattr(claims, "adam8bit_storage", REAL_ADAM8BIT_STORAGE)
+        monkeypatch.setattr(course_source, "adam8bit_storage", REAL_ADAM8BIT_STORAGE)
     elif name == "course-quarter":  # a 1.5x larger 8-bit state: AdamW / Adam8bit = 2.6x, not 4x
         from memclaims.core import optim_state
 
@@ -182,7 +195,7 @@ def _fake_cuda(monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "constructed A100")
 
 
-REAL_ADAM8BIT_STORAGE = claims.adam8bit_storage
+REAL_ADAM8BIT_STORAGE = course_source.adam8bit_storage
 
 
 def _prepare_holding(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,7 +204,7 @@ def _prepare_holding(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if name == "course-fp8-parameters":  # the slide's world: parameters stored in 8 bits
         import torch
 
-        monkeypatch.setattr(claims, "adam8bit_storage",
+        monkeypatch.setattr(course_source, "adam8bit_storage",
                             lambda: (torch.float8_e4m3fn, {"state1": torch.uint8, "state2": torch.uint8}))
 
 
@@ -261,7 +274,7 @@ def test_chain_must_fall_at_every_step_equal_is_not_lower() -> None:
 def _batch_one_world(cut: float) -> dict:
     """The sim world, its 05 at micro-batch 1 ``cut`` below 05 at micro-batch 4."""
     records = world("sim")
-    records[claims.MICRO_BATCH_ONE] = scaled_memory(records[CHAIN_05], 1 - cut)
+    records[article_source.MICRO_BATCH_ONE] = scaled_memory(records[CHAIN_05], 1 - cut)
     return records
 
 
@@ -274,7 +287,7 @@ def test_batch_one_cut_against_the_claimed_75_percent_less_5_points(cut: float, 
 def test_batch_one_is_05_in_micro_batches_of_one() -> None:
     """What the check asks for: 05's recipe at its batch of 16, in 16 micro-batches of 1 (a size knob,
     so its id is not 05's own)."""
-    recipe = recipe_of(claims.MICRO_BATCH_ONE, "vit", "article")
+    recipe = recipe_of(article_source.MICRO_BATCH_ONE, "vit", "article")
     assert (recipe.batch_size, recipe.accumulation_steps, recipe.micro_batch_size) == (16, 16, 1)
     assert recipe.techniques == CHAIN_05 and recipe.scale.name == "article"
     assert recipe.id == "vit-article[accum=16]/bf16-true+small-batch+grad-accum"
@@ -285,10 +298,10 @@ def test_batch_one_detail_has_the_numbers() -> None:
     accum = records[CHAIN_05]
     detail = claims.CHECKS["batch-1-further-75"].run("sim", lookup_of(records)).detail
     state = (accum.param_bytes + accum.grad_bytes + accum.optimizer_state_bytes) / 1e9
-    peak_gb = claims.peak(accum) / 1e9
+    peak_gb = peak(accum) / 1e9
     assert detail.startswith(f"micro-batch 1: {peak_gb * 0.5:.2f} GB vs micro-batch 4: {peak_gb:.2f} GB: cut 50.0% "
                              f"(claim 75%); parameters + gradients + Adam state alone are {state:.2f} GB "), detail
-    assert detail.endswith(f"({state * 1e9 / claims.peak(accum):.0%} of the micro-batch-4 peak)")
+    assert detail.endswith(f"({state * 1e9 / peak(accum):.0%} of the micro-batch-4 peak)")
 
 
 def test_adam_state_detail_and_step_counters() -> None:
@@ -307,9 +320,9 @@ def test_adam_state_detail_and_step_counters() -> None:
 
 def test_step_counters_are_counted_only_when_they_are_exactly_four_bytes_a_tensor() -> None:
     fabric = world("cpu")[("fabric",)]
-    assert claims._steps(fabric) == 4 * fabric.param_tensor_count
-    assert claims._steps(dataclasses.replace(fabric, optimizer_state_bytes=fabric.optimizer_state_bytes + 4)) == 0
-    assert claims._steps(dataclasses.replace(fabric, optimizer_state_bytes=2 * fabric.param_bytes)) == 0
+    assert step_counters(fabric) == 4 * fabric.param_tensor_count
+    assert step_counters(dataclasses.replace(fabric, optimizer_state_bytes=fabric.optimizer_state_bytes + 4)) == 0
+    assert step_counters(dataclasses.replace(fabric, optimizer_state_bytes=2 * fabric.param_bytes)) == 0
 
 
 def test_nan_and_bf16_details(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -331,20 +344,20 @@ def test_nan_and_bf16_details(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_which_peak_a_claim_compares() -> None:
     article = article_record(("fabric",), "gpu")
-    assert claims.peak_metric(article) == "peak_reserved_total_bytes"
-    assert claims.peak_metric(dataclasses.replace(article, peak_reserved_total_bytes=None)) == "peak_reserved_bytes"
+    assert peak_metric(article) == "peak_reserved_total_bytes"
+    assert peak_metric(dataclasses.replace(article, peak_reserved_total_bytes=None)) == "peak_reserved_bytes"
     bare = dataclasses.replace(article, peak_reserved_total_bytes=None, peak_reserved_bytes=None)
-    assert claims.peak_metric(bare) == "peak_allocated_bytes"
-    assert claims.peak_metric(dataclasses.replace(article, scale="gpusmoke")) == "peak_allocated_bytes"
-    assert claims.peak(dataclasses.replace(article, peak_reserved_total_bytes=7)) == 7
+    assert peak_metric(bare) == "peak_allocated_bytes"
+    assert peak_metric(dataclasses.replace(article, scale="gpusmoke")) == "peak_allocated_bytes"
+    assert peak(dataclasses.replace(article, peak_reserved_total_bytes=7)) == 7
 
 
 def test_band_words_and_factors() -> None:
-    assert claims._within(0.9, 0.95, 1.05) == "outside, 0.050 below"
-    assert claims._within(1.1, 0.95, 1.05) == "outside, 0.050 above"
-    assert claims._within(0.95, 0.95, 1.05) == claims._within(1.05, 0.95, 1.05) == "within band"
-    assert claims._factor(0.5) == "2.0x" and claims._factor(1.25) == "ratio 1.250"
-    assert claims._sep("") == "" and claims._sep("x") == "; x"
+    assert within(0.9, 0.95, 1.05) == "outside, 0.050 below"
+    assert within(1.1, 0.95, 1.05) == "outside, 0.050 above"
+    assert within(0.95, 0.95, 1.05) == within(1.05, 0.95, 1.05) == "within band"
+    assert as_factor(0.5) == "2.0x" and as_factor(1.25) == "ratio 1.250"
+    assert then("") == "" and then("x") == "; x"
 
 
 def test_ratio_detail_on_the_sim_names_band_and_fidelity() -> None:
@@ -375,10 +388,10 @@ def test_gpu_ratio_off_article_scale_asserts_the_direction_only() -> None:
 
 
 def test_accuracy_tolerances_and_an_unmeasured_accuracy() -> None:
-    assert claims.accuracy_tolerance("bf16-true-accuracy", "article") == 0.02
-    spread = claims.accuracy_spread()["claims"]
+    assert article_source.accuracy_tolerance("bf16-true-accuracy", "article") == 0.02
+    spread = article_source.accuracy_spread()["claims"]
     name = next(iter(spread))
-    assert claims.accuracy_tolerance(name, "smoke") == float(spread[name]["tolerance"])
+    assert article_source.accuracy_tolerance(name, "smoke") == float(spread[name]["tolerance"])
     records = world("cpu")
     check = claims.CHECKS[name]
     candidate = check.recipes_on("cpu")[0]
@@ -405,7 +418,7 @@ def test_skip_reason_says_who_checks_the_claim_or_why_not() -> None:
     assert claim.audited("3x") == ""
     audited = dataclasses.replace(claim, audit={"text": "20x", "logs": "13.3x"})
     assert audited.audited("12x") == "text 20x, logs 13.3x, this run 12x"
-    accuracy = claims.CLAIMS_BY_NAME[next(iter(claims.accuracy_spread()["claims"]))]
+    accuracy = claims.CLAIMS_BY_NAME[next(iter(article_source.accuracy_spread()["claims"]))]
     assert accuracy.needs_accuracy
 
 
@@ -425,10 +438,24 @@ def test_the_catalogue_is_covered_and_each_gap_is_named(monkeypatch: pytest.Monk
     problems = claims.coverage_problems()
     assert "overall-20x: tier cpu needs exactly one of a check and a reason" in problems
     assert "fp16-range: kind 'vibes' is not one of memory, ratio, accuracy, time, count" in problems
-    assert "adam-two-states: the catalogue says memclaims/claims/catalogue.py checks it, but it has no check" in problems
+    assert "adam-two-states: the catalogue says memclaims/claims/sources/article.py checks it, but it has no check" in problems
     assert "fp16-range: catalogue tiers ['cpu', 'sim'] != check tiers ['cpu']" in problems
     assert "sgd-two-thirds: empty reason for tier dist" in problems
     assert "check 'init-module-load' has no catalogue entry in memclaims/resources/sources/" in problems
+
+
+def test_a_check_lives_in_its_sources_module_and_every_source_has_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catalogue by source: a check kept in another source's module, a source file without a module and a module
+    without a file are each named (one module of memclaims/claims/sources/ per file of resources/sources/)."""
+    assert [s.DOCUMENT for s in claims.SOURCES] == sorted(published.documents())
+    monkeypatch.setitem(claims.CHECKED_IN, "lora-few-trainable-parameters", "article")
+    monkeypatch.setattr(claims, "SOURCES", tuple(s for s in claims.SOURCES if s.DOCUMENT != "peft-docs")
+                        + (SimpleNamespace(DOCUMENT="blog", CHECKS={}),))
+    assert claims.coverage_problems() == [
+        "check 'lora-few-trainable-parameters' is in memclaims/claims/sources/article.py, but its claim is in "
+        "peft-docs.json: move it to memclaims/claims/sources/peft_docs.py",
+        "source 'blog' has no file in resources/sources/: one module of memclaims/claims/sources/ per source file",
+        "source 'peft-docs' has no module in SOURCES: one module of memclaims/claims/sources/ per source file"]
 
 
 def _load_world(tier: str, ratio: float) -> dict:
@@ -454,11 +481,11 @@ def test_init_module_load_on_the_sim_is_the_load_replay_at_article_scale_only() 
     from fixtures.claim_worlds import load_record
 
     replayed = world("sim")  # the replay: 0.93 of the published ratio, outside the sim's +-5 %
-    replayed[claims.LOAD_INIT_MODULE] = load_record(claims.LOAD_INIT_MODULE.techniques, 0.93)
+    replayed[article_source.LOAD_INIT_MODULE] = load_record(article_source.LOAD_INIT_MODULE.techniques, 0.93)
     assert not claims.CHECKS["init-module-load"].run("sim", lookup_of(replayed)).passed
     assert claims.CHECKS["init-module-load"].run("gpu", lookup_of(world("gpu"))).passed  # gpu: the Record's bytes
     smoke = {k: dataclasses.replace(r, scale="smoke") for k, r in _load_world("sim", 0.65 / 1.24).items()}
-    smoke[claims.LOAD_INIT_MODULE] = replayed[claims.LOAD_INIT_MODULE]  # not read off article scale
+    smoke[article_source.LOAD_INIT_MODULE] = replayed[article_source.LOAD_INIT_MODULE]  # not read off article scale
     assert claims.CHECKS["init-module-load"].run("sim", lookup_of(smoke)).passed  # off article scale: the Record's
     verdict = claims.CHECKS["init-module-load"].run("sim", lookup_of(world("sim")))
     assert verdict.passed and "text 50 %, logs 1 - 0.65 / 1.24 = 47.6 %, this run 47.6%" in verdict.detail
@@ -539,10 +566,10 @@ def test_scaled_breakdown_keeps_adams_step_counters_unless_the_state_goes() -> N
                                  optimizer_state_bytes=2 * params + steps,
                                  breakdown={"parameters": params, "optimizer_state": 2 * params + steps,
                                             "activations_and_temporaries": 1000})
-    assert claims._scaled(record, {}) == params + 2 * params + steps + 1000
-    assert claims._scaled(record, claims.HALF_EVERYTHING) == params / 2 + params + steps + 500
-    assert claims._scaled(record, {"optimizer_state": 0.0}) == params + 1000
-    assert claims._scaled(record, {"activations_and_temporaries": 0.25}) == params + 2 * params + steps + 250
+    assert scaled(record, {}) == params + 2 * params + steps + 1000
+    assert scaled(record, article_source.HALF_EVERYTHING) == params / 2 + params + steps + 500
+    assert scaled(record, {"optimizer_state": 0.0}) == params + 1000
+    assert scaled(record, {"activations_and_temporaries": 0.25}) == params + 2 * params + steps + 250
 
 
 def test_sgd_cut_needs_the_two_thirds_and_no_state() -> None:
@@ -562,7 +589,7 @@ def test_forward_peak_must_exceed_the_fp32_model() -> None:
     assert not claims.CHECKS["forward-peak-above-fp32-model"].run("cpu", lookup_of({("fabric",): at})).passed
     above = dataclasses.replace(fabric, peak_allocated_bytes=9 * fabric.param_count // 2)
     assert claims.CHECKS["forward-peak-above-fp32-model"].run("cpu", lookup_of({("fabric",): above})).passed
-    assert claims._mib(2**20) == "1.00 MiB"
+    assert in_mib(2**20) == "1.00 MiB"
 
 
 def test_a_claim_recorded_as_not_holding_where_it_is_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -595,7 +622,7 @@ def test_the_courses_count_through_its_trainer_path_is_part_of_its_claim(name: s
     """Issue #42: the count over trainer.optimizer.state one byte (element) off bitsandbytes' layout fails the claim,
     the article-scale arithmetic holding."""
     records = world("cpu")
-    key = claims.COURSE_STACKS[0]
+    key = course_source.COURSE_STACKS[0]
     counted = {k: v + 1 for k, v in records[key].by_technique["hf-trainer"].items()}
     records[key] = dataclasses.replace(records[key], by_technique={"hf-trainer": counted})
     verdict = claims.CHECKS[name].run("cpu", lookup_of(records))

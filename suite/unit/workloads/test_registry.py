@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from memclaims.claims import catalogue as claims
+from memclaims.claims.figures import peak, peak_metric
 from memclaims.core.names import GPU_SMOKE
 from memclaims.pytest.testing import fake_record
 from memclaims.recipes.recipe import parse_id, resolve
@@ -54,10 +55,10 @@ def _cuda(recipe: str, scale: str, allocated: int, reserved: int, **changes: Any
 def test_claims_compare_reserved_at_article_scale_and_allocated_elsewhere() -> None:
     article = _cuda("vit-article/fabric", "article", 100 * MiB, 120 * MiB)
     small = _cuda("vit-gpusmoke/fabric", GPU_SMOKE, 100 * MiB, 120 * MiB)
-    assert claims.peak_metric(article) == "peak_reserved_total_bytes" and claims.peak(article) == 120 * MiB
-    assert claims.peak_metric(small) == "peak_allocated_bytes" and claims.peak(small) == 100 * MiB
+    assert peak_metric(article) == "peak_reserved_total_bytes" and peak(article) == 120 * MiB
+    assert peak_metric(small) == "peak_allocated_bytes" and peak(small) == 100 * MiB
     cpu = fake_record("vit-smoke/fabric")
-    assert claims.peak_metric(cpu) == "peak_allocated_bytes"
+    assert peak_metric(cpu) == "peak_allocated_bytes"
 
 
 def test_a_difference_reserved_granularity_hides_still_shows_and_the_detail_names_the_metric() -> None:
