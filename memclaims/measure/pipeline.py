@@ -42,6 +42,10 @@ class Engine(TrainingLoop):
         super().__init__(recipe.accumulation_steps, recipe.loop_order)
         self.recipe, self.options = recipe, options
         self.notes: list[str] = []
+        # Decided once for the run: whether it trains and scores an accuracy phase, and what that phase trains and
+        # tests (the optimizer's schedule, the test set and the Record's accuracy_schedule read them).
+        self.evaluating = evaluates(recipe, options)
+        self.accuracy_schedule = accuracy_schedule(recipe, options)
 
     @property
     def precision_ran(self) -> str:
@@ -163,15 +167,22 @@ def _bnb_default_min_8bit_size() -> int:
     return int(inspect.signature(Adam8bit.__init__).parameters["min_8bit_size"].default)
 
 
+def scheduled_steps(engine: Engine, steps_per_epoch: int, memory_steps: int) -> int:
+    """Every optimizer step the run will take: the measured steps' epoch, or the accuracy phase's epochs or its
+    steps after the measured ones."""
+    schedule = engine.accuracy_schedule
+    if not engine.evaluating:
+        return steps_per_epoch
+    if schedule["kind"] == "steps":
+        return int(schedule["optimizer_steps"]) + memory_steps
+    return int(schedule["epochs"]) * steps_per_epoch
+
+
 def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[Any, Any]:
     """The optimizer and scheduler, the schedule long enough for every step the run will take."""
-    recipe, options = engine.recipe, engine.options
-    schedule = accuracy_schedule(recipe, options)
-    epochs = (options.accuracy_epochs or recipe.scale.accuracy_epochs) if evaluates(recipe, options) else 1
-    total = epochs * steps_per_epoch
-    if evaluates(recipe, options) and schedule["kind"] == "steps":
-        total = schedule["optimizer_steps"] + memory_steps
-    return optimizers.build(recipe.optimizer, model, recipe.learning_rate, total,
+    recipe = engine.recipe
+    return optimizers.build(recipe.optimizer, model, recipe.learning_rate,
+                            scheduled_steps(engine, steps_per_epoch, memory_steps),
                             min_8bit_size=recipe.scale.min_8bit_size, anneal=recipe.scale.anneal,
                             implementation=recipe.optimizer_impl)
 
@@ -186,7 +197,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
     collate = getattr(bundle, "collate_fn", None)  # text bundles pad each batch to its longest row
     train_loader = DataLoader(bundle.train, batch_size=recipe.micro_batch_size, shuffle=True, drop_last=True,
                               generator=torch.Generator().manual_seed(options.seed), collate_fn=collate)
-    schedule = accuracy_schedule(recipe, options)
+    schedule = engine.accuracy_schedule
     test_set: Dataset[Any] = bundle.test
     if schedule["test_examples"] is not None and len(test_set) > schedule["test_examples"]:  # type: ignore[arg-type]
         test_set = Subset(test_set, range(schedule["test_examples"]))
@@ -232,7 +243,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
 
     accuracy: float | None = None
     epoch_evaluations: list[dict[str, float]] = []
-    if evaluates(recipe, options):
+    if engine.evaluating:
         engine.step_times.clear()
         with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
             if schedule["kind"] == "steps":
@@ -277,6 +288,6 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         environment=environment_facts(options.device),
         notes=engine.notes,
         accuracy_schedule=({**schedule, "test_examples": len(test_set)}  # type: ignore[arg-type]
-                           if evaluates(recipe, options) and engine.declares_schedule else {}),
+                           if engine.evaluating and engine.declares_schedule else {}),
         observed={**states, **observed},
     )
