@@ -21,5 +21,4 @@ STACK_WORKLOAD = "distilbert-cased"
 
 def tensor_parallel_seen(rank: Record) -> dict[str, Any]:
     """What the tensor-parallel technique observed on the rank (its ``by_technique`` part)."""
-    seen: dict[str, Any] = rank.by_technique.get("tensor-parallel", {})
-    return seen
+    return rank.by_technique.get("tensor-parallel", {})

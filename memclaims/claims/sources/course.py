@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from memclaims.claims.check import Check, Verdict, audited
 from memclaims.claims.figures import MIB, step_counters
 from memclaims.claims.lookup import Lookup, Techniques
 from memclaims.claims.shared_keys import STACK_WORKLOAD
 from memclaims.core import published
+
+if TYPE_CHECKING:
+    import torch
 
 DOCUMENT = "course"
 
@@ -24,7 +27,7 @@ def _adamw_eight_bytes(tier: str, get: Lookup) -> Verdict:
     return Verdict(per == claimed, f"fp32 Adam state per parameter = {per:.4f} B (claim {claimed}), step counters aside")
 
 
-def adam8bit_storage() -> tuple[Any, dict[str, Any]]:
+def adam8bit_storage() -> tuple[torch.dtype, dict[str, torch.dtype]]:
     """(parameter dtype, {state name: dtype}) after one bitsandbytes Adam8bit step on the CPU, on a layer
     of 8,192 elements (above bitsandbytes' 4,096-element threshold for 8-bit state)."""
     import bitsandbytes as bnb
