@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memclaims.baselines.compare import Summary, fmt_short
+from memclaims.core import output_files
 from memclaims.core.published import TIERS
 from memclaims.report.summary_document import claim_verdicts, environment_changes, phase_bars
 
@@ -188,7 +189,6 @@ def render(data: dict[str, Any], here: Path = Path()) -> str:
             f"<style>{_STYLE}</style></head><body><h1>memclaims run report</h1>{''.join(sections)}</body></html>\n")
 
 
-def write(data: dict[str, Any], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(data, path.resolve().parent), encoding="utf-8")
-    return path
+def write(data: dict[str, Any], path: Path, option: str = "--out") -> Path:
+    """The page at ``path``, its folder created; OutputError (one line) when it cannot be written."""
+    return output_files.write_text(path, render(data, path.resolve().parent), option)
