@@ -81,7 +81,7 @@ def test_a_run_writes_summary_html_and_step_summary(pytester: pytest.Pytester,
     assert data["session"]["versions"]["torch"]  # the installed one, read at the end of the run
 
     page = (here / "nightly" / "report.html").read_text()
-    assert page.index("What failed and why") < page.index("Claims") < page.index("Memory per phase")
+    assert page.index("What failed and why") < page.index("Memory per phase") < page.index("Claims")
     assert "arithmetic moved" in page and "torch 2.13.0 -&gt; 2.14.1" in page
     assert "http://" not in page and "https://" not in page and "<script" not in page  # self-contained
     assert 'class="n worse"' in page  # fake-a's phases grew: drawn red
@@ -90,6 +90,20 @@ def test_a_run_writes_summary_html_and_step_summary(pytester: pytest.Pytester,
     assert step.startswith("earlier step\n## memclaims: FAILED (2 failed, 1 passed)")  # appended, not replaced
     assert step.index("### Failures") < step.index("### Baselines") < step.index("**Environment**")
     assert "`test_fake.py::test_plain_failure`: AssertionError: arithmetic moved" in step
+
+
+def test_the_report_lists_only_the_claims_this_run_decided() -> None:
+    def claim(name: str, verdict: str) -> dict[str, Any]:
+        return {"claim": name, "kind": "relation", "where": "article", "tiers": {"cpu": {"checked_by": "cpu:x",
+                                                                                        "verdict": verdict,
+                                                                                        "at": "02:00" if verdict != "not run" else ""}}}
+
+    data = {"schema": run_summary.SCHEMA, "rows": [], "out_of_memory": [], "failures": [], "outcomes": {"passed": 1},
+            "diagnosis": [], "session": {},
+            "claims": [claim("bf16 saves memory", "holds"), *(claim(f"unchecked {i}", "not run") for i in range(99))]}
+    page = html_report.render(data)
+    assert "bf16 saves memory" in page and "unchecked 0" not in page and "99 claim(s) this run did not check" in page
+    assert page.index("Memory per phase") < page.index("Claims")  # the cases that ran, before the claims
 
 
 @pytest.mark.parametrize("option", ["--memclaims-summary-json", "--memclaims-html"])
@@ -198,7 +212,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     seen = json.loads(html.unescape(found.group(1)))
     # Failures first, then the claims, then the phase bars, top to bottom on the screen.
     failures, claims, phases = seen["tops"]
-    assert 0 < failures < claims < phases, seen["tops"]
+    assert 0 < failures < phases < claims, seen["tops"]
     assert "arithmetic moved" in seen["failure"]
     # The claims table: one row per claim, its verdicts in words, a failed verdict in another colour than a held one.
     verdicts = {row[0][0]: {text: colour for text, colour in row[1:]} for row in seen["rows"]}
