@@ -1,7 +1,7 @@
 """This repository's pytest wiring.
 
 memclaims' plugin (options, markers, hooks, fixtures, the environment preflight) loads through its
-``pytest11`` entry point once the project is installed (``pip install -e ".[test]" -c locks/ci.txt``,
+``pytest11`` entry point once the project is installed (``pip install -e ".[test,docs]" -c locks/ci.txt``,
 as CI does). Run from a checkout that is not installed (``PYTHONPATH=. pytest``), the hook below
 registers it under the entry point's name; installed, it does nothing, so the plugin is never
 registered twice.
@@ -9,7 +9,7 @@ registered twice.
 What only this repository's own suite needs lives here, not in the plugin users install: the header
 line naming the lock the stack was installed from, and the ``reads_versions`` marker, which runs a
 self-test once per installed stack of fixtures.stacks (real, each tested package one release newer,
-all newer, all older).
+all newer, all older), and pytest-benchmark's reading of pytest.ini's ``--dist`` (fixtures.benchmark_dist).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 from memclaims.pytest.testing import register_unless_installed as pytest_addhooks  # noqa: F401
 
-pytest_plugins = ["fixtures.stacks"]
+pytest_plugins = ["fixtures.stacks", "fixtures.benchmark_dist"]
 LOCK = Path(__file__).parent / "locks" / "ci.txt"
 
 

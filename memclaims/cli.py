@@ -300,7 +300,10 @@ def cmd_reproduce(args: Settings) -> int:
         return _reproduce_all(args)
     assert args.out is not None  # the command's default: reproduce/
     out = Path(args.out)
-    rows = reproduce(args.device, out, store=BaselineStore(args.baselines_dir), series=every)
+    from memclaims.claims.runs import LAST_RUN_NAME
+
+    rows = reproduce(args.device, out, store=BaselineStore(args.baselines_dir), series=every,
+                     last_run=Path(args.artifacts) / LAST_RUN_NAME)  # what `memclaims claims` reads
     print((out / "reproduce.md").read_text())
     print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.json'}, {out / 'reproduce.png'}", file=sys.stderr)
     return EXIT_FAILED_RUN if any(r.verdict == "does not hold" for r in rows) else 0

@@ -191,11 +191,14 @@ class BaselineStore:
             path = self.path(environment)
             try:
                 text = path.read_text(encoding="utf-8")
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):  # no file, or no folder (a path under a file)
                 self._cache[environment] = {}
             except UnicodeDecodeError:
                 raise BaselineError(f"baseline file {path}: not UTF-8 text (corrupt?); "
                                     f"the file was left unchanged") from None
+            except OSError as error:  # unreadable: permissions, an I/O error
+                raise BaselineError(f"baseline file {path}: cannot be read ({error.strerror or error}); "
+                                    f"make it readable, or give --memclaims-baselines-dir another folder") from None
             else:
                 self._cache[environment] = parse(text, path, environment)
         return self._cache[environment]
@@ -234,6 +237,14 @@ class BaselineStore:
     def update(self, environment: str, updates: Mapping[str, Baseline]) -> None:
         """Store ``updates`` (recipe id -> Baseline), keeping every other recipe in the file."""
         path = self.path(environment)
+        try:
+            self._write(environment, path, updates)
+        except OSError as error:  # a read-only or full folder, a path under a file: one line, not a traceback
+            raise BaselineError(f"baseline file {path}: cannot be written ({error.strerror or error}: "
+                                f"{error.filename or path}); make {self.measured} writable, or give "
+                                f"--memclaims-baselines-dir a writable copy of {self.root}") from None
+
+    def _write(self, environment: str, path: Path, updates: Mapping[str, Baseline]) -> None:
         with self._locked(environment):
             self._remove_stale_temps(path)
             current = dict(self.load(environment, fresh=True))  # raises, untouched, when corrupt

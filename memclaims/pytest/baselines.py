@@ -54,7 +54,11 @@ class BaselineCheck:
             if found is None:
                 path = self.store.store_record(record, obtained=True)
         except MemclaimsError as error:
-            pytest.fail(str(error), pytrace=False)
+            unreadable = str(error)
+        else:
+            unreadable = ""
+        if unreadable:  # failed outside the handler: pytest would print the message twice, chained
+            pytest.fail(unreadable, pytrace=False)
         if found is None:
             summary(self.config).add_note(case_id, NO_BASELINE, environment)
             pytest.fail(f"{case_id}: no baseline for {record.baseline_key!r} in {self.store.path(environment)} "
@@ -87,27 +91,29 @@ class BaselineCheck:
     def _update(self, case_id: str, record: Record, environment: str,
                 found: tuple[Baseline, str] | None) -> None:
         """--update-baselines: show old -> new, and never absorb a regression unless told to."""
-        if found is not None:
-            baseline, baseline_environment = found
-            comparison = self._compare(case_id, record, baseline.record, baseline.tolerances, baseline_environment)
-            regressions = [r for r in comparison.results if r.verdict == REGRESSION]
-            refused = bool(regressions) and not settings(self.config).accept_regressions
-            for row in comparison.rows():  # every changed metric, old -> new, under this machine's id
-                if row["baseline"] != row["now"]:
-                    verdict = row["verdict"]
-                    row.update(environment=environment, verdict=REFUSED if refused and verdict == REGRESSION
-                               else UPDATED if verdict == OK else verdict)
-                    summary(self.config).rows.append(row)
-            if refused:
-                lines = [f"{case_id}: --update-baselines refuses to absorb a regression:"]
-                lines += [f"  {r.metric}: {fmt_value(r.metric, r.baseline)} -> {fmt_value(r.metric, r.now)} "
-                          f"({fmt_change(r)})" for r in regressions]
-                lines.append(f"environment since the baseline: {comparison.environment_change}")
-                lines.append("if this is intended, rerun with --update-baselines --memclaims-accept-regressions")
-                pytest.fail("\n".join(lines), pytrace=False)
-        else:
+        if found is None:
+            self.store.store_record(record)  # raises (one line) when it cannot: the table then says nothing
             summary(self.config).add_note(case_id, UPDATED, environment)
-        self.store.store_record(record)
+            return
+        baseline, baseline_environment = found
+        comparison = self._compare(case_id, record, baseline.record, baseline.tolerances, baseline_environment)
+        regressions = [r for r in comparison.results if r.verdict == REGRESSION]
+        refused = bool(regressions) and not settings(self.config).accept_regressions
+        if not refused:
+            self.store.store_record(record)  # before the rows: the table never says updated for a failed write
+        for row in comparison.rows():  # every changed metric, old -> new, under this machine's id
+            if row["baseline"] != row["now"]:
+                verdict = row["verdict"]
+                row.update(environment=environment, verdict=REFUSED if refused and verdict == REGRESSION
+                           else UPDATED if verdict == OK else verdict)
+                summary(self.config).rows.append(row)
+        if refused:
+            lines = [f"{case_id}: --update-baselines refuses to absorb a regression:"]
+            lines += [f"  {r.metric}: {fmt_value(r.metric, r.baseline)} -> {fmt_value(r.metric, r.now)} "
+                      f"({fmt_change(r)})" for r in regressions]
+            lines.append(f"environment since the baseline: {comparison.environment_change}")
+            lines.append("if this is intended, rerun with --update-baselines --memclaims-accept-regressions")
+            pytest.fail("\n".join(lines), pytrace=False)
 
     def _with_diagnosis(self, comparison: Comparison, record: Record, baseline: Record) -> str:
         message = comparison.message()

@@ -19,12 +19,15 @@ from typing import Any
 import pytest
 
 from memclaims.claims import runs as claim_runs
+from memclaims.core import output_files
 from memclaims.core.record import library_versions
+from memclaims.core.settings import BY_NAME
 from memclaims.pytest.plugin import OOM_KEY, SUMMARY_KEY, settings
 from memclaims.report import html_report, step_summary, summary_document
 from memclaims.report.summary_document import SCHEMA
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
+SUMMARY_JSON_OPTION, HTML_OPTION = BY_NAME["summary-json"].pytest_option, BY_NAME["html"].pytest_option
 # A failure's message as the terminal shows it, up to this many characters (a traceback of a
 # crash can be megabytes; the report links the junit/terminal output for the rest).
 MESSAGE_CHARS = 8000
@@ -91,12 +94,14 @@ class RunSummary:
             return
         data = self.document(exitstatus)
         written: list[Path] = []
-        if chosen.summary_json is not None:
-            chosen.summary_json.write_text(summary_document.dump(data), encoding="utf-8")
-            written.append(chosen.summary_json)
-        if chosen.html is not None:
-            html_report.write(data, chosen.html)
-            written.append(chosen.html)
+        try:  # the folders were proved writable at configure; a disk can still fill up since
+            if chosen.summary_json is not None:
+                written.append(output_files.write_text(chosen.summary_json, summary_document.dump(data),
+                                                       SUMMARY_JSON_OPTION))
+            if chosen.html is not None:
+                written.append(html_report.write(data, chosen.html, HTML_OPTION))
+        except output_files.OutputError as error:
+            terminalreporter.write_line(f"memclaims: NOT written: {error}", red=True)
         step = os.environ.get(STEP_SUMMARY_ENV)
         if step:
             try:
@@ -109,4 +114,12 @@ class RunSummary:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    chosen = settings(config)
+    if not hasattr(config, "workerinput"):  # the controller writes them: their folders must exist and take a file
+        for path, option in ((chosen.summary_json, SUMMARY_JSON_OPTION), (chosen.html, HTML_OPTION)):
+            if path is not None:
+                try:
+                    output_files.prepare(path, option)
+                except output_files.OutputError as error:
+                    raise pytest.UsageError(str(error)) from None
     config.pluginmanager.register(RunSummary(config), "memclaims-run-summary")

@@ -168,30 +168,50 @@ def table(trends: Trends) -> list[str]:
     return lines
 
 
+PLOTTED_SERIES = 20  # more lines than this are unreadable in one plot; the table lists every move
+
+
+def drawn(trends: Trends) -> dict[tuple[str, str, str], list[tuple[int, float]]]:
+    """The series the plot draws, each relative to its first run: only those that moved (every flat series
+    drawn says nothing and hides the point), and none that starts at 0 bytes (no ratio to 0: drawn as 0 it
+    would read as a 100 % drop; the table says "from 0")."""
+    out: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
+    for move in trends.moves:
+        points = trends.series[move.key]
+        first = points[0][1]
+        if first and move.key not in out and len(out) < PLOTTED_SERIES:
+            out[move.key] = [(i, v / first) for i, v in points]
+    return out
+
+
 def plot(trends: Trends, path: Path) -> Path:
-    """Each moved series (else every series) relative to its first run, the first move marked."""
+    """Each moved series relative to its first run, its first move marked; with none moved, a plot that says so."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [m.key for m in trends.moves] or sorted(trends.series)
+    series = drawn(trends)
     figure, axes = plt.subplots(figsize=(10, 5))
-    for key in keys[:20]:
-        points = trends.series[key]
-        first = points[0][1] or 1.0
-        axes.plot([i for i, _ in points], [v / first for _, v in points], marker="o", label=f"{key[1]} {key[2]}")
-    for move in trends.moves[:20]:
-        first = trends.series[move.key][0][1] or 1.0
-        axes.annotate("moved", (move.run, move.now / first), textcoords="offset points", xytext=(0, 8),
-                      ha="center", color="#cf222e")
+    for key, points in series.items():
+        axes.plot([i for i, _ in points], [v for _, v in points], marker="o", label=f"{key[1]} {key[2]}")
+    for move in trends.moves:
+        if move.key in series:
+            axes.annotate("moved", (move.run, dict(series[move.key])[move.run]), textcoords="offset points",
+                          xytext=(0, 8), ha="center", color="#cf222e")
+    unplotted = len({m.key for m in trends.moves}) - len(series)
+    if not series:
+        axes.text(0.5, 0.5, "no metric moved beyond its tolerance" if not trends.moves else
+                  "every moved series starts at 0 (the table lists them)", ha="center", va="center",
+                  transform=axes.transAxes)
     axes.set_xticks(range(len(trends.runs)), [r.started[:10] for r in trends.runs], rotation=45, ha="right")
     axes.set_ylabel("relative to the series' first run")
-    axes.set_title(f"memclaims history: {len(trends.runs)} runs, {len(trends.moves)} metric(s) moved")
-    axes.legend(fontsize="x-small")
+    title = f"memclaims history: {len(trends.runs)} runs, {len(trends.moves)} metric(s) moved"
+    axes.set_title(title + (f" ({unplotted} not drawn: from 0 or past {PLOTTED_SERIES})" if unplotted else ""))
+    if series:
+        axes.legend(fontsize="x-small")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
     plt.close(figure)
     return path
-

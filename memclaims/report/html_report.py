@@ -3,9 +3,9 @@ script, nothing fetched at view time) made from the run's summary document
 (memclaims.report.summary_document). Written by ``pytest --memclaims-html PATH`` and by ``memclaims report
 SUMMARY.json``.
 
-Order: what failed and why (the terminal's message), the comparisons that need a look, the claims
-with a verdict per tier, each case's per-phase memory against its baseline, the environment and what
-changed since the baseline, the diagnosis files the run saved.
+Order: what failed and why (the terminal's message), the comparisons that need a look, each case's
+per-phase memory against its baseline, the claims this run gave a verdict (per tier; the unchecked ones
+counted, not listed), the environment and what changed since the baseline, the diagnosis files the run saved.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memclaims.baselines.compare import Summary, fmt_short
+from memclaims.core import output_files
 from memclaims.core.published import TIERS
 from memclaims.report.summary_document import claim_verdicts, environment_changes, phase_bars
 
@@ -107,8 +108,11 @@ def _claims(data: dict[str, Any]) -> str:
         return parts[0] + "<p>No claim was checked in this run.</p>"
     parts.append("<p>" + "; ".join(f"{tier}: " + ", ".join(f"{n} {v}" for v, n in sorted(c.items()))
                                    for tier, c in sorted(counts.items())) + "</p>")
-    body = []
+    body, unjudged = [], 0
     for row in data["claims"]:
+        if not any(cell.get("at") for cell in row["tiers"].values()):  # as claim_verdicts counts them
+            unjudged += 1  # a claim this run did not check: counted, not a row of dashes
+            continue
         cells = []
         for tier in TIERS:
             cell = row["tiers"].get(tier, {})
@@ -121,7 +125,9 @@ def _claims(data: dict[str, Any]) -> str:
                 cells.append(f'<td class="{_class(cell["verdict"])}" title="{title}">{escape(cell["verdict"])}</td>')
         body.append(f"<tr><td>{escape(row['claim'])}</td><td>{escape(row['kind'])}</td>{''.join(cells)}"
                     f"<td>{escape(str(row['where']))}</td></tr>")
-    legend = "<p class='muted'>-: checked on that tier, not run here; .: not checked there (memclaims claims says why)</p>"
+    legend = "<p class='muted'>-: checked on that tier, not run here; .: not checked there (memclaims claims says why)"
+    legend += f"; {unjudged} claim(s) this run did not check are left out (memclaims claims lists every one)</p>" \
+        if unjudged else "</p>"
     return parts[0] + _table(("claim", "kind", *TIERS, "source"), body) + legend
 
 
@@ -182,13 +188,13 @@ def _diagnosis(data: dict[str, Any], here: Path) -> str:
 
 def render(data: dict[str, Any], here: Path = Path()) -> str:
     """The page; ``here``: the folder it is written to (links to saved files are relative to it)."""
-    sections = (_status(data), _failures(data), _comparisons(data), _claims(data), _phases(data),
+    # What failed and why, then the cases that ran, then the claims they decided (those only).
+    sections = (_status(data), _failures(data), _comparisons(data), _phases(data), _claims(data),
                 _environment(data), _diagnosis(data, here))
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>memclaims run report</title>"
             f"<style>{_STYLE}</style></head><body><h1>memclaims run report</h1>{''.join(sections)}</body></html>\n")
 
 
-def write(data: dict[str, Any], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(data, path.resolve().parent), encoding="utf-8")
-    return path
+def write(data: dict[str, Any], path: Path, option: str = "--out") -> Path:
+    """The page at ``path``, its folder created; OutputError (one line) when it cannot be written."""
+    return output_files.write_text(path, render(data, path.resolve().parent), option)

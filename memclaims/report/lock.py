@@ -5,7 +5,7 @@ A lock is a requirements file compiled by uv (``uv pip compile``) from the proje
 (``--universal``: the CUDA libraries a torch wheel needs on Linux carry their markers). uv and not a
 hand-written freeze: it keeps the pins of the existing file as preferences and moves only what an
 upgrade names (``--upgrade-package``) and what that release needs, so a bump's diff is the bump. pip
-reads the file as constraints (``pip install -e ".[test]" -c locks/ci.txt``), uv as requirements.
+reads the file as constraints (``pip install -e ".[test,docs]" -c locks/ci.txt``), uv as requirements.
 
 memclaims upgrade ``--lock FILE`` compiles the candidate's lock this way beside the committed one
 (:func:`compile_candidate`), builds its environment from it, and with ``--accept`` writes it over

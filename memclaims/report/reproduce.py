@@ -125,10 +125,12 @@ def _default_measure(recipes: Sequence[Recipe], device: str) -> list[list[Record
 
 def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: BaselineStore | None = None,
               scale: str | None = None, series: bool = False, measure_fn: MeasureFn | None = None,
-              load_fn: LoadFn | None = None) -> list[Row]:
+              load_fn: LoadFn | None = None, last_run: Path | None = None) -> list[Row]:
     """Run the chain on ``device`` (with ``series``: also the ViT-H/14 series and the LLM bonus rows,
     memclaims.report.series); write reproduce.md, reproduce.json and reproduce.png under ``out``.
-    ``load_fn``: the sim's load-only replays of the 07 scripts (through memclaims.run.run_recipe unless given)."""
+    ``load_fn``: the sim's load-only replays of the 07 scripts (through memclaims.run.run_recipe unless given).
+    ``last_run``: the claims' last-verdict file (memclaims.claims.runs) to add this run's verdicts to, which
+    ``memclaims claims`` shows."""
     from memclaims.claims import catalogue as claims
     from memclaims.claims.lookup import Key, Lookup, recipe_of
     from memclaims.claims.sources import article
@@ -200,7 +202,22 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
     summary = _audit(tier, lookup)
     out.mkdir(parents=True, exist_ok=True)
     _write(rows, device, scale, out, summary)
+    if last_run is not None:
+        record_verdicts(rows, tier, last_run, f"memclaims reproduce --device {device}")
     return rows
+
+
+def record_verdicts(rows: Sequence[Row], tier: str, path: Path, command: str) -> None:
+    """Each claim a row judged, as its last verdict on ``tier`` (the store pytest's claim recorder writes),
+    so that ``memclaims claims`` does not say "not run" of a claim reproduce just said holds."""
+    from memclaims.claims import runs as claim_runs
+
+    at = claim_runs.now()
+    entries = {claim_runs.key(r.claim, tier): {"verdict": r.verdict, "detail": r.size, "nodeid": command,
+                                               "at": at, "session": at}
+               for r in rows if r.claim and r.verdict in ("holds", "does not hold")}
+    if entries:
+        claim_runs.write(path, entries)
 
 
 def _series_rows(device: str, scale: str, measure_fn: MeasureFn) -> list[Row]:

@@ -107,10 +107,20 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
 
 
 def test_ci_installs_the_readmes_set_up_and_runs_its_test_command() -> None:
-    """The README's one install line and its first test command are what .ci/run does (no second recipe)."""
+    """The README's one install line is the lock's (the extras it is compiled with: the header then says
+    "installed as locked"), what .ci/run installs and what the example workflow installs; .ci/run runs the
+    README's first test command (no second recipe)."""
+    from memclaims.report.lock import COMPILE_OPTIONS
+
     readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
-    install = re.search(r"pip install -e \"\.\[test\]\" -c (\S+)", readme)
-    assert install and f'-c {install.group(1)} -e ".[test,docs]"' in ci and (ROOT / install.group(1)).is_file()
+    install = re.search(r"pip install -e \"\.\[([a-z,]+)\]\" -c (\S+)", readme)
+    assert install, "the README's install line"
+    extras, lock = install.group(1), install.group(2)
+    compiled = [COMPILE_OPTIONS[i + 1] for i, option in enumerate(COMPILE_OPTIONS) if option == "--extra"]
+    assert extras.split(",") == compiled and (ROOT / lock).is_file()
+    assert f'-c {lock} -e ".[{extras}]"' in ci
+    assert install.group(0) in (ROOT / "examples" / "nightly-gpu.yml").read_text()
+    assert "pip install memclaims" not in readme  # no index serves it: the README installs from a clone
     tests = readme[readme.index("## Tests"):]
     command = re.search(r"^(pytest [^#\n]*?)\s+#", tests, re.M)
     assert command and any(line.strip().startswith(command.group(1)) for line in ci.splitlines()), command

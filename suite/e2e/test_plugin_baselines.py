@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -266,7 +267,34 @@ def test_truncated_file_fails_the_case_with_the_clear_error(project: pytest.Pyte
         result = project.runpytest("-p", "no:cacheprovider", *extra)
         result.assert_outcomes(failed=1)
         assert f"baseline file {path}: not valid JSON" in output(result)
+        assert "During handling" not in output(result)  # the message once, not chained to itself
         assert path.read_bytes() == original
+
+
+def test_an_unwritable_baseline_folder_is_one_line_and_never_updated(project: pytest.Pytester) -> None:
+    add_case(project, "a", fake_record())
+    (project.path / "a-file").write_text("")  # a folder under a file cannot be made, by root either
+    result = project.runpytest("-p", "no:cacheprovider", "--update-baselines", "--memclaims-summary=all",
+                               "--memclaims-baselines-dir=a-file/baselines")
+    result.assert_outcomes(failed=1)
+    text = output(result)
+    assert "a-file/baselines/measured/cpu-x86_64.json: cannot be written" in text
+    assert "writable" in text and "Traceback" not in text and "OSError" not in text, text
+    assert not re.search(r"\bupdated\b", text)  # the end-of-run table claims no write that failed
+
+
+def test_a_lock_that_cannot_be_taken_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import fcntl
+
+    def read_only(fd: int, operation: int) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(fcntl, "flock", read_only)  # what a read-only mount answers (root included)
+    with pytest.raises(BaselineError) as raised:
+        BaselineStore(tmp_path).store_record(fake_record())
+    message = str(raised.value)
+    assert "\n" not in message and "Read-only file system" in message and str(tmp_path / "measured") in message
 
 
 # --- the file format and concurrent writers ---------------------------------------------------

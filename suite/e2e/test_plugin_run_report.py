@@ -59,8 +59,10 @@ def run_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> t
     step = pytester.path / "step-summary.md"
     step.write_text("earlier step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
-    result = pytester.runpytest("-p", "no:cacheprovider", "--memclaims-summary-json=summary.json",
-                                "--memclaims-html=out/report.html")
+    # The README's nightly command: both files into a folder that does not exist yet.
+    assert not (pytester.path / "nightly").exists()
+    result = pytester.runpytest("-p", "no:cacheprovider", "--memclaims-summary-json=nightly/summary.json",
+                                "--memclaims-html=nightly/report.html")
     return result, pytester.path
 
 
@@ -68,7 +70,7 @@ def test_a_run_writes_summary_html_and_step_summary(pytester: pytest.Pytester,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     result, here = run_project(pytester, monkeypatch)
     result.assert_outcomes(passed=1, failed=2)
-    data = run_summary.load(here / "summary.json")
+    data = run_summary.load(here / "nightly" / "summary.json")
     assert data["schema"] == run_summary.SCHEMA
     assert data["outcomes"] == {"passed": 1, "failed": 2}
     failed = {f["nodeid"].split("::")[-1]: f["message"] for f in data["failures"]}
@@ -78,8 +80,8 @@ def test_a_run_writes_summary_html_and_step_summary(pytester: pytest.Pytester,
     assert bars["cpu:vit-smoke/fake-a"]["forward"] == (6_000_000, 7_200_000)
     assert data["session"]["versions"]["torch"]  # the installed one, read at the end of the run
 
-    page = (here / "out" / "report.html").read_text()
-    assert page.index("What failed and why") < page.index("Claims") < page.index("Memory per phase")
+    page = (here / "nightly" / "report.html").read_text()
+    assert page.index("What failed and why") < page.index("Memory per phase") < page.index("Claims")
     assert "arithmetic moved" in page and "torch 2.13.0 -&gt; 2.14.1" in page
     assert "http://" not in page and "https://" not in page and "<script" not in page  # self-contained
     assert 'class="n worse"' in page  # fake-a's phases grew: drawn red
@@ -88,6 +90,32 @@ def test_a_run_writes_summary_html_and_step_summary(pytester: pytest.Pytester,
     assert step.startswith("earlier step\n## memclaims: FAILED (2 failed, 1 passed)")  # appended, not replaced
     assert step.index("### Failures") < step.index("### Baselines") < step.index("**Environment**")
     assert "`test_fake.py::test_plain_failure`: AssertionError: arithmetic moved" in step
+
+
+def test_the_report_lists_only_the_claims_this_run_decided() -> None:
+    def claim(name: str, verdict: str) -> dict[str, Any]:
+        return {"claim": name, "kind": "relation", "where": "article", "tiers": {"cpu": {"checked_by": "cpu:x",
+                                                                                        "verdict": verdict,
+                                                                                        "at": "02:00" if verdict != "not run" else ""}}}
+
+    data = {"schema": run_summary.SCHEMA, "rows": [], "out_of_memory": [], "failures": [], "outcomes": {"passed": 1},
+            "diagnosis": [], "session": {},
+            "claims": [claim("bf16 saves memory", "holds"), *(claim(f"unchecked {i}", "not run") for i in range(99))]}
+    page = html_report.render(data)
+    assert "bf16 saves memory" in page and "unchecked 0" not in page and "99 claim(s) this run did not check" in page
+    assert page.index("Memory per phase") < page.index("Claims")  # the cases that ran, before the claims
+
+
+@pytest.mark.parametrize("option", ["--memclaims-summary-json", "--memclaims-html"])
+def test_an_unwritable_report_path_is_one_line_before_anything_runs(pytester: pytest.Pytester, option: str) -> None:
+    make_project(pytester, ROOT).makepyfile(test_fake=INNER_TEST)
+    (pytester.path / "a-file").write_text("")  # a folder under a file cannot be made, by root either
+    result = pytester.runpytest("-p", "no:cacheprovider", f"{option}=a-file/nightly/out")
+    text = "\n".join(result.outlines + result.errlines)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text
+    problem = [line for line in result.errlines if option in line]
+    assert len(problem) == 1 and "a-file/nightly/out" in problem[0] and "writable folder" in problem[0], text
+    assert "Traceback" not in text and "collected" not in text  # nothing ran
 
 
 def test_report_command_renders_a_saved_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -184,7 +212,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     seen = json.loads(html.unescape(found.group(1)))
     # Failures first, then the claims, then the phase bars, top to bottom on the screen.
     failures, claims, phases = seen["tops"]
-    assert 0 < failures < claims < phases, seen["tops"]
+    assert 0 < failures < phases < claims, seen["tops"]
     assert "arithmetic moved" in seen["failure"]
     # The claims table: one row per claim, its verdicts in words, a failed verdict in another colour than a held one.
     verdicts = {row[0][0]: {text: colour for text, colour in row[1:]} for row in seen["rows"]}

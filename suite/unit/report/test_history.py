@@ -74,6 +74,23 @@ def test_history_command_prints_and_plots(nights: Path, tmp_path: Path, capsys: 
     assert data["first_moves"][0]["versions_changed"] == {"torch": ["2.13.0", "2.14.1"]}
 
 
+def test_the_plot_draws_what_moved_and_nothing_from_zero(nights: Path, tmp_path: Path) -> None:
+    trends = history.read_runs(nights)
+    assert list(history.drawn(trends)) == [("cpu-x86_64-avx2", "cpu:vit-smoke/bf16-true", "peak_allocated_bytes")]
+    flat = tmp_path / "flat"
+    for i in range(3):  # nothing moves; one series is 0 bytes throughout, another grows from 0
+        night(flat, i, [row("cpu:vit-smoke/bf16-true", "peak_allocated_bytes", PEAK),
+                        row("cpu:vit-smoke/bf16-true", "optimizer_state_bytes", 0)], VERSIONS)
+    quiet = history.read_runs(flat)
+    assert not quiet.moves and history.drawn(quiet) == {}  # not every flat series, drawn
+    grown = tmp_path / "grown"
+    for i in range(3):
+        night(grown, i, [row("cpu:vit-smoke/bf16-true", "optimizer_state_bytes", 0 if i < 2 else PEAK)], VERSIONS)
+    from_zero = history.read_runs(grown)
+    assert from_zero.moves and history.drawn(from_zero) == {}  # no ratio to 0 bytes (not a 100 % drop)
+    assert history.plot(from_zero, tmp_path / "h.png").stat().st_size > 5_000
+
+
 @pytest.mark.parametrize("metric, before, now, tolerance, expected", [
     ("peak_allocated_bytes", 100, 100.4, 0.005, False), ("peak_allocated_bytes", 100, 99.4, 0.005, True),
     ("accuracy", 0.90, 0.915, 0.02, False), ("accuracy", 0.90, 0.87, 0.02, True),

@@ -1,0 +1,248 @@
+"""The docs are tests: every shell command of README.md, docs/*.md and examples/nightly-gpu.yml runs here,
+from a fresh folder (pytester's), through the installed package (the ``memclaims`` entry point's
+``main``, pytest with the plugin its ``pytest11`` entry point loads), and must exit 0.
+
+A command runs as written unless ``HOW`` says otherwise, and every command of the docs must be here:
+- ``ci``: a long command (a CPU training run, an article-scale sim sweep) runs in CI in the small form
+  given (the same command with ``--steps 1 --no-eval``, a smaller selection), and as written in the
+  nightly (``slow``; ``pytest -n 2`` runs it);
+- ``slow``: runs as written in the nightly only (minutes on 2 cores, no small form that says more);
+- ``needs``: what the command needs (a CUDA GPU), through the ``requires`` marker: skipped with the reason;
+- ``skip``: never run by the suite, and why (CI's own install and test command, a network download, a
+  tool CI does not install).
+One pytest session answers the README's nightly command and every command that reads its files (report,
+history), and one folder holds the README's own-model example for the commands that use it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fixtures.paths import ROOT
+from memclaims.baselines.store import Baseline, BaselineStore
+from memclaims.pytest.testing import fake_record
+from suite.e2e.test_docs import COMMANDS as PAGE_COMMANDS
+
+pytest_plugins = ["pytester"]
+
+EXAMPLE = ROOT / "examples" / "nightly-gpu.yml"
+
+
+def workflow_commands() -> list[tuple[str, str]]:
+    """The shell lines of the example workflow's ``run: |`` steps, continuations joined."""
+    text = EXAMPLE.read_text(encoding="utf-8").replace("\\\n", " ")
+    found = []
+    for block in re.findall(r"run: \|\n((?:\s{10}.*\n)+)", text):
+        for line in block.splitlines():
+            command = re.sub(r"\s+#\s.*$", "", line).strip()
+            if command and not command.startswith((".", "python -m venv")):  # the venv's set-up lines
+                found.append((EXAMPLE.name, " ".join(command.split())))
+    return found
+
+
+COMMANDS = [(page, " ".join(c.split())) for page, c in PAGE_COMMANDS] + workflow_commands()
+NIGHTLY = "pytest -m gpu --memclaims-summary-json nightly/summary.json --memclaims-html nightly/report.html"
+OWN_MODEL = "export MEMCLAIMS_WORKLOADS=mywork.workload:make"
+SMALL = " --steps 1 --no-eval"  # one optimizer step, no evaluation: the CPU runs' small form
+
+
+@dataclass(frozen=True)
+class How:
+    ci: str | None = None
+    slow: bool = False
+    needs: dict[str, Any] = field(default_factory=dict)
+    skip: str = ""
+
+
+CUDA = How(needs={"cuda_devices": 1}, slow=True)
+UPGRADE = How(skip="downloads the candidate releases (network); memclaims upgrade's tests build candidates offline")
+HOW: dict[str, How] = {
+    'python -m venv .venv && . .venv/bin/activate && pip install -e ".[test,docs]" -c locks/ci.txt':
+        How(skip="CI's install (.ci/run runs it; this suite runs inside it; test_docs checks they agree)"),
+    'pip install -e ".[test,docs]" -c locks/ci.txt': How(skip="CI's install, as in the README (test_docs checks it)"),
+    'pytest -n 2 -m "not slow" --durations=10': How(skip="CI's own test command (.ci/run runs it)"),
+    'pytest -n 2 -m "not slow"': How(skip="CI's own test command (.ci/run runs it)"),
+    "pytest -n 2": How(skip="the nightly's whole run (this test is part of it)"),
+    "pytest -m stress": How(slow=True),
+    "pytest suite/cases/test_step_time.py --benchmark-autosave": How(slow=True),
+    "pytest suite/cases/test_step_time.py --benchmark-compare": How(slow=True),
+    "memclaims reproduce": How(slow=True),
+    "memclaims reproduce --all": How(slow=True),
+    "memclaims reproduce --device sim": How(slow=True),
+    "memclaims reproduce --device sim --all": How(slow=True),
+    "memclaims reproduce --device sim --source pytorch-docs": How(slow=True),
+    "memclaims reproduce --device cuda": CUDA,
+    "memclaims benchmark": How(slow=True),
+    "memclaims baselines calibrate vit-smoke/bf16-true --runs 5": How(slow=True),  # --runs 2: still 16 s
+    "memclaims baselines spread --changes up/records.jsonl":
+        How(skip="reads an upgrade's records (memclaims upgrade writes up/records.jsonl; network)"),
+    "memclaims fit distilbert --memory 16GB -t hf-trainer -t bf16-mixed": How(slow=True),
+    "memclaims fit vit -t bf16-true -t small-batch -t grad-accum -t fused --memory 3.5GB": How(slow=True),  # 2 techniques: 40 s
+    "memclaims fit clusters-mlp --memory 6GB": How(ci="memclaims fit clusters-mlp --memory 6GB -t bf16-true"),
+    "memclaims fit hf:llama --config hidden_size=4096,num_hidden_layers=32,intermediate_size=11008 --memory 80GB "
+    "--device sim --plot fit.png": How(slow=True),
+    "memclaims fit hf:llama --memory 16GB -t bf16-true -t qlora -t activation-checkpointing": How(slow=True),
+    "memclaims upgrade torch==2.15.0": UPGRADE,
+    "memclaims upgrade --newest --lock locks/ci.txt --record": UPGRADE,
+    "memclaims upgrade torch==2.15.0 --lock locks/ci.txt --record": UPGRADE,
+    "memclaims upgrade torch==2.15.0 --lock locks/ci.txt --accept": UPGRADE,
+    "nox -s newest": How(skip="installs each release combination (network)"),
+    "strace -f -e trace=connect -o trace.txt memclaims run distilbert -t adam8bit --device cpu --steps 2 --no-eval":
+        How(skip="strace is not in CI's image; suite/e2e/test_offline.py guards the same at the socket layer"),
+    "grep -E 'AF_INET6?' trace.txt | grep -v -E '127\\.0\\.0\\.1|::1'": How(skip="reads the strace above"),
+    'pip install -e ".[dev]"': How(skip="installs mutmut (a development tool, not in the lock)"),
+    "mutmut run --max-children 1": How(skip="mutation testing: hours; a development tool"),
+    "mutmut results": How(skip="mutation testing's results (after mutmut run)"),
+    "mutmut run --max-children 1 NAME...": How(skip="mutation testing of named mutants (after mutmut run)"),
+    "python scripts/mutation-import-time.py --only memclaims.claims.catalogue.x__no_nan":
+        How(skip="reads mutmut's mutants (after mutmut run)"),
+    "torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m memclaims.cli run vit -t fsdp -t "
+    "activation-checkpointing --device cuda --scale article --json":
+        How(needs={"cuda_devices": 8}, slow=True),
+    "pytest -m gpu --memclaims-gpu-scale smoke": CUDA,
+    "pytest -m gpu": CUDA,
+    'pytest -m "dist and gpu" --memclaims-vit-h14': CUDA,
+    "scripts/gpu-check out/": CUDA,
+    "python -m memclaims.gpu.alloc_trace out/vit-h14.trace.json.gz": CUDA,
+    "pytest -m gpu --memclaims-summary-json nightly/summary.json --memclaims-html nightly/report.html "
+    "--memclaims-artifacts nightly/memclaims-results --junitxml nightly/junit.xml": How(slow=True),
+    "memclaims run vit -t bf16-true -t sgd --device cpu --scale smoke --json":
+        How(ci="memclaims run vit -t bf16-true -t sgd --device cpu --scale smoke --json" + SMALL, slow=True),
+    "memclaims run distilbert -t adam8bit --device cpu --evaluate-each-epoch --json": How(slow=True),
+    # CPU ranks (spawned processes): 50 s even at one step; the dist tier runs both in CI.
+    "memclaims run vit -t fsdp -t activation-checkpointing --devices 2 --device cpu --json": How(slow=True),
+    "memclaims run vit -t ddp --devices 2 --device cpu --json": How(slow=True),
+    "memclaims run distilbert-cased -t adam8bit --device cpu --scale article --steps 1 --no-eval --json":  # 96 s
+        How(ci="memclaims run distilbert-cased -t adam8bit --device cpu --steps 1 --no-eval --json", slow=True),
+    "memclaims run distilbert -t hf-trainer -t adam8bit --device cpu":
+        How(ci="memclaims run distilbert -t hf-trainer -t adam8bit --device cpu" + SMALL, slow=True),
+    "memclaims run distilbert-cased -t accelerate -t bf16-mixed -t adam8bit --device cpu":
+        How(ci="memclaims run distilbert-cased -t accelerate -t bf16-mixed -t adam8bit --device cpu" + SMALL, slow=True),
+    "memclaims run distilbert-cased -t lightning-trainer -t bf16-true --device cpu":
+        How(ci="memclaims run distilbert-cased -t lightning-trainer -t bf16-true --device cpu" + SMALL, slow=True),
+    "memclaims run distilbert -t adamw -t foreach --device cpu":
+        How(ci="memclaims run distilbert -t adamw -t foreach --device cpu" + SMALL, slow=True),
+    "memclaims run hf:gpt2 -t bf16-true -t adam8bit --device cpu":
+        How(ci="memclaims run hf:gpt2 -t bf16-true -t adam8bit --device cpu" + SMALL, slow=True),
+    "memclaims run vit --image-size 32 --batch-size 8 -t grad-accum --accumulation-steps 2":
+        How(ci="memclaims run vit --image-size 32 --batch-size 8 -t grad-accum --accumulation-steps 2" + SMALL,
+            slow=True),
+    "memclaims run hf:llama --config hidden_size=4096,num_hidden_layers=32,intermediate_size=11008 -t bf16-true "
+    "--device sim --scale article --no-eval": How(slow=True),
+    "memclaims run hf:llama --device sim --scale article -t bf16-true -t qlora -t activation-checkpointing --no-eval":
+        How(slow=True),
+    "memclaims run vit-h14 -t 16-mixed --device sim --scale article --no-eval --json": How(slow=True),
+}
+# Answered by test_the_nightly_flow (one pytest session, then what reads its files) and
+# test_the_own_model_example (the README's example workload in the folder).
+NIGHTLY_FLOW = {NIGHTLY, "memclaims report nightly/summary.json", "memclaims report nightly/summary.json --out "
+                "nightly/report.html", "memclaims history nightly-runs/", "memclaims history nightly-runs/ --plot "
+                "history.png", "memclaims history nightly-runs/ --plot h.png", "memclaims history nightly-runs/ --json"}
+OWN_MODEL_FLOW = {OWN_MODEL, "memclaims run clusters-mlp --device sim --scale article -t bf16-true",
+                  "memclaims run clusters-mlp --device sim --scale article -t fsdp --devices 2",
+                  "memclaims fit clusters-mlp --memory 6GB"}
+
+
+def run(command: str, folder: Path, pytester: pytest.Pytester | None = None) -> tuple[int, str]:
+    """``command`` in ``folder`` through the installed entry points; its exit status and output."""
+    words = shlex.split(re.sub(r"\[([^\]]*)\]", r"\1", command))  # `list [--json]`: the option given
+    if words[0] == "memclaims":
+        entry = next(e for e in metadata.entry_points(group="console_scripts") if e.name == "memclaims")
+        out = io.StringIO()
+        with contextlib.chdir(folder), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            try:
+                status = entry.load()(words[1:])
+            except SystemExit as exited:
+                status = exited.code
+        return int(status or 0), out.getvalue()
+    if words[0] == "pytest":
+        assert pytester is not None and pytester.path == folder
+        result = pytester.runpytest("-p", "no:cacheprovider", *words[1:])
+        return int(result.ret), "\n".join(result.outlines + result.errlines)
+    done = subprocess.run([str(ROOT / words[0]), *words[1:]] if words[0].startswith("scripts/") else words,
+                          cwd=folder, capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout + done.stderr
+
+
+def params() -> list[Any]:
+    out = []
+    for page, command in COMMANDS:
+        if command in NIGHTLY_FLOW | OWN_MODEL_FLOW:
+            continue
+        how, name = HOW.get(command, How()), f"{page}:{command[:70]}"
+        if how.skip:
+            out.append(pytest.param(command, id=name, marks=pytest.mark.skip(reason=how.skip)))
+            continue
+        marks = [pytest.mark.requires(**how.needs)] if how.needs else []
+        if how.ci:
+            out.append(pytest.param(how.ci, id=f"{name} (small form)", marks=marks))
+        out.append(pytest.param(command, id=name, marks=[*marks, *([pytest.mark.slow] if how.slow else [])]))
+    return out
+
+
+def test_every_command_of_the_docs_is_here() -> None:
+    """A command added to the docs is run (as written, unless HOW says how); HOW holds no stale entry."""
+    shown = {c for _, c in COMMANDS}
+    assert NIGHTLY in shown and OWN_MODEL in shown and len(shown) >= 70
+    assert not set(HOW) - shown, f"HOW names commands the docs no longer show: {sorted(set(HOW) - shown)}"
+    assert (NIGHTLY_FLOW | OWN_MODEL_FLOW) - {OWN_MODEL} <= shown | {"memclaims history nightly-runs/ --plot h.png"}
+    assert metadata.distribution("memclaims").entry_points  # the installed package (pip install -e), not sys.path
+
+
+@pytest.mark.parametrize("command", params())
+def test_doc_command_runs_from_a_fresh_folder(command: str, pytester: pytest.Pytester) -> None:
+    if command.startswith("memclaims baselines accept "):  # what a first run on that machine left to accept
+        environment = command.split()[-1]
+        BaselineStore(pytester.path / "baselines").update(f"{environment}.obtained",
+                                                          {"vit-smoke/fake-a": Baseline(fake_record())})
+    status, output = run(command, pytester.path, pytester)
+    assert status == 0, f"{command}\n{output[-3000:]}"
+
+
+@pytest.mark.xdist_group("docs-nightly")
+def test_the_nightly_flow(pytester: pytest.Pytester) -> None:
+    """The README's nightly command writes both files into a folder that did not exist (the README's own
+    test module collects the technique matrix: every gpu case skips with its reason here), then report and
+    history read them as the docs show."""
+    pytester.makepyfile(**{"tests/test_memclaims": "from memclaims.pytest.cases import test_case  # noqa: F401\n"})
+    here = pytester.path
+    assert not (here / "nightly").exists()
+    status, output = run(NIGHTLY, here, pytester)
+    assert status == 0 and (here / "nightly" / "summary.json").is_file() and (here / "nightly" / "report.html").is_file(), output[-3000:]
+    for night in ("2026-12-01", "2026-12-02"):
+        shutil.copytree(here / "nightly", here / "nightly-runs" / night)
+    for command in sorted(NIGHTLY_FLOW - {NIGHTLY}):
+        status, output = run(command, here)
+        assert status == 0, f"{command}\n{output[-3000:]}"
+    assert (here / "history.png").is_file() and (here / "h.png").is_file()
+
+
+def test_the_own_model_example(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's example workload, as the reader saves it (mywork/workload.py), run as docs/own-model.md
+    shows after its ``export``."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    source = re.search(r"```python\n# mywork/workload.py\n(.*?)```", readme, re.S)
+    assert source is not None
+    (pytester.path / "mywork").mkdir()
+    (pytester.path / "mywork" / "__init__.py").write_text("")
+    (pytester.path / "mywork" / "workload.py").write_text(source.group(1))
+    monkeypatch.syspath_prepend(str(pytester.path))
+    name, value = OWN_MODEL.removeprefix("export ").split("=")
+    monkeypatch.setenv(name, value)
+    for command in sorted(OWN_MODEL_FLOW - {OWN_MODEL}):
+        command = HOW.get(command, How()).ci or command  # fit's small form: one technique
+        status, output = run(command, pytester.path)
+        assert status == 0, f"{command}\n{output[-3000:]}"
+    sys.modules.pop("mywork.workload", None)
+    sys.modules.pop("mywork", None)
