@@ -109,7 +109,8 @@ def test_state_left_in_float32_is_caught(name, record_cache, monkeypatch) -> Non
                         f"{LOW_BIT[name][0]} after phase optimizer_step (states: none, plain 157,008 B): every state "
                         "stayed a plain tensor of the parameters' dtype"], message
     failing = {r.metric for r in comparison.failures}
-    assert {"optimizer_state_bytes", "phases.optimizer_step.above_start_bytes"} <= failing, message
+    assert "optimizer_state_bytes" in failing, message
+    assert "phases.optimizer_step.above_start_bytes got worse" in message  # derived: named as the explanation
 
 
 @pytest.mark.cpu
