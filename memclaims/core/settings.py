@@ -219,7 +219,7 @@ OPTIONS: tuple[Option, ...] = (
            default="smoke", choices=SCALES,
            cli={"run": USE, "benchmark": Use(choices=("smoke", "article"), help="smoke or article"),
                 "fit": Use(default="article", choices=("smoke", "article"), help="smoke or article")}),
-    Option("timeout", "seconds", "wall-clock limit of a sharded run's ranks (default 0: none)", default=0.0,
+    Option("timeout", "seconds", "stop a sharded run whose ranks make no progress (no phase begun or ended) for this long (default 0: never)", default=0.0,
            metavar="SECONDS", cli=_flags("run", "baselines calibrate")),
     Option("no-eval", "flag", "skip the accuracy phase", default=False, cli=_flags("run", "benchmark")),
     Option("evaluate-each-epoch", "flag", "also evaluate (eval loss, accuracy, F1) after every epoch of an "
