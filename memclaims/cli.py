@@ -457,7 +457,7 @@ def cmd_fit(args: Settings) -> int:
         print(json.dumps(result.as_dict(), indent=2, sort_keys=True))
     else:
         print("\n".join(fit.table(result)))
-    return 0
+    return 0 if result.fits else 1  # docs/commands.md: 0 something fits, 1 nothing does, 2 a usage error
 
 
 def cmd_fidelity(args: Settings) -> int:

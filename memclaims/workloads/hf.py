@@ -438,6 +438,7 @@ def _workload(canonical: str) -> Workload:
         load_data=lambda s, data_dir: load_data(chosen, s, data_dir),
         block_class=lambda: block_class(chosen.model_type),
         size_knob="seq",
+        input_size=lambda s: sequence_length(chosen, s),
         check_scale=lambda s: check_scale(chosen, canonical, s),
         architecture=lambda s, _classes: architecture(chosen, s),
         fake_inputs=lambda s, batch: fake_inputs(chosen, s, batch),
