@@ -200,7 +200,7 @@ def workload_from(args: Settings) -> str:
     """The workload name, with ``--config`` overrides folded into an ``hf:`` name."""
     from memclaims.workloads.hf import with_config
 
-    return with_config(args.workload, args.config)
+    return with_config(args.workload, args.config, lambda line: print(f"memclaims: {line}", file=sys.stderr))
 
 
 def cmd_run(args: Settings) -> int:
