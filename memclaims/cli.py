@@ -200,7 +200,7 @@ def workload_from(args: Settings) -> str:
     """The workload name, with ``--config`` overrides folded into an ``hf:`` name."""
     from memclaims.workloads.hf import with_config
 
-    return with_config(args.workload, args.config)
+    return with_config(args.workload, args.config, lambda line: print(f"memclaims: {line}", file=sys.stderr))
 
 
 def cmd_run(args: Settings) -> int:
@@ -460,7 +460,7 @@ def cmd_fit(args: Settings) -> int:
         print(json.dumps(result.as_dict(), indent=2, sort_keys=True))
     else:
         print("\n".join(fit.table(result)))
-    return 0
+    return 0 if result.fits else 1  # docs/commands.md: 0 something fits, 1 nothing does, 2 a usage error
 
 
 def cmd_fidelity(args: Settings) -> int:

@@ -219,7 +219,7 @@ OPTIONS: tuple[Option, ...] = (
            default="smoke", choices=SCALES,
            cli={"run": USE, "benchmark": Use(choices=("smoke", "article"), help="smoke or article"),
                 "fit": Use(default="article", choices=("smoke", "article"), help="smoke or article")}),
-    Option("timeout", "seconds", "wall-clock limit of a sharded run's ranks (default 0: none)", default=0.0,
+    Option("timeout", "seconds", "stop a sharded run whose ranks make no progress (no phase begun or ended) for this long (default 0: never)", default=0.0,
            metavar="SECONDS", cli=_flags("run", "baselines calibrate")),
     Option("no-eval", "flag", "skip the accuracy phase", default=False, cli=_flags("run", "benchmark")),
     Option("evaluate-each-epoch", "flag", "also evaluate (eval loss, accuracy, F1) after every epoch of an "
@@ -238,8 +238,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("accumulation-steps", "count", "micro-batches per optimizer step under -t grad-accum", metavar="N",
            cli=_SIZE_COMMANDS),
     Option("config", "text", "config overrides of an hf:<model_type> workload, e.g. hidden_size=4096,"
-           "num_hidden_layers=32 (and head=causal-lm|classification, attn_implementation=sdpa|eager)",
-           metavar="K=V,...", cli=_SIZE_COMMANDS),
+           "num_hidden_layers=32 (and head=causal-lm|classification, attn_implementation=sdpa|eager), or a "
+           "config.json file, read as transformers reads it", metavar="K=V,...|FILE", cli=_SIZE_COMMANDS),
     Option("memory", "text", "the budget: what PyTorch's allocator may take, the card's memory less the CUDA "
            "context (0.3-1 GB); 24GB (decimal, 24e9 B) or 24GiB (binary, 24 x 2^30 B)", metavar="SIZE",
            cli={"fit": Use(required=True)}),

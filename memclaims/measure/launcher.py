@@ -10,8 +10,10 @@ Two ways in, one entry point (``launch``):
 
 Failure rules the suite depends on: a rank that raises or dies makes ``launch`` raise
 ``LaunchError`` with that rank's own error text as soon as the parent sees it (the others are
-terminated, not waited for); a run that outlives ``timeout_s`` is terminated; and after success,
-failure or KeyboardInterrupt no child process and no listening port is left behind.
+terminated, not waited for); a run whose ranks make no progress for ``timeout_s`` is terminated
+(progress: a rank's ``beat()``, which every measured phase gives, so a loaded machine that runs
+slowly is never stopped, a stalled rank is); and after success, failure or KeyboardInterrupt no
+child process and no listening port is left behind.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pickle
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from memclaims.core.errors import MemclaimsError, UsageError
+from memclaims.measure.heartbeat import BEAT_EVERY_S, HEARTBEAT_ENV, beat
 
 LOOPBACK = "127.0.0.1"
 # Set in every rank this module spawns: its rank comes from here, not from a cluster scheduler.
@@ -145,6 +149,10 @@ def _run_in_existing_group(fn: RankFunction, env: TorchrunEnv, args: Sequence[An
 # --- spawned ranks ----------------------------------------------------------------------------
 
 
+def _heartbeat(folder: Path, rank: int) -> Path:
+    return folder / f"rank{rank}.alive"
+
+
 def _group_timeout(timeout_s: float | None) -> timedelta | None:
     """None: torch's default collective timeout (no wall-clock limit on the run itself)."""
     return timedelta(seconds=timeout_s) if timeout_s is not None else None
@@ -155,18 +163,24 @@ def _child(rank: int, fn: RankFunction, world_size: int, port: int, backend: str
     """One spawned rank: join the group, run ``fn``, leave the result or the error text in ``folder``."""
     # The same variables torchrun sets, so that Lightning sees processes created externally and
     # never launches its own.
+    out = Path(folder)
     os.environ.update(MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), **{SPAWNED_RANK_ENV: "1"})
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      **{SPAWNED_RANK_ENV: "1", HEARTBEAT_ENV: str(_heartbeat(out, rank))})
     strip_slurm(os.environ)
+    starting = threading.Event()
+    # Importing torch and joining the group is progress however slowly a loaded machine does it (a peer
+    # that never comes is bounded by the group's own timeout); from ``fn`` on, its phases beat.
+    threading.Thread(target=_beat_until, args=(starting,), daemon=True).start()
     import torch.distributed as dist
 
-    out = Path(folder)
     try:
         if backend == "nccl":
             _pin_gpu(rank)  # one node: the local rank is the rank
         # The timeout bounds every collective: a rank waiting on a dead peer errors out.
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
                                 timeout=_group_timeout(timeout_s))
+        starting.set()
         result = fn(rank, world_size, *args)
         partial = out / f"rank{rank}.pkl.part"
         partial.write_bytes(pickle.dumps(result))
@@ -178,6 +192,11 @@ def _child(rank: int, fn: RankFunction, world_size: int, port: int, backend: str
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _beat_until(done: threading.Event) -> None:
+    while not done.wait(BEAT_EVERY_S):
+        beat()
 
 
 def _pin_gpu(local_rank: int) -> None:
@@ -194,6 +213,7 @@ def _spawn(fn: RankFunction, world_size: int, args: tuple[Any, ...], backend: st
     with tempfile.TemporaryDirectory(prefix="memclaims-ranks-") as folder:
         try:
             for rank in range(world_size):
+                _heartbeat(Path(folder), rank).touch()  # the limit counts from the rank's start
                 process = context.Process(
                     target=_child, name=f"memclaims-rank{rank}", daemon=True,
                     args=(rank, fn, world_size, port, backend, timeout_s, folder, args),
@@ -206,21 +226,34 @@ def _spawn(fn: RankFunction, world_size: int, args: tuple[Any, ...], backend: st
             stop(processes)
 
 
+def _idle_s(folder: Path, rank: int) -> float:
+    """Seconds since the rank's last beat (wall clock: the heartbeat is a file's mtime)."""
+    try:
+        return max(0.0, time.time() - _heartbeat(folder, rank).stat().st_mtime)
+    except OSError:
+        return 0.0
+
+
 def _wait(processes: list[multiprocessing.process.BaseProcess], folder: Path, timeout_s: float | None) -> None:
-    deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
+    """Until every rank is done; a rank that fails ends it at once, and so does a running rank whose last
+    beat is ``timeout_s`` old (no progress), however long the run has taken in all."""
     while True:
         failed = [rank for rank, p in enumerate(processes) if p.exitcode not in (None, 0)]
         if failed:
             raise LaunchError(_failure_text(failed, processes, folder))
-        running = [p for p in processes if p.exitcode is None]
+        running = {rank: p for rank, p in enumerate(processes) if p.exitcode is None}
         if not running:
             return
-        left = deadline - time.monotonic()
-        if left <= 0:
-            ranks = ", ".join(str(r) for r, p in enumerate(processes) if p.exitcode is None)
-            raise LaunchError(f"distributed run timed out after {timeout_s:g} s; ranks still running: {ranks} "
-                              "(memclaims run --timeout SECONDS sets the limit, 0 for none)")
-        multiprocessing.connection.wait([p.sentinel for p in running], timeout=min(left, 1.0))
+        left = math.inf
+        if timeout_s is not None:
+            idle = {rank: _idle_s(folder, rank) for rank in running}
+            left = timeout_s - max(idle.values())
+            if left <= 0:
+                stalled = ", ".join(str(rank) for rank, seconds in idle.items() if seconds >= timeout_s)
+                raise LaunchError(f"distributed run timed out after {timeout_s:g} s without progress on rank "
+                                  f"{stalled}; ranks still running: {', '.join(str(rank) for rank in running)} "
+                                  "(memclaims run --timeout SECONDS sets the limit, 0 for none)")
+        multiprocessing.connection.wait([p.sentinel for p in running.values()], timeout=min(left, 1.0))
 
 
 def _failure_text(failed: list[int], processes: list[multiprocessing.process.BaseProcess], folder: Path) -> str:
@@ -264,7 +297,7 @@ def stop(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
 def check_worker(rank: int, world_size: int, behaviour: str = "all-reduce", arg: float = 0.0) -> Any:
     """``all-reduce``: the sum of all ranks (proves the group works); ``pid``: this process id;
     ``raise``: raise on rank ``arg``; ``exit``: rank ``arg`` dies without a word; ``sleep``: every
-    rank sleeps ``arg`` seconds."""
+    rank sleeps ``arg`` seconds; ``progress``: every rank works ``arg`` seconds, beating as a run's phases do."""
     import torch
     import torch.distributed as dist
 
@@ -286,5 +319,11 @@ def check_worker(rank: int, world_size: int, behaviour: str = "all-reduce", arg:
         return rank
     if behaviour == "sleep":
         time.sleep(arg)
+        return rank
+    if behaviour == "progress":
+        until = time.monotonic() + arg
+        while time.monotonic() < until:
+            time.sleep(BEAT_EVERY_S)
+            beat()
         return rank
     raise ValueError(f"unknown behaviour {behaviour!r}")

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from memclaims.core.record import ACTIVATIONS, BUFFERS, GRADIENTS, OPTIMIZER_STATE, PARAMETERS
+from memclaims.measure.heartbeat import beat
 from memclaims.measure.tensors import optimizer_state_tensors, storage_bytes
 
 
@@ -118,6 +119,7 @@ class PhaseRecorder:
 
     @contextmanager
     def measure(self, name: str, per_step: bool = False) -> Iterator[None]:
+        beat()  # a rank's progress, for the launcher's limit
         reading = self._fold()
         self.reset()
         window = _Window(name, start=reading.now, peak=reading.now, extra_start=dict(reading.extra_now))
@@ -127,6 +129,7 @@ class PhaseRecorder:
             self._fold()
         finally:
             self._open.remove(window)
+            beat()
         peak = PhasePeak(allocated_bytes=window.peak, reserved_bytes=window.reserved,
                          breakdown=window.breakdown, above_start_bytes=window.peak - window.start,
                          extra=window.extra)

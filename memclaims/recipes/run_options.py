@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
 
 DEVICES = ("cpu", "cuda")  # real devices; "sim" is no device, measure() replays on fake tensors
-# How long a sharded run's ranks may take before they are stopped (memclaims.measure.launcher).
+# How long a sharded run's rank may go without progress (a phase begun or ended) before the run is
+# stopped (memclaims.measure.launcher, memclaims.measure.heartbeat).
 DEFAULT_TIMEOUT_S = 300.0
 CPU_DEFAULT_DEVICES = 2  # ranks of a sharded CPU run: what the 2-core CI machine can run
 DIVERGING_RECIPE = ("16-true",)  # claim 3: the article's 16-true run went NaN near batch 300
@@ -42,7 +43,7 @@ class RunOptions:
     # ``memclaims run --evaluate-each-epoch`` (core/settings.py's option table).
     evaluate_each_epoch: bool = False
     profile: str = "article"  # the simulated GPU of --device sim (memclaims.sim.profiles)
-    timeout_s: float | None = DEFAULT_TIMEOUT_S  # how long a sharded run's ranks may take (None: no limit)
+    timeout_s: float | None = DEFAULT_TIMEOUT_S  # how long a rank may make no progress (None: no limit)
     # The sim only (``SIM_ONLY``):
     # What the allocator can get from the device (a card's memory less the CUDA context): past it the
     # allocator model frees its cache and retries as torch does (the Record's notes count the retries),

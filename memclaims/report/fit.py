@@ -2,8 +2,10 @@
 
 Every valid single-process combination of the technique registry is predicted on the sim (the
 full matrix; with ``devices`` N > 1 also the strategies' combinations, FSDP, DDP, ZeRO, each
-replayed per rank on N simulated GPUs, the largest rank's peak compared), except those pruned because a subset of their techniques already fits: adding a
-technique costs time or accuracy, so the cheaper combination is the answer. The figure compared
+replayed per rank on N simulated GPUs, the largest rank's peak compared), except those pruned because a
+subset of their techniques already fits: adding a technique costs time or accuracy, so the cheaper
+combination is the answer. The combination asked for (every technique given with ``-t``) is never
+pruned: it is what the user would run, so it is always predicted and shown, marked as asked. The figure compared
 with the budget is the article's: reserved memory, never reset, loading included.
 
 The budget is what PyTorch's allocator may take from the card (its memory less the CUDA context,
@@ -15,7 +17,8 @@ the limit ("fits", ``frees_cache``); only a request that fails after that is "to
 Cost and risk come from the article's own logs (``memclaims/resources/published.json``, the ViT-L/16
 chain): each technique's time ratio is the ratio of consecutive rows' minutes, and its accuracy
 change the difference of their test accuracies; 16-true's row records the divergence to NaN.
-Techniques the article never timed have no ratio (shown as unknown, never guessed).
+Techniques the article never timed have no ratio (shown as unknown, never guessed). They are the
+ViT's: the table shows them for the article's workload only, never a ViT's times for a Llama.
 
 With ``exact=False`` deep ``hf:`` models are predicted from two short replays (2 and 4 layers)
 extrapolated linearly to the model's depth: every layer allocates the same tensors, but where
@@ -47,6 +50,11 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _SIZE = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
 EXTRAPOLATION_LAYERS = (2, 4)
+# The workload of the article's timed chain (published.json's vit_chain: ViT-L/16 on CIFAR-10): its
+# time ratios and accuracy risks say nothing about another model.
+TIMED_WORKLOAD = "vit"
+# What the size knob is called in the header, by Workload.size_knob.
+_KNOB_WORDS = {"seq": ("tokens", "--seq-len"), "image": ("px images", "--image-size")}
 
 
 def parse_size(text: str) -> int:
@@ -151,6 +159,7 @@ class FitRow:
     risk: str = ""
     note: str = ""
     frees_cache: bool = False  # fits only because the allocator frees its cache and retries
+    asked: bool = False  # the combination given with -t: always predicted and shown
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,7 +173,27 @@ class FitResult:
     memory_bytes: int  # per GPU
     devices: int  # the GPUs a strategy's combination spreads over (1: single-process combinations only)
     method: str
+    batch_size: int = 0  # examples per optimizer step the predictions assumed
+    input_size: int | None = None  # tokens per sequence or image side they assumed (None: no size knob)
+    size_knob: str | None = None  # "seq" or "image" (Workload.size_knob)
+    apart: str | None = None  # why the techniques given do not combine into one asked combination
     rows: list[FitRow] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return any(row.status == "fits" for row in self.rows)
+
+    @property
+    def timed(self) -> bool:
+        """Whether the article's time ratios and accuracy risks apply (its own workload)."""
+        return self.workload == TIMED_WORKLOAD
+
+    def assumed(self) -> str:
+        """``batch 8 x 512 tokens (--batch-size, --seq-len)``: what every prediction assumed."""
+        if self.input_size is None or self.size_knob not in _KNOB_WORDS:
+            return f"batch {self.batch_size} (--batch-size)"
+        words, option = _KNOB_WORDS[self.size_knob]
+        return f"batch {self.batch_size} x {self.input_size} {words} (--batch-size, {option})"
 
     def ranked(self) -> list[FitRow]:
         """Fitting rows first (cheapest time, then most headroom), then too big (smallest first), then the rest."""
@@ -181,6 +210,8 @@ class FitResult:
     def as_dict(self) -> dict[str, Any]:
         return {"workload": self.workload, "scale": self.scale, "profile": self.profile,
                 "memory_bytes": self.memory_bytes, "devices": self.devices, "method": self.method,
+                "batch_size": self.batch_size, "input_size": self.input_size, "size_knob": self.size_knob,
+                "apart": self.apart,
                 "rows": [r.as_dict() for r in self.ranked()]}
 
 
@@ -253,15 +284,25 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
     base = (stack,) if stack is not None else (registry.REFERENCE,)
     if base not in candidates:  # "do I need any technique at all?" is always asked
         candidates.insert(0, base)
+    # What the user would run: every technique given, in the registry's order (None: none given).
+    asked = next((c for c in candidates if set(c) == set(only)), None) if only else None
     # The reference (no technique) first: it is the empty set, a subset of every combination.
     combos = sorted(candidates, key=lambda c: (c != base, len(c), cost(c)[0] or float("inf")))
     reference = resolve(workload_name, scale, [stack] if stack is not None else [], sizes)
     _check_floor(reference, candidates, memory_bytes)
     if answering:
         answering()
+    measures = reference.workload.input_size
     result = FitResult(reference.workload.name, scale, profile, memory_bytes, devices or 1,
                        "replayed" if exact or not (_layers(reference) or 0) > EXTRAPOLATION_LAYERS[1]
-                       else f"extrapolated from {EXTRAPOLATION_LAYERS[0]} and {EXTRAPOLATION_LAYERS[1]} layers")
+                       else f"extrapolated from {EXTRAPOLATION_LAYERS[0]} and {EXTRAPOLATION_LAYERS[1]} layers",
+                       batch_size=reference.batch_size, size_knob=reference.workload.size_knob,
+                       input_size=measures(reference.scale) if measures is not None else None)
+    if only and asked is None:  # -t named alternatives (fsdp, ddp): each valid combination of them is the answer
+        try:
+            resolve(workload_name, scale, only, sizes)
+        except UsageError as reason:
+            result.apart = str(reason)
     fitting: list[set[str]] = []
     for combo in progress_bar.steps(combos, f"fit {workload_name}"):
         ratio, risk = cost(combo)
@@ -270,10 +311,10 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
             check(recipe, RunOptions(device="sim", profile=profile))
         except UsageError as reason:
             result.rows.append(FitRow(list(combo), f"{reference.workload.name}/{'+'.join(combo)}", "not predicted",
-                                      time_ratio=ratio, risk=risk, note=str(reason)))
+                                      time_ratio=ratio, risk=risk, note=str(reason), asked=combo == asked))
             continue
         cheaper = next((f for f in fitting if f < set(combo) - {registry.REFERENCE}), None)
-        if cheaper is not None:
+        if cheaper is not None and combo != asked:
             result.rows.append(FitRow(list(combo), recipe.id, "pruned", time_ratio=ratio, risk=risk,
                                       note=f"{'+'.join(sorted(cheaper)) or registry.REFERENCE} already fits"))
             continue
@@ -295,7 +336,7 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
         if fits:
             fitting.append(set(combo) - {registry.REFERENCE})
         result.rows.append(FitRow(list(combo), recipe.id, "fits" if fits else "too big", reserved, allocated,
-                                  memory_bytes - reserved, ratio, risk, note, frees_cache))
+                                  memory_bytes - reserved, ratio, risk, note, frees_cache, asked=combo == asked))
     return result
 
 
@@ -349,29 +390,58 @@ def _gb(value: int | None) -> str:
     return "-" if value is None else f"{value / 1e9:.2f}"
 
 
+ASKED = "<- asked"
+
+
 def table(result: FitResult, limit: int | None = None) -> list[str]:
-    lines = [f"memclaims fit {result.workload} at {result.scale} scale on the sim ({result.profile} profile), "
-             f"budget {result.memory_bytes / 1e9:.2f} GB ({result.memory_bytes / 2**30:.2f} GiB)"
-             f"{f' per GPU, strategies over {result.devices} GPUs (their largest rank)' if result.devices > 1 else ''}; "
-             f"GB are decimal (1e9 B), peaks are reserved bytes, {result.method}",
-             f"{'rank':>4}  {'status':<13} {'peak GB':>8} {'headroom GB':>11} {'time x':>7}  techniques  [accuracy risk]"]
-    shown = [r for r in result.ranked() if r.status in ("fits", "too big")]
-    for rank, row in enumerate(shown[:limit] if limit else shown, 1):
-        time = "?" if row.time_ratio is None else f"{row.time_ratio:.2f}"
-        status = "fits, retries" if row.frees_cache else row.status
-        lines.append(f"{rank:>4}  {status:<13} {_gb(row.peak_reserved_bytes):>8} {_gb(row.headroom_bytes):>11} "
-                     f"{time:>7}  {'+'.join(row.techniques)}  [{row.risk}]")
+    """The ranked predictions: what fits first, the asked combination always (marked), the assumptions in the
+    header; the article's time and risk columns for its own workload only."""
+    lines = [f"memclaims fit {result.workload} at {result.scale} scale, {result.assumed()}, on the sim "
+             f"({result.profile} profile): budget {result.memory_bytes / 1e9:.2f} GB "
+             f"({result.memory_bytes / 2**30:.2f} GiB)"
+             f"{f' per GPU, strategies over {result.devices} GPUs (their largest rank)' if result.devices > 1 else ''}",
+             f"GB are decimal (1e9 B); peaks are reserved bytes, loading included; {result.method}",
+             f"{'rank':>4}  {'status':<13} {'peak GB':>8} {'headroom GB':>11} "
+             + (f"{'time x':>7}  techniques  [accuracy risk]" if result.timed else "techniques")]
+    ranked = result.ranked()
+    shown = [r for r in ranked if r.status in ("fits", "too big")]
+    if limit:
+        shown = shown[:limit]
+    asked = next((r for r in ranked if r.asked), None)
+    for rank, row in enumerate(shown, 1):
+        lines.append(_row(result, f"{rank:>4}", row))
+    if asked is not None and asked not in shown:  # pruned away by a limit, or not predicted: said all the same
+        lines.append(_row(result, f"{'-':>4}", asked))
     pruned = sum(r.status == "pruned" for r in result.rows)
-    unpredicted = [r for r in result.rows if r.status == "not predicted"]
-    lines.append(f"{len(shown)} predicted, {pruned} pruned (a subset already fits), {len(unpredicted)} not predicted "
-                 f"on the sim" + (f" (e.g. {'+'.join(unpredicted[0].techniques)}: {unpredicted[0].note})"
-                                  if unpredicted else ""))
-    lines.append("time x: training time against the fp32 reference from the article's ViT-L/16 logs (A100); "
-                 "? = a technique the article never timed")
+    unpredicted = [r for r in result.rows if r.status == "not predicted" and not r.asked]
+    lines.append(f"{len(shown)} predicted, {pruned} pruned (a smaller combination of the same techniques already "
+                 f"fits), {len(unpredicted)} not predicted on the sim"
+                 + (f" (e.g. {'+'.join(unpredicted[0].techniques)}: {unpredicted[0].note})" if unpredicted else ""))
+    if asked is not None:
+        lines.append(f"{ASKED}: every technique given with -t, always predicted; the other rows are the "
+                     "smaller combinations of them")
+    elif result.apart is not None:
+        lines.append(f"the techniques given with -t do not combine ({result.apart}): each valid combination of them "
+                     "is predicted")
+    if result.timed:
+        lines.append("time x: training time against the fp32 reference, accuracy risk: a drop or a divergence, both "
+                     "from the article's ViT-L/16 logs (A100); ? = a technique the article never timed")
     if any(r.frees_cache for r in shown):
         lines.append("fits, retries: fits only because the allocator frees its cached segments and retries when the "
                      "budget is reached (torch does this before raising out of memory): slower steps")
     return lines
+
+
+def _row(result: FitResult, rank: str, row: FitRow) -> str:
+    status = "fits, retries" if row.frees_cache else row.status
+    techniques = "+".join(row.techniques)
+    if result.timed:
+        time = "?" if row.time_ratio is None else f"{row.time_ratio:.2f}"
+        techniques = f"{time:>7}  {techniques}  [{row.risk}]"
+    line = f"{rank}  {status:<13} {_gb(row.peak_reserved_bytes):>8} {_gb(row.headroom_bytes):>11} {techniques}"
+    if row.asked:
+        line += f"  {ASKED}" + (f": {row.note}" if row.status in ("not predicted", "pruned") else "")
+    return line
 
 
 def plot(result: FitResult, path: Path) -> None:
@@ -390,7 +460,9 @@ def plot(result: FitResult, path: Path) -> None:
     axes.axvline(result.memory_bytes / 1e9, color="black", linestyle="--",
                  label=f"budget {result.memory_bytes / 1e9:.1f} GB")
     axes.set_xlabel("predicted peak reserved memory (GB, 1e9 B)")
-    axes.set_title(f"{result.workload} ({result.profile} profile)", fontsize=9)
+    axes.set_title(f"{result.workload}: {result.assumed().split(' (')[0]}, {result.scale} scale, "
+                   f"{result.profile} profile; budget {result.memory_bytes / 1e9:.1f} GB"
+                   f"{f' per GPU over {result.devices} GPUs' if result.devices > 1 else ''}", fontsize=9, wrap=True)
     axes.tick_params(axis="y", labelsize=7)
     axes.legend(loc="lower right")
     figure.tight_layout()

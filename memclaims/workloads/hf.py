@@ -88,14 +88,55 @@ def parse_name(name: str) -> tuple[str, dict[str, Any]]:
     return model_type, parse_config(rest[:-1]) if paren else {}
 
 
-def with_config(workload_name: str, config_text: str | None) -> str:
-    """``memclaims run hf:llama --config k=v``: the workload name with the overrides in it."""
+def with_config(workload_name: str, config_text: str | None, note: Callable[[str], None] | None = None) -> str:
+    """``memclaims run hf:llama --config k=v`` or ``--config path/config.json``: the workload name with the
+    overrides in it; ``note`` hears which keys of a config.json a workload name cannot carry."""
     if not config_text:
         return workload_name
     if not workload_name.startswith(HF_PREFIX):
         raise UsageError(f"--config applies to hf:<model_type> workloads only, not {workload_name!r}")
     model_type, overrides = parse_name(workload_name)
+    if config_text.endswith(".json") or Path(config_text).is_file():
+        read, left_out = config_file(Path(config_text), model_type)
+        if left_out and note is not None:
+            note(f"--config {config_text}: left out {', '.join(left_out)} (a workload name carries a config's "
+                 "numbers, flags and words; these are neither, or say what the file is rather than the model's shape)")
+        return name_of(model_type, {**overrides, **read})
     return name_of(model_type, {**overrides, **parse_config(config_text)})
+
+
+# What a config.json says about itself or its checkpoint, not about the model's shape: memclaims' precision
+# techniques choose the dtype, its head option the head class.
+_ABOUT_THE_FILE = ("architectures", "dtype", "torch_dtype", "transformers_version", "_name_or_path", "model_type")
+
+
+def config_file(path: Path, model_type: str) -> tuple[dict[str, Any], list[str]]:
+    """A config.json read as transformers reads it (``AutoConfig.from_pretrained`` on the file): the keys whose
+    value differs from the model type's defaults, and those left out (not a scalar, or about the file)."""
+    from transformers import AutoConfig
+
+    if not path.is_file():
+        raise UsageError(f"--config {str(path)!r}: no such file; give a config.json or KEY=VALUE[,KEY=VALUE...]")
+    try:
+        loaded = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError) as error:  # JSONDecodeError is a ValueError; an unknown model_type too
+        raise UsageError(f"--config {str(path)!r} is not a config transformers reads: {str(error).splitlines()[0]}") \
+            from None
+    if loaded.model_type != model_type:
+        raise UsageError(f"--config {str(path)!r} describes a {loaded.model_type!r} model, the workload is "
+                         f"{HF_PREFIX}{model_type}; use {HF_PREFIX}{loaded.model_type}")
+    defaults = AutoConfig.for_model(model_type).to_dict()
+    overrides: dict[str, Any] = {}
+    left_out: list[str] = []
+    for key, value in sorted(loaded.to_dict().items()):
+        if value == defaults.get(key):
+            continue
+        scalar = isinstance(value, (bool, int, float, str)) and not _FORBIDDEN_IN_VALUES & set(str(value))
+        if key in _ABOUT_THE_FILE or not scalar:
+            left_out.append(key)
+        else:
+            overrides[key] = value
+    return overrides, left_out
 
 
 # --- configs -----------------------------------------------------------------------------------
@@ -438,6 +479,7 @@ def _workload(canonical: str) -> Workload:
         load_data=lambda s, data_dir: load_data(chosen, s, data_dir),
         block_class=lambda: block_class(chosen.model_type),
         size_knob="seq",
+        input_size=lambda s: sequence_length(chosen, s),
         check_scale=lambda s: check_scale(chosen, canonical, s),
         architecture=lambda s, _classes: architecture(chosen, s),
         fake_inputs=lambda s, batch: fake_inputs(chosen, s, batch),

@@ -238,6 +238,7 @@ def text_workloads() -> dict[str, Workload]:
             load_data=lambda scale, data_dir: text_data(model, scale, data_dir),
             block_class=block,
             size_knob="seq",
+            input_size=lambda scale: sequence_length(model, scale),
             check_scale=lambda scale: check_scale(model, scale),
             architecture=lambda scale, classes: architecture(model, scale, classes),
             fake_inputs=lambda scale, batch: fake_inputs(model, scale, batch),

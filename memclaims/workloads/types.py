@@ -86,6 +86,9 @@ class Workload:
     unused_parameters: bool = False
     # Which size knob the model takes: "image" (--image-size) or "seq" (--seq-len); None: neither.
     size_knob: str | None = None
+    # That knob's value at a scale (the --seq-len or --image-size given, else the scale's own), as a
+    # prediction states what it assumed; None: the workload has no size knob.
+    input_size: Callable[[Scale], int] | None = None
     # Raises UsageError for a size the model cannot take (image not a multiple of the patch, a
     # sequence longer than the position embeddings); None: any size.
     check_scale: Callable[[Scale], None] | None = None

@@ -150,7 +150,7 @@ def _vit_workload(family: VitFamily, name: str, *, summary: str, source: str, sc
     its data and checks its sizes."""
     return Workload(name=name, summary=summary, source=source, num_classes=10, scales=scales,
                     build_model=family.build, load_data=family.data, block_class=_vit_block, size_knob="image",
-                    check_scale=family.check_scale)
+                    input_size=family.image_size, check_scale=family.check_scale)
 
 
 def _article_scale(summary: str, batch_size: int, accuracy_steps: int | None = None,

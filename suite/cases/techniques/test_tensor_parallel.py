@@ -271,7 +271,7 @@ def inject_plan_not_applied_then_run(rank: int, world: int, recipe_ids: list[str
     from memclaims.measure import distributed
 
     parallel.parallelize_module = lambda module, *args, **kwargs: module
-    return distributed._rank_main(rank, world, recipe_ids, options)
+    return distributed.rank_main(rank, world, recipe_ids, options)
 
 
 @pytest.mark.dist

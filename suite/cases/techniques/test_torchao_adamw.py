@@ -22,7 +22,7 @@ from memclaims.recipes import requirements
 from memclaims.recipes.recipe import resolve
 from memclaims.recipes.run_options import RunOptions
 from memclaims.run import needs
-from memclaims.sim import simulate
+from memclaims.sim import known_values, simulate
 from memclaims.techniques import torchao_adamw
 
 # One worker measures the Records its tests and its claims (suite/cases/test_claims.py) share.
@@ -64,14 +64,26 @@ def test_low_bit_state_is_active_and_matches_its_baseline(name, record_cache, ba
 
 
 @pytest.mark.parametrize("name", _cases("sim", "smoke"))
-def test_the_sim_replays_the_cpu_tiers_state_byte_for_byte(name, record_cache) -> None:
+def test_the_sim_replays_the_cpu_tiers_state_byte_for_byte(name, record_cache, monkeypatch) -> None:
     """torchao's own optimizer on fake tensors (its quantization maps made outside the fake mode), stepped eagerly:
-    the same state subclasses, codes, scales and maps as the cpu tier's real run at smoke scale."""
+    the same state subclasses, codes, scales and maps as the cpu tier's real run at smoke scale; and no state made
+    with real values (torchao makes its codes with torch.zeros: as known constants every op of its quantization ran
+    for real on the host, 13.9 GB of RSS for the ViT-L/16 replay, 1.0 GB without)."""
+    made: list[int] = []
+    factory = known_values.known_factory
+
+    def counted(*args: object) -> torch.Tensor | None:
+        constant = factory(*args)
+        made.extend([constant.numel()] if constant is not None else [])
+        return constant
+
+    monkeypatch.setattr(known_values, "known_factory", counted)
     recipe = resolve("vit", "smoke", (name,))
     real, replayed = record_cache.get("cpu", recipe), simulate(recipe)
     assert replayed.optimizer_state_bytes == real.optimizer_state_bytes > 0
     assert replayed.by_technique[name] == real.by_technique[name]
     assert active.problems(recipe, replayed) == []
+    assert [numel for numel in made if numel >= (recipe.scale.min_8bit_size or 0)] == [], sorted(made)[-5:]
 
 
 @pytest.mark.slow  # ViT-L/16 at article scale: torchao's eager step on fake tensors, about 10 s of CPU each
@@ -109,7 +121,8 @@ def test_state_left_in_float32_is_caught(name, record_cache, monkeypatch) -> Non
                         f"{LOW_BIT[name][0]} after phase optimizer_step (states: none, plain 157,008 B): every state "
                         "stayed a plain tensor of the parameters' dtype"], message
     failing = {r.metric for r in comparison.failures}
-    assert {"optimizer_state_bytes", "phases.optimizer_step.above_start_bytes"} <= failing, message
+    assert "optimizer_state_bytes" in failing, message
+    assert "phases.optimizer_step.above_start_bytes got worse" in message  # derived: named as the explanation
 
 
 @pytest.mark.cpu

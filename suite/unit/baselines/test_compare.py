@@ -139,6 +139,36 @@ def test_phase_peaks_use_the_phases_tolerance_then_the_peak_tolerance() -> None:
     assert c.MetricResult("peak_allocated_bytes", 1, 1, 0.0, 0.0, c.OK).phase is None
 
 
+def test_memory_freed_before_a_phase_is_an_improvement_not_a_failure() -> None:
+    """The phase's start falls further than its peak: above-start grows, nothing used more memory."""
+    before = {"backward": {"allocated_bytes": 1_000_000, "above_start_bytes": 500_000, "reserved_bytes": None}}
+    freed = {"backward": {"allocated_bytes": 880_000, "above_start_bytes": 780_000, "reserved_bytes": None}}
+    comparison = c.compare(fake_record(phases=freed, peak_allocated_bytes=880_000),
+                           fake_record(phases=before, peak_allocated_bytes=1_000_000))
+    assert comparison.failures == [] and comparison.verdict == c.STALE
+    assert _result(comparison, "phases.backward.allocated_bytes").verdict == c.STALE
+    derived = _result(comparison, "phases.backward.above_start_bytes")
+    assert (derived.verdict, derived.detail) == (c.INFO, c.DERIVED_GREW) and derived.change_pct == pytest.approx(56.0)
+    start = _result(comparison, "phases.backward.start_bytes")  # 500,000 -> 100,000 B: reported as improved
+    assert (start.baseline, start.now, start.verdict) == (500_000, 100_000, c.STALE)
+    assert {"phases.backward.allocated_bytes", "phases.backward.start_bytes"} <= {
+        row["metric"] for row in c.Summary(comparison.rows()).worst_first()}
+    # The same growth beside a peak that grew: the peak fails, the derived figure is named as its explanation.
+    grown = {"backward": {"allocated_bytes": 1_300_000, "above_start_bytes": 800_000, "reserved_bytes": None}}
+    failing = c.compare(fake_record(phases=grown), fake_record(phases=before), case_id="case")
+    assert [r.metric for r in failing.failures] == ["phases.backward.allocated_bytes"]
+    assert ("case: phases.backward.above_start_bytes got worse than its baseline, explaining the failures above: "
+            "baseline 500,000 B") in failing.message()
+    # A derived figure that fell is an improvement like a peak that fell.
+    less = {"backward": {"allocated_bytes": 1_000_000, "above_start_bytes": 400_000, "reserved_bytes": None}}
+    assert _result(c.compare(fake_record(phases=less), fake_record(phases=before)),
+                   "phases.backward.above_start_bytes").verdict == c.STALE
+    # A start that rose under the same peak: more was live earlier, the peak did not grow.
+    later = {"backward": {"allocated_bytes": 1_000_000, "above_start_bytes": 100_000, "reserved_bytes": None}}
+    risen = c.compare(fake_record(phases=later), fake_record(phases=before))
+    assert risen.failures == [] and _result(risen, "phases.backward.start_bytes").verdict == c.INFO
+
+
 def test_offloaded_host_state_is_compared_per_category_like_device_memory() -> None:
     base = fake_record(host_state_bytes={"parameters": 1000, "optimizer_state": 2000})
     grown = fake_record(host_state_bytes={"parameters": 1000, "optimizer_state": 2100})

@@ -72,8 +72,12 @@ def test_the_matrix_is_pruned_where_a_subset_already_fits(result: fit.FitResult)
         has_fitting_subset = any(f < chosen(row) for f in fitting)
         if row.status == "pruned":
             assert has_fitting_subset, row
-        elif row.status in ("fits", "too big"):
+        elif row.status in ("fits", "too big") and not row.asked:
             assert not has_fitting_subset, row  # nothing was replayed that a cheaper combination answers
+    # The combination asked for (every -t) is what the user would run: predicted although a subset fits.
+    asked = [row for row in result.rows if row.asked]
+    assert [chosen(row) for row in asked] == [set(POOL)] and asked[0].status in ("fits", "too big")
+    assert any(f < set(POOL) for f in fitting)
     assert sum(r.status == "pruned" for r in result.rows) > 0
     # Every combination of the full matrix has a row.
     from memclaims.techniques import technique_registry as techniques
@@ -85,7 +89,11 @@ def test_ranking_puts_fitting_combinations_first(result: fit.FitResult) -> None:
     statuses = [r.status for r in result.ranked()]
     assert statuses[: statuses.count("fits")] == ["fits"] * statuses.count("fits")
     table = fit.table(result)
-    assert "decimal (1e9 B)" in table[0] and table[2].split()[1] == "fits"
+    assert "decimal (1e9 B)" in table[1] and table[3].split()[1] == "fits"
+    # What every prediction assumed, in the header; the article's ViT times are not a Llama's.
+    assert f"at smoke scale, batch {result.batch_size} x 128 tokens (--batch-size, --seq-len)" in table[0]
+    assert "time x" not in "\n".join(table) and "accuracy risk" not in "\n".join(table)
+    assert sum(line.endswith(fit.ASKED) for line in table) == 1 and "+".join(POOL) not in table[-1]
 
 
 def test_plot_is_written(result: fit.FitResult, tmp_path: Path) -> None:
@@ -111,7 +119,10 @@ def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["memory_bytes"] == 100 * 10**9
     statuses = {r["status"] for r in data["rows"]}
     assert "fits" in statuses and "too big" not in statuses
-    assert [r["techniques"] for r in data["rows"] if r["status"] == "fits"] == [["fabric"]]
+    # The reference fits; the combination asked is predicted too (never pruned), and fits.
+    assert [(r["techniques"], r["asked"]) for r in data["rows"] if r["status"] == "fits"] == [
+        (["bf16-true", "small-batch", "sgd", "init-module"], True), (["fabric"], False)]  # most headroom first
+    assert (data["batch_size"], data["input_size"], data["size_knob"]) == (8, 16, "seq")  # hf smoke: batch 8
 
 
 def test_a_combination_past_the_budget_is_replayed_under_it_as_torch_retries() -> None:
@@ -167,6 +178,7 @@ def test_strategies_are_considered_over_n_devices(capsys: pytest.CaptureFixture[
     assert rows["fsdp"].peak_reserved_bytes < rows["fabric"].peak_reserved_bytes < rows["ddp"].peak_reserved_bytes
     assert rows["fsdp"].status == "fits" and rows["ddp"].status == "too big"
     assert "per GPU, strategies over 4 GPUs" in fit.table(result)[0]
+    assert "at most one strategy technique per recipe" in (result.apart or "") and "do not combine" in fit.table(result)[-1]
     over_two = fit.fit(TINY, budget, scale="smoke", sizes=SIZES, only=("fsdp",), devices=2)
     assert next(r for r in over_two.rows if r.techniques == ["fsdp"]).peak_reserved_bytes > rows["fsdp"].peak_reserved_bytes
     with pytest.raises(UsageError, match="--devices 1: a strategy \\(fsdp\\) spreads a run over at least 2 GPUs"):
@@ -180,6 +192,17 @@ def test_a_stack_among_the_techniques_trains_every_combination() -> None:
     rows = {frozenset(r.techniques): r for r in roomy.rows}
     assert set(rows) == {frozenset({"hf-trainer"}), frozenset({"hf-trainer", "bf16-mixed"})}, rows
     assert rows[frozenset({"hf-trainer"})].status == "fits"
-    assert rows[frozenset({"hf-trainer", "bf16-mixed"})].status == "pruned"
+    assert rows[frozenset({"hf-trainer", "bf16-mixed"})].status == "fits"  # asked: predicted although the stack fits
+    assert rows[frozenset({"hf-trainer", "bf16-mixed"})].asked
     tight = fit.fit("distilbert", 600_000, scale="smoke", only=("hf-trainer", "bf16-mixed"))  # the parameters: 563,976 B
     assert {r.status for r in tight.rows} == {"too big"} and all("hf-trainer" in r.recipe for r in tight.rows)
+
+
+def test_the_exit_status_says_whether_anything_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    """0: something fits; 1: nothing does (a script can ask); the table says why either way."""
+    args = ["fit", TINY, "--scale", "smoke", "--seq-len", "16", "-t", "bf16-true"]
+    assert cli.main([*args, "--memory", "100GB"]) == 0
+    capsys.readouterr()
+    assert cli.main([*args, "--memory", "300MB"]) == 1  # above the parameters' floor, below every peak
+    statuses = [line.split()[1] for line in capsys.readouterr().out.splitlines()[3:] if line[:4].strip().isdigit()]
+    assert statuses and set(statuses) == {"too"}, statuses  # "too big", each row

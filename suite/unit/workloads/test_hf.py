@@ -91,6 +91,34 @@ def test_config_overrides_are_canonical_and_reach_the_config() -> None:
     assert (smoke.n_layer, smoke.n_embd, smoke.vocab_size) == (2, 64, 1024)  # GPT-2's own attribute names
 
 
+def test_a_config_json_is_read_as_transformers_reads_it(tmp_path, capsys) -> None:
+    """--config path/config.json (the transformers habit): the keys that differ from the type's defaults become the
+    workload's shape; what a name cannot carry is said once, never silently dropped; a bad file is one line."""
+    from transformers import LlamaConfig
+
+    path = tmp_path / "config.json"
+    LlamaConfig(hidden_size=64, intermediate_size=172, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=4, vocab_size=128, architectures=["LlamaForCausalLM"],
+                rope_scaling={"rope_type": "linear", "factor": 2.0}).to_json_file(str(path))
+    notes: list[str] = []
+    name = hf.with_config("hf:llama", str(path), notes.append)
+    assert name == ("hf:llama(head_dim=16,hidden_size=64,intermediate_size=172,num_attention_heads=4,"
+                    "num_hidden_layers=3,num_key_value_heads=4,vocab_size=128)")
+    config = hf.spec(name).config(resolve(name, "article", []).scale)
+    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (3, 64, 128)
+    assert len(notes) == 1 and "left out" in notes[0] and "architectures" in notes[0] and "rope" in notes[0]
+    assert cli.main(["run", "hf:llama", "--config", str(path), "--device", "sim", "--scale", "smoke", "--no-eval",
+                     "--json"]) == 0
+    assert f"memclaims: --config {path}: left out" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="describes a 'llama' model, the workload is hf:gpt2; use hf:llama"):
+        hf.with_config("hf:gpt2", str(path))
+    with pytest.raises(UsageError, match="no such file; give a config.json or KEY=VALUE"):
+        hf.with_config("hf:llama", str(tmp_path / "missing.json"))
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(UsageError, match="is not a config transformers reads"):
+        hf.with_config("hf:llama", str(tmp_path / "broken.json"))
+
+
 @pytest.mark.parametrize(("name", "message"), [
     ("hf:not-a-model", "unknown hf model type 'not-a-model'; valid model types .*llama"),
     ("hf:gpt2(n_layr=2)", "config key 'n_layr' is not an attribute of GPT2Config .* valid keys: .*n_layer"),
