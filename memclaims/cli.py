@@ -368,12 +368,13 @@ def cmd_calibrate(args: Settings) -> int:
 def cmd_claims(args: Settings) -> int:
     """The claim catalogue: every claim, the tiers that check it (or why not), the last verdicts."""
 
+    from memclaims.claims import catalogue
     from memclaims.claims import runs as claim_runs
 
     path = args.artifacts
     if path.suffix != ".json":
         path = path / claim_runs.LAST_RUN_NAME
-    rows = claim_runs.table(claim_runs.read(path))
+    rows = catalogue.table(claim_runs.read(path))
     if args.source:
         from memclaims.core import published
 

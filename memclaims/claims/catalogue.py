@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from memclaims.claims import runs
 from memclaims.claims.check import Check, audit_text
 from memclaims.claims.sources import (
     article,
@@ -150,3 +151,24 @@ def coverage_problems() -> list[str]:
 def source_module(document: str) -> str:
     """The module that holds a source's checks, by the source file's name (``pytorch-docs`` -> ``pytorch_docs.py``)."""
     return f"memclaims/claims/sources/{document.replace('-', '_')}.py"
+
+
+def table(last_run: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every claim of the catalogue with its last verdict per tier (memclaims.claims.runs' store), or why a tier
+    does not check it: what ``memclaims claims`` and the summary JSON show."""
+    rows = []
+    for claim in CLAIMS:
+        tiers = {}
+        for tier in published.TIERS:
+            if tier in claim.checks:
+                entry = last_run.get(runs.key(claim.name, tier))
+                tiers[tier] = {"checked_by": claim.checks[tier], "verdict": entry["verdict"] if entry else runs.NOT_RUN,
+                               "detail": entry.get("detail", "") if entry else "",
+                               "at": entry.get("at", "") if entry else ""}
+            else:
+                tiers[tier] = {"not_checked": claim.not_on[tier]}
+        rows.append({"claim": claim.name, "kind": claim.kind, "document": claim.document,
+                     "source_kind": claim.source_kind, "printed": claim.printed,
+                     "phrase": claim.statement, "where": claim.source, "published": claim.published,
+                     "text_vs_logs": claim.audit, "tiers": tiers})
+    return rows

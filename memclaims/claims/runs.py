@@ -1,4 +1,5 @@
-"""The claim coverage table, and the verdicts of the last pytest run that checked each claim.
+"""The verdicts of the last pytest run that checked each claim, and how the coverage table shows them
+(the table itself joins them with the catalogue: memclaims.claims.catalogue.table).
 
 pytest writes ``memclaims-results/claims-last-run.json`` (memclaims.pytest.claims): for every
 (claim, tier) whose check ran, its verdict, detail and test node. Runs add to the file (a cpu run
@@ -93,27 +94,6 @@ def now() -> str:
 
 
 # --- the table -----------------------------------------------------------------------------------
-
-
-def table(last_run: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    from memclaims.claims.catalogue import CLAIMS
-
-    rows = []
-    for claim in CLAIMS:
-        tiers = {}
-        for tier in published.TIERS:
-            if tier in claim.checks:
-                entry = last_run.get(key(claim.name, tier))
-                tiers[tier] = {"checked_by": claim.checks[tier], "verdict": entry["verdict"] if entry else NOT_RUN,
-                               "detail": entry.get("detail", "") if entry else "",
-                               "at": entry.get("at", "") if entry else ""}
-            else:
-                tiers[tier] = {"not_checked": claim.not_on[tier]}
-        rows.append({"claim": claim.name, "kind": claim.kind, "document": claim.document,
-                     "source_kind": claim.source_kind, "printed": claim.printed,
-                     "phrase": claim.statement, "where": claim.source, "published": claim.published,
-                     "text_vs_logs": claim.audit, "tiers": tiers})
-    return rows
 
 
 def coverage(rows: Iterable[dict[str, Any]]) -> dict[str, int]:

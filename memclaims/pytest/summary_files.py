@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from memclaims.claims import runs as claim_runs
 from memclaims.core import output_files
 from memclaims.core.record import library_versions
 from memclaims.core.settings import BY_NAME
@@ -72,7 +71,7 @@ class RunSummary:
             "out_of_memory": self.config.stash.get(OOM_KEY, []),
             "failures": self.failures,
             "outcomes": dict(self.outcomes),
-            "claims": claim_runs.table(entries) if entries else [],
+            "claims": claims_table(entries) if entries else [],
             "diagnosis": saved,
             "session": {
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
@@ -123,3 +122,11 @@ def pytest_configure(config: pytest.Config) -> None:
                 except output_files.OutputError as error:
                     raise pytest.UsageError(str(error)) from None
     config.pluginmanager.register(RunSummary(config), "memclaims-run-summary")
+
+
+def claims_table(entries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The catalogue's table with this run's verdicts, imported when a run has verdicts to show (the catalogue
+    imports the recipes and torch: not at pytest's start)."""
+    from memclaims.claims import catalogue
+
+    return catalogue.table(entries)

@@ -79,8 +79,8 @@ def test_run_and_fit_take_the_optimizers_implementation(capsys: pytest.CaptureFi
     assert record["recipe"] == "vit-smoke/fused"
     assert record["by_technique"]["fused"]["fused"] is True and record["by_technique"]["fused"]["step_temporary_bytes"] == 0
     assert any(note.startswith("optimizer step: fused (foreach=False, fused=True)") for note in record["notes"])
-    # A budget below every smoke peak: each combination is replayed, none pruned.
-    assert main(["fit", "vit", "-t", "fused", "-t", "foreach", "--scale", "smoke", "--memory", "20MB", "--json"]) == 0
+    # A budget below every smoke peak: each combination is replayed, none pruned, and fit exits 1 (nothing fits).
+    assert main(["fit", "vit", "-t", "fused", "-t", "foreach", "--scale", "smoke", "--memory", "20MB", "--json"]) == 1
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert {row["recipe"]: row["status"] for row in rows} == {
         "vit-smoke/fabric": "too big", "vit-smoke/fused": "too big", "vit-smoke/foreach": "too big"}

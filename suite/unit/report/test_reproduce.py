@@ -45,12 +45,13 @@ def test_reproduce_writes_markdown_json_and_chart(tmp_path: Path) -> None:
 
 
 def test_reproduces_verdicts_reach_what_memclaims_claims_shows(tmp_path: Path) -> None:
+    from memclaims.claims import catalogue
     from memclaims.claims import runs as claim_runs
 
     last_run = tmp_path / "memclaims-results" / claim_runs.LAST_RUN_NAME
     rows = reproduce("cpu", tmp_path / "out", run_fn=fake_run, last_run=last_run)
     judged = {r.claim: r.verdict for r in rows if r.claim}
-    shown = {row["claim"]: row["tiers"]["cpu"]["verdict"] for row in claim_runs.table(claim_runs.read(last_run))
+    shown = {row["claim"]: row["tiers"]["cpu"]["verdict"] for row in catalogue.table(claim_runs.read(last_run))
              if "verdict" in row["tiers"].get("cpu", {})}  # the claims the catalogue checks on the cpu tier
     checked = {claim: verdict for claim, verdict in judged.items() if claim in shown}
     assert len(checked) >= 3 and all(shown[claim] == verdict for claim, verdict in checked.items()), (judged, shown)
