@@ -163,10 +163,12 @@ def parse(text: str, path: Path, environment: str | None = None) -> dict[str, Ba
     return out
 
 
-def dumps(environment: str, baselines: Mapping[str, Baseline]) -> str:
-    """Sorted, indented JSON so that a reviewer can diff two versions of a baseline file."""
+def dumps(environment: str, baselines: Mapping[str, Baseline | dict[str, Any]]) -> str:
+    """Sorted, indented JSON so that a reviewer can diff two versions of a baseline file; an entry given as
+    a dict is written as it is (a record kept as the file stored it)."""
     data = {"schema": SCHEMA, "environment": environment,
-            "records": {rid: baselines[rid].to_json() for rid in sorted(baselines)}}
+            "records": {rid: entry if isinstance(entry, dict) else entry.to_json()
+                        for rid, entry in sorted(baselines.items())}}
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
@@ -249,7 +251,13 @@ class BaselineStore:
             self._remove_stale_temps(path)
             current = dict(self.load(environment, fresh=True))  # raises, untouched, when corrupt
             current.update(updates)
-            text = dumps(environment, current)
+            # The records not measured now stay as the file stored them (not re-serialized through today's
+            # Record, which would add every field it has since gained, as null): an update changes what it
+            # measured and nothing else.
+            stored: dict[str, Baseline | dict[str, Any]] = dict(
+                json.loads(path.read_text())["records"] if path.is_file() else {})
+            stored.update(updates)
+            text = dumps(environment, stored)
             # The name is chosen before the file exists, so a Ctrl-C at any point after it is
             # created finds it to remove (tempfile.mkstemp leaves a window where it does not).
             temp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"

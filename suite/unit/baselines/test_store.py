@@ -437,3 +437,20 @@ def test_valid_file_with_one_value_replaced(data: Any) -> None:
 def test_deeply_nested_json_is_a_baseline_error(tmp_path: Path) -> None:
     # json.loads raises RecursionError, not JSONDecodeError, on deep nesting.
     _load_once(b"[" * 100_000 + b"]" * 100_000)
+
+
+def test_an_update_rewrites_only_the_records_it_measured(tmp_path: Path) -> None:
+    """A record stored by an older memclaims (fewer Record fields) stays byte for byte as stored when another
+    recipe of its file is updated: today's Record would add each newer field as null."""
+    store = BaselineStore(tmp_path)
+    store.update("cpu-x86_64", {"vit-smoke/a": Baseline(fake_record(recipe="vit-smoke/a"), {})})
+    path = store.path("cpu-x86_64")
+    data = json.loads(path.read_text())
+    old = data["records"]["vit-smoke/a"]
+    del old["record"]["notes"]  # a field this record's memclaims did not have yet
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    store.update("cpu-x86_64", {"vit-smoke/b": Baseline(fake_record(recipe="vit-smoke/b"), {})})
+    after = json.loads(path.read_text())["records"]
+    assert after["vit-smoke/a"] == old and "notes" not in after["vit-smoke/a"]["record"]
+    assert after["vit-smoke/b"]["record"]["recipe"] == "vit-smoke/b"
+    assert store.get("cpu-x86_64", "vit-smoke/a").record.recipe == "vit-smoke/a"  # still read as today's Record
