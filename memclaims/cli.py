@@ -203,12 +203,25 @@ def workload_from(args: Settings) -> str:
     return with_config(args.workload, args.config)
 
 
+def techniques_from(args: Settings) -> tuple[list[str], list[str]]:
+    """The technique names of ``-t`` (a stack's alias, ``adamw_bnb_8bit``, as the technique it names) and the
+    ``"alias -> technique"`` notes to say once (``technique_registry.unalias``)."""
+    return registry.unalias(args.technique or ())
+
+
 def cmd_run(args: Settings) -> int:
+    from memclaims.core import progress
     from memclaims.recipes.recipe import resolve
     from memclaims.recipes.run_options import RunOptions
+    from memclaims.report import run_summary
     from memclaims.run import run_recipe, runs_ranks
 
-    recipe = resolve(workload_from(args), args.scale, args.technique or [], sizes_from(args))
+    names, aliases = techniques_from(args)
+    recipe = resolve(workload_from(args), args.scale, names, sizes_from(args))
+    strategy = next((name for name in recipe.techniques if registry.BY_NAME[name].distributed), None)
+    if args.devices == 1 and strategy is not None:  # refused, not replaced by the default world (issue #49)
+        raise UsageError(f"--devices 1: {strategy} runs the recipe over ranks and needs 2 or more; give --devices 2 "
+                         f"or more, or leave {strategy} out for one process")
     if args.download:
         _download_data(args.data_dir)
     print(offline.describe(args.download, "--download")[1], file=sys.stderr)  # how main set the Hub, in one line
@@ -217,23 +230,37 @@ def cmd_run(args: Settings) -> int:
                          data_dir=args.data_dir, devices=args.devices if (args.devices or 1) > 1 else None,
                          profile=profile, timeout_s=args.timeout or None,
                          evaluate_each_epoch=args.evaluate_each_epoch)
-    if runs_ranks(recipe, options):
+    device_words = f"the sim, {_profile_words(profile)}" if args.device == "sim" else args.device
+    sharded = runs_ranks(recipe, options)
+    said = f"{'predicting' if args.device == 'sim' else 'running'} {recipe.id} on {device_words}"
+    # An alias is said once: here where only the Record follows (--json), else on the summary's techniques line.
+    print(f"memclaims: {said}{', sharded' if sharded else ''}"
+          + (f" ({', '.join(aliases)})" if aliases and args.json else ""), file=sys.stderr)
+    with progress.ticking(recipe.id):
+        records = run_recipe(recipe, options)
+    if sharded:
         from memclaims.measure.distributed import DistributedResult
 
-        print(f"memclaims: running {recipe.id} on {args.device}, sharded", file=sys.stderr)
-        text = DistributedResult.from_records(run_recipe(recipe, options)).to_json()
+        result = DistributedResult.from_records(records)
+        if args.json:
+            print(result.to_json())
+            return 0
+        lines = run_summary.sharded_summary(recipe, result.records, _device_name(result.records[0], profile), aliases)
     else:
-        if args.device == "sim":
-            print(f"memclaims: predicting {recipe.id} on the sim, {_profile_words(profile)}", file=sys.stderr)
-        else:
-            print(f"memclaims: running {recipe.id} on {args.device}", file=sys.stderr)
-        (record,) = run_recipe(recipe, options)
-        text = record.to_json()
-    if args.json:
-        print(text)
-    else:
-        _print_summary(json.loads(text))
+        (record,) = records
+        if args.json:
+            print(record.to_json())
+            return 0
+        lines = run_summary.summary(recipe, record, _device_name(record, profile), aliases)
+    print("\n".join(lines))
     return 0
+
+
+def _device_name(record: Any, profile: str) -> str:
+    """The device of a Record in words: ``simulated NVIDIA A100 (sm80), profile 'current'``, ``cpu (...)``."""
+    if record.device == "sim":
+        return f"{record.device_name}, sim profile {profile!r}"
+    return f"{record.device} ({record.device_name})" if record.device_name else record.device
 
 
 def _download_data(folder: Path | None) -> None:
@@ -257,14 +284,6 @@ def _profile_words(name: str) -> str:
     from memclaims.sim import profile
 
     return f"profile {name!r} ({profile(name).summary})"
-
-
-def _print_summary(record: dict[str, Any]) -> None:
-    for key in sorted(record):
-        value = record[key]
-        if isinstance(value, (dict, list)):
-            value = json.dumps(value, sort_keys=True)
-        print(f"{key:<28} {value}")
 
 
 def cmd_benchmark(args: Settings) -> int:
@@ -300,6 +319,12 @@ def cmd_reproduce(args: Settings) -> int:
         return _reproduce_all(args)
     assert args.out is not None  # the command's default: reproduce/
     out = Path(args.out)
+    if not args.baselines_dir.is_dir():  # refused at once, not an empty column after the runs (issue #49)
+        if args.baselines_dir != table.default_for(table.BY_NAME["baselines-dir"], "reproduce"):
+            raise UsageError(f"--baselines-dir {args.baselines_dir}: no such folder; give the folder that holds "
+                             "measured/<environment>.json (a clone's baselines/)")
+        print(f"memclaims: no {args.baselines_dir}/ here: the baseline column stays empty (--baselines-dir DIR "
+              "names the folder)", file=sys.stderr)
     rows = reproduce(args.device, out, store=BaselineStore(args.baselines_dir), series=every)
     print((out / "reproduce.md").read_text())
     print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.json'}, {out / 'reproduce.png'}", file=sys.stderr)

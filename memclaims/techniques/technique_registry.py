@@ -62,9 +62,11 @@ TECHNIQUES: tuple[Technique, ...] = (
     accelerate_loop.ENTRY,
     lightning_trainer.ENTRY,
     Technique("16-mixed", "float16 automatic mixed precision", "02_mixed-precision",
-              group="precision", precision="16-mixed"),
+              group="precision", precision="16-mixed",
+              aliases=("16", "fp16")),  # Lightning's legacy 16 and TrainingArguments(fp16=True) are float16 AMP
     Technique("bf16-mixed", "bfloat16 automatic mixed precision", "02_mixed-precision (bf16 variant)",
-              group="precision", precision="bf16-mixed"),
+              group="precision", precision="bf16-mixed",
+              aliases=("bf16",)),  # Lightning's bf16 and TrainingArguments(bf16=True) are bfloat16 AMP
     Technique("16-true", "parameters and activations in float16 (diverges to NaN in the article)",
               "02_mixed-precision (text: 16-true)", group="precision", precision="16-true"),
     Technique("bf16-true", "parameters and activations in bfloat16", "03_bfloat16",
@@ -128,13 +130,63 @@ ARTICLE_CHAIN: tuple[tuple[str, ...], ...] = (
 CHAIN: tuple[tuple[str, ...], ...] = ((REFERENCE,), *ARTICLE_CHAIN)
 
 
+def _aliases() -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    """The stacks' names for techniques (each entry's ``aliases``, TrainingArguments' ``optim`` values from
+    ``optimizer_impl.TRAINER_OPTIMS``) -> the techniques each means; and the names given two meanings -> their
+    choices (refused as ambiguous). A name that is a technique's own is never an alias."""
+    meanings: dict[str, set[tuple[str, ...]]] = {}
+    for entry in TECHNIQUES:
+        for alias in entry.aliases:
+            meanings.setdefault(alias, set()).add((entry.name,))
+    for optim, built in optimizer_impl.TRAINER_OPTIMS.items():
+        meanings.setdefault(optim, set()).add(built.techniques)
+    plain = {alias: next(iter(m)) for alias, m in meanings.items() if len(m) == 1 and alias not in BY_NAME}
+    ambiguous = {alias: tuple(sorted("+".join(c) for c in m)) for alias, m in meanings.items()
+                 if len(m) > 1 and alias not in BY_NAME}
+    return plain, ambiguous
+
+
+# ``adamw_bnb_8bit`` -> ("adamw8bit",), ``adamw_torch_fused`` -> ("adamw", "fused"), ``fp16`` -> ("16-mixed",).
+ALIASES, AMBIGUOUS = _aliases()
+# Names of the stacks that mean no technique of memclaims, each with why (one line, not "unknown").
+NO_TECHNIQUE: dict[str, str] = {
+    **dict.fromkeys(("32", "32-true"), "is fp32, the reference's precision: give no precision technique"),
+    **dict.fromkeys(("64", "64-true"), "(float64) is no technique memclaims measures; its precisions: "
+                    + ", ".join(t.name for t in TECHNIQUES if t.group == "precision")),
+}
+
+
+def unalias(names: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The technique names ``names`` mean (a stack's alias replaced by its techniques, in place), and one
+    ``"alias -> technique"`` note per alias used, for the front end to say once. An ambiguous alias or a name
+    that means no technique is a UsageError naming the choices."""
+    resolved: list[str] = []
+    notes: list[str] = []
+    for name in names:
+        if name in BY_NAME:
+            resolved.append(name)
+        elif name in ALIASES:
+            resolved += ALIASES[name]
+            notes.append(f"{name} -> {'+'.join(ALIASES[name])}")
+        elif name in AMBIGUOUS:
+            raise UsageError(f"technique {name!r} is ambiguous: it means {' or '.join(AMBIGUOUS[name])}; "
+                             "name one of them")
+        elif name in NO_TECHNIQUE:
+            raise UsageError(f"technique {name!r} {NO_TECHNIQUE[name]}")
+        else:
+            technique(name)  # raises: unknown, with the closest names
+    return resolved, notes
+
+
 def technique(name: str) -> Technique:
     try:
         return BY_NAME[name]
     except KeyError:
-        raise UsageError(
-            f"unknown technique {name!r}; valid techniques: {', '.join(BY_NAME)}"
-        ) from None
+        from memclaims.core.suggest import did_you_mean
+
+        raise UsageError(f"unknown technique {name!r}"
+                         + did_you_mean(name, [*BY_NAME, *ALIASES], f"memclaims list shows all {len(BY_NAME)}")
+                         ) from None
 
 
 def canonical(names: Iterable[str]) -> tuple[str, ...]:

@@ -160,8 +160,11 @@ def _default_config(model_type: str) -> Any:
     from transformers import AutoConfig
 
     if model_type not in model_types():
-        raise UsageError(f"unknown hf model type {model_type!r}; valid model types (transformers "
-                         f"{_version()}, with a causal-LM or classification head): {', '.join(model_types())}")
+        from memclaims.core.suggest import did_you_mean
+
+        raise UsageError(f"unknown hf model type {model_type!r}" + did_you_mean(
+            HF_PREFIX + model_type, [HF_PREFIX + t for t in model_types()], f"transformers {_version()} has {len(model_types())} model types with a "
+            "causal-LM or classification head: transformers.AutoConfig's CONFIG_MAPPING lists them"))
     return AutoConfig.for_model(model_type)
 
 

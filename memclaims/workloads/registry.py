@@ -33,4 +33,20 @@ def workload(name: str) -> Workload:
     if found is not None:
         return found
     valid = [*WORKLOADS, *user_workloads.names(), f"{HF_PREFIX}<model_type>"]
-    raise UsageError(f"unknown workload {name!r}; valid workloads: {', '.join(valid)}") from None
+    raise UsageError(f"unknown workload {name!r}" + _suggestion(name, valid)) from None
+
+
+def _suggestion(name: str, valid: list[str]) -> str:
+    """The closest built-in or user workload, else a transformers model type as ``hf:<type>`` (``llama`` ->
+    ``hf:llama``), else the short list of valid workloads (never the thousands of model types)."""
+    from memclaims.core.suggest import close, did_you_mean
+
+    if close(name, valid[:-1]):
+        return did_you_mean(name, valid[:-1], f"valid workloads: {', '.join(valid)}")
+    from memclaims.workloads import hf
+
+    types = hf.model_types()
+    if name in types or close(name, types):
+        return did_you_mean(name, [f"{HF_PREFIX}{t}" for t in types if t == name] or
+                            [f"{HF_PREFIX}{t}" for t in close(name, types)], f"valid workloads: {', '.join(valid)}")
+    return f"; valid workloads: {', '.join(valid)}"

@@ -27,7 +27,7 @@ def test_names_are_the_public_contract() -> None:
     (["bf16-true", "16-true"], "at most one precision technique"),
     (["sgd", "fabric"], "combines with no other technique"),
     (["pytorch", "bf16-true"], "combines with no other technique"),
-    (["nope"], "unknown technique 'nope'; valid techniques: pytorch, fabric"),
+    (["nope"], "unknown technique 'nope'; memclaims list shows all"),
 ])
 def test_invalid_combinations_name_the_rule(names: list[str], rule: str) -> None:
     with pytest.raises(UsageError, match=rule):
@@ -286,7 +286,7 @@ def test_violation_and_technique_lookup() -> None:
     assert registry.technique("sgd") is T["sgd"]
     with pytest.raises(UsageError) as error:
         registry.technique("fp8")
-    assert str(error.value) == f"unknown technique 'fp8'; valid techniques: {', '.join(T)}"
+    assert str(error.value) == f"unknown technique 'fp8'; memclaims list shows all {len(T)}"
     assert registry.canonical(["grad-accum", "bf16-true", "grad-accum"]) == ("bf16-true", "grad-accum")
     assert registry.canonical(("fsdp", "activation-checkpointing")) == ("fsdp", "activation-checkpointing")
     assert registry.canonical(()) == ("fabric",)
