@@ -17,15 +17,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from memclaims.claims import catalogue as claim_registry
 from memclaims.core import offline
 from memclaims.core import settings as table
 from memclaims.core.errors import MemclaimsError, OutOfMemory, UsageError
+from memclaims.core.machine import Machine
 from memclaims.core.names import ARTICLE_PROFILE, INSTALLED_TORCH_PROFILE
 from memclaims.core.settings import Settings
-from memclaims.recipes.named import NAMED_RECIPES
 from memclaims.techniques import technique_registry as registry
-from memclaims.workloads.registry import WORKLOADS
 
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
@@ -111,13 +109,16 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def selection_counts() -> dict[str, int]:
-    return {name: len(registry.selection(name)) for name in table.MATRICES}
+    return {name: registry.selection_size(name) for name in table.MATRICES}
 
 
 def catalogue() -> dict[str, Any]:
-    import torch
+    from memclaims.claims import catalogue as claim_registry
+    from memclaims.recipes.named import NAMED_RECIPES
+    from memclaims.recipes.requirements import unmet
+    from memclaims.workloads.registry import WORKLOADS
 
-    gpus = torch.cuda.device_count()
+    machine = _CatalogueMachine()
     return {
         "techniques": [
             {"name": t.name, "summary": t.summary, "article_row": t.source,
@@ -137,12 +138,22 @@ def catalogue() -> dict[str, Any]:
         ],
         "named_recipes": [
             {"name": r.name, "workload": r.workload, "techniques": list(r.techniques), "source": r.source,
-             "devices": r.devices, "published_peak_gb": r.published.peak_gb, "needs": r.unmet(gpus)}
+             "devices": r.devices, "published_peak_gb": r.published.peak_gb, "needs": unmet(r.needs(), machine)}
             for r in NAMED_RECIPES.values()
         ],
         "sim_profiles": _sim_profiles(),
         "case_counts": selection_counts(),
     }
+
+
+class _CatalogueMachine(Machine):
+    """This machine as the catalogue sees it: bitsandbytes installed or not, not stepped (its import and 8-bit
+    step cost seconds; a case that needs it probes its backend when it runs)."""
+
+    def bitsandbytes(self, device: str) -> str | None:
+        import importlib.util
+
+        return None if importlib.util.find_spec("bitsandbytes") else "not installed"
 
 
 def _sim_profiles() -> dict[str, str]:
@@ -174,7 +185,8 @@ def cmd_list(args: Settings) -> int:
     print("\nClaims (name, tiers, source):")
     for c in data["claims"]:
         print(f"  {c['name']:<26} {','.join(c['tiers']):<13} {c['source']}: {c['statement']}")
-    print("\nNamed recipes (bonus scripts, ViT-H/14 series, course; what this machine lacks to run them):")
+    print("\nNamed recipes (bonus scripts, ViT-H/14 series, course; what this machine lacks to run them, bitsandbytes "
+          "as installed: its backend is probed when one runs):")
     for r in data["named_recipes"]:
         needs = "; ".join(r["needs"]) or "runnable"
         print(f"  {r['name']:<36} {r['workload']}: {'+'.join(r['techniques'])}  [{needs}]")
@@ -467,9 +479,12 @@ def cmd_fit(args: Settings) -> int:
     from memclaims.core import progress as progress_bar
 
     budget = fit.parse_size(args.memory)
+    only, aliases = techniques_from(args)
+    if aliases and not args.json:
+        print(f"memclaims: {', '.join(aliases)}", file=sys.stderr)
     profile = args.sim_profile or INSTALLED_TORCH_PROFILE  # what fits today (core/names.py)
     result = fit.fit(workload_from(args), budget, profile=profile, scale=args.scale, sizes=sizes_from(args),
-                     exact=not args.extrapolate, only=tuple(args.technique or ()), devices=args.devices,
+                     exact=not args.extrapolate, only=tuple(only), devices=args.devices,
                      # said once the budget is judged: a refusal stays one line
                      answering=None if args.json else
                      (lambda: print(f"memclaims: fit on the sim, {_profile_words(profile)}", file=sys.stderr)),
@@ -596,10 +611,15 @@ COMMANDS: tuple[tuple[str, str, Callable[[Settings], int]], ...] = (
      "and library releases, loss steps (writes tolerances.json)", cmd_spread),
 )
 GROUPS = {"baselines": "measured baselines"}  # commands that only hold subcommands
+# What `memclaims --help` tells a user (the module's docstring is for developers).
+DESCRIPTION = ("Memory-saving techniques for PyTorch training, measured: the peak memory of a recipe (a workload and "
+               "the techniques it combines) on the CPU (exact tensor bytes), a CUDA GPU, or the sim (predicted at "
+               "article scale on a simulated A100), and the published claims about them checked. Start with "
+               "`memclaims list`, then `memclaims run vit -t bf16-true --device sim`; each command takes --help.")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="memclaims", description=__doc__)
+    parser = _Parser(prog="memclaims", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     nested: dict[str, Any] = {}
     for name, help_text, handler in COMMANDS:

@@ -122,3 +122,37 @@ def test_reproduce_reads_the_sibling_class_as_pytest_does_and_says_so(tmp_path: 
     assert fabric.baseline_bytes is not None and fabric.baseline_environment == "cpu-x86_64-avx2-cpu"
     md = (tmp_path / "out" / "reproduce.md").read_text()
     assert "Baselines: read from the sibling class cpu-x86_64-avx2-cpu (this machine is cpu-x86_64-avx512-bf16-cpu" in md
+
+
+def test_help_tells_a_user_what_memclaims_does(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "Memory-saving techniques for PyTorch training, measured" in out
+    assert "Settings" not in out and "``" not in out  # not the module's developer docstring
+
+
+def test_list_counts_the_full_matrix_without_listing_it_and_points_at_no_missing_file(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The full matrix's 55,737 combinations took seconds to list; list only needs their number."""
+    def listed(*args: object) -> None:
+        raise AssertionError("memclaims list listed the full matrix")
+
+    monkeypatch.setattr(registry, "full_matrix", listed)
+    monkeypatch.setattr(registry, "_full_matrix", listed)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert f"full matrix {registry.count_valid(registry.single_process())}" in out
+    assert "SIMULATION.md" not in out
+
+
+def test_the_console_script_imports_no_training_library_before_a_command_needs_one() -> None:
+    """--help, a usage error and the parser cost the interpreter and the option table, not torch's 2 s import."""
+    import subprocess
+    import sys
+
+    code = ("import sys, memclaims.cli as c; c.build_parser(); "
+            "print(sorted(m for m in ('torch', 'lightning', 'transformers', 'bitsandbytes') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
