@@ -592,7 +592,7 @@ def cmd_history(args: Settings) -> int:
 # the first word's command; its options are the table's rows that name it (memclaims.core.settings).
 COMMANDS: tuple[tuple[str, str, Callable[[Settings], int]], ...] = (
     ("list", "techniques, workloads, scales and claims", cmd_list),
-    ("run", "run one recipe and print its Record", cmd_run),
+    ("run", "run one recipe: what it resolved, its peaks in GB and GiB, per phase (--json: its Record)", cmd_run),
     ("benchmark", "time each CPU case of a selection", cmd_benchmark),
     ("reproduce", "the article's chain on this machine beside the published numbers", cmd_reproduce),
     ("claims", "every claim of every source (the article, the course, the techniques' own documentation): tiers "

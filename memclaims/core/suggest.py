@@ -18,10 +18,10 @@ def close(word: str, choices: Iterable[str], count: int = 3) -> list[str]:
     return [by_lower[m] for m in difflib.get_close_matches(word.lower(), list(by_lower), n=count, cutoff=0.6)]
 
 
-def did_you_mean(word: str, choices: Iterable[str], where: str) -> str:
+def did_you_mean(word: str, choices: Iterable[str], where: str, prefix: str = "") -> str:
     """``; did you mean 'bf16-true'?`` with the closest names, else where the valid names are listed (``where``,
-    e.g. ``memclaims list shows them``)."""
+    e.g. ``memclaims list shows them``). ``prefix`` is written before each name shown, not compared (``hf:``)."""
     found = close(word, choices)
     if not found:
         return f"; {where}"
-    return f"; did you mean {' or '.join(repr(n) for n in found)}? ({where})"
+    return f"; did you mean {' or '.join(repr(prefix + n) for n in found)}? ({where})"

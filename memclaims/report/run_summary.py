@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from memclaims.core.record import GRADIENTS, PARAMETERS
+
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
@@ -65,7 +67,7 @@ def resolved_lines(recipe: Recipe, record: Record, device_words: str, aliases: S
 def _parameter_line(record: Record) -> str:
     """The parameter count a person means: a 4-bit weight by its original shape, not its packed storage."""
     if record.quantized_parameter_bytes is not None:
-        total = f"{record.total_parameters:,} parameters" if record.total_parameters is not None else "parameters"
+        total = f"{record.total_parameters:,} {PARAMETERS}" if record.total_parameters is not None else PARAMETERS
         return (f"{total} ({record.param_count:,} elements as stored: 4-bit weights packed two to a byte, "
                 f"{size(record.quantized_parameter_bytes)} of them)")
     trainable = (f", {record.trainable_parameters:,} trainable" if record.trainable_parameters is not None
@@ -130,7 +132,7 @@ def sharded_summary(recipe: Recipe, records: Sequence[Record], device_words: str
     reserved = any(r.peak_reserved_bytes is not None for r in records)
     fields: list[tuple[str, str]] = [("peak_allocated_bytes", "allocated"),
                                      *((("peak_reserved_bytes", "reserved"),) if reserved else ()),
-                                     ("param_bytes", "parameters"), ("grad_bytes", "gradients"),
+                                     ("param_bytes", PARAMETERS), ("grad_bytes", GRADIENTS),
                                      ("optimizer_state_bytes", "optim state")]
     values = [[getattr(r, f) for f, _ in fields] for r in records]
     unit, scale = _column_unit([v for row in values for v in row])

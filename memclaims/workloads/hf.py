@@ -163,8 +163,8 @@ def _default_config(model_type: str) -> Any:
         from memclaims.core.suggest import did_you_mean
 
         raise UsageError(f"unknown hf model type {model_type!r}" + did_you_mean(
-            HF_PREFIX + model_type, [HF_PREFIX + t for t in model_types()], f"transformers {_version()} has {len(model_types())} model types with a "
-            "causal-LM or classification head: transformers.AutoConfig's CONFIG_MAPPING lists them"))
+            model_type, model_types(), f"transformers {_version()} has {len(model_types())} model types with a "
+            "causal-LM or classification head", HF_PREFIX))
     return AutoConfig.for_model(model_type)
 
 

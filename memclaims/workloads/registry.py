@@ -38,15 +38,13 @@ def workload(name: str) -> Workload:
 
 def _suggestion(name: str, valid: list[str]) -> str:
     """The closest built-in or user workload, else a transformers model type as ``hf:<type>`` (``llama`` ->
-    ``hf:llama``), else the short list of valid workloads (never the thousands of model types)."""
+    ``hf:llama``), else the short list of valid workloads (never the hundreds of model types)."""
     from memclaims.core.suggest import close, did_you_mean
 
+    where = f"valid workloads: {', '.join(valid)}"
     if close(name, valid[:-1]):
-        return did_you_mean(name, valid[:-1], f"valid workloads: {', '.join(valid)}")
+        return did_you_mean(name, valid[:-1], where)
     from memclaims.workloads import hf
 
     types = hf.model_types()
-    if name in types or close(name, types):
-        return did_you_mean(name, [f"{HF_PREFIX}{t}" for t in types if t == name] or
-                            [f"{HF_PREFIX}{t}" for t in close(name, types)], f"valid workloads: {', '.join(valid)}")
-    return f"; valid workloads: {', '.join(valid)}"
+    return did_you_mean(name, [name] if name in types else types, where, HF_PREFIX)

@@ -92,7 +92,7 @@ def test_config_overrides_are_canonical_and_reach_the_config() -> None:
 
 
 @pytest.mark.parametrize(("name", "message"), [
-    ("hf:not-a-model", "unknown hf model type 'not-a-model'; valid model types .*llama"),
+    ("hf:not-a-model", "unknown hf model type 'not-a-model'; transformers .* has .* model types with a causal-LM or classification head$"),
     ("hf:gpt2(n_layr=2)", "config key 'n_layr' is not an attribute of GPT2Config .* valid keys: .*n_layer"),
     ("hf:gpt2(head=seq2seq)", "unknown head 'seq2seq'; valid heads: causal-lm, classification"),
 ])
