@@ -44,11 +44,11 @@ def test_run_prints_what_it_resolved_and_a_summary_with_units_not_the_record(
 
 def test_sharded_summary_is_a_row_per_rank_and_the_largest(capsys: pytest.CaptureFixture[str]) -> None:
     recipe = resolve("vit", "smoke", ["fsdp"])
-    records = [fake_record(recipe.id, devices=4, rank=rank, peak_allocated_bytes=10_000_000 + rank,
+    records = [fake_record(recipe.id, devices=4, rank=rank, peak_allocated_bytes=10_000_000 * (rank + 1),
                            breakdown={"parameters": 1}, notes=["x" * 5000]) for rank in range(4)]
     lines = run_summary.sharded_summary(recipe, records, "cpu")
     assert max(len(line) for line in lines) < 200 and len(lines) < 30
-    assert lines[-2].split()[:4] == ["max", "over", "ranks", "10.000"]
+    assert lines[-2].split()[:4] == ["max", "over", "ranks", "40.000"]
     assert [line.split()[0] for line in lines if line.startswith("  ") and line.split()[0].isdigit()] == \
         ["0", "1", "2", "3"]
 
