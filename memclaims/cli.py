@@ -230,16 +230,12 @@ def cmd_run(args: Settings) -> int:
 
     names, aliases = techniques_from(args)
     recipe = resolve(workload_from(args), args.scale, names, sizes_from(args))
-    strategy = next((name for name in recipe.techniques if registry.BY_NAME[name].distributed), None)
-    if args.devices == 1 and strategy is not None:  # refused, not replaced by the default world (issue #49)
-        raise UsageError(f"--devices 1: {strategy} runs the recipe over ranks and needs 2 or more; give --devices 2 "
-                         f"or more, or leave {strategy} out for one process")
     if args.download:
         _download_data(args.data_dir)
     print(offline.describe(args.download, "--download")[1], file=sys.stderr)  # how main set the Hub, in one line
     profile = args.sim_profile or INSTALLED_TORCH_PROFILE  # a question about today (core/names.py)
     options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
-                         data_dir=args.data_dir, devices=args.devices if (args.devices or 1) > 1 else None,
+                         data_dir=args.data_dir, devices=args.devices,  # --devices 1: one rank, not the default world
                          profile=profile, timeout_s=args.timeout or None,
                          evaluate_each_epoch=args.evaluate_each_epoch)
     device_words = f"the sim, {_profile_words(profile)}" if args.device == "sim" else args.device

@@ -79,8 +79,6 @@ def test_the_stacks_names_resolve_to_the_technique_they_mean(alias: str, techniq
     (["run", "vit", "-t", "checkpointing"], "technique 'checkpointing' is ambiguous: it means "
                                              "activation-checkpointing or selective-checkpointing"),
     (["run", "vit", "-t", "32"], "technique '32' is fp32, the reference's precision"),
-    (["run", "vit", "-t", "fsdp", "--devices", "1", "--device", "cpu"],
-     "--devices 1: fsdp runs the recipe over ranks and needs 2 or more"),
     (["reproduce", "--baselines-dir", "no-such-dir"], "--baselines-dir no-such-dir: no such folder"),
 ])
 def test_a_typo_gets_the_closest_names_and_an_option_is_refused_not_replaced(
@@ -159,3 +157,23 @@ def test_the_console_script_imports_no_training_library_before_a_command_needs_o
             "print(sorted(m for m in ('torch', 'lightning', 'transformers', 'bitsandbytes') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_devices_1_runs_one_rank_of_a_sharded_recipe_not_the_default_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FSDP over a world of 1 is what one GPU with CPU offload runs (the gpu check's fsdp-offload step): --devices 1
+    is honoured, no longer replaced by the default 2 CPU ranks (issue #49)."""
+    from memclaims.measure import distributed
+
+    seen: list[int | None] = []
+
+    from memclaims.recipes.run_options import RunOptions
+
+    def ranks(recipe: object, options: RunOptions, devices: int | None = None, **kwargs: object) -> None:
+        seen.append(options.devices)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(distributed, "run_distributed", ranks)
+    for argv in (["run", "vit", "-t", "fsdp", "--devices", "1"], ["run", "vit", "-t", "fsdp"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    assert seen == [1, None]  # None: the default world (2 CPU ranks)
