@@ -17,15 +17,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from memclaims.claims import catalogue as claim_registry
 from memclaims.core import offline
 from memclaims.core import settings as table
 from memclaims.core.errors import MemclaimsError, OutOfMemory, UsageError
+from memclaims.core.machine import Machine
 from memclaims.core.names import ARTICLE_PROFILE, INSTALLED_TORCH_PROFILE
 from memclaims.core.settings import Settings
-from memclaims.recipes.named import NAMED_RECIPES
 from memclaims.techniques import technique_registry as registry
-from memclaims.workloads.registry import WORKLOADS
 
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
@@ -111,13 +109,16 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def selection_counts() -> dict[str, int]:
-    return {name: len(registry.selection(name)) for name in table.MATRICES}
+    return {name: registry.selection_size(name) for name in table.MATRICES}
 
 
 def catalogue() -> dict[str, Any]:
-    import torch
+    from memclaims.claims import catalogue as claim_registry
+    from memclaims.recipes.named import NAMED_RECIPES
+    from memclaims.recipes.requirements import unmet
+    from memclaims.workloads.registry import WORKLOADS
 
-    gpus = torch.cuda.device_count()
+    machine = _CatalogueMachine()
     return {
         "techniques": [
             {"name": t.name, "summary": t.summary, "article_row": t.source,
@@ -137,12 +138,22 @@ def catalogue() -> dict[str, Any]:
         ],
         "named_recipes": [
             {"name": r.name, "workload": r.workload, "techniques": list(r.techniques), "source": r.source,
-             "devices": r.devices, "published_peak_gb": r.published.peak_gb, "needs": r.unmet(gpus)}
+             "devices": r.devices, "published_peak_gb": r.published.peak_gb, "needs": unmet(r.needs(), machine)}
             for r in NAMED_RECIPES.values()
         ],
         "sim_profiles": _sim_profiles(),
         "case_counts": selection_counts(),
     }
+
+
+class _CatalogueMachine(Machine):
+    """This machine as the catalogue sees it: bitsandbytes installed or not, not stepped (its import and 8-bit
+    step cost seconds; a case that needs it probes its backend when it runs)."""
+
+    def bitsandbytes(self, device: str) -> str | None:
+        import importlib.util
+
+        return None if importlib.util.find_spec("bitsandbytes") else "not installed"
 
 
 def _sim_profiles() -> dict[str, str]:
@@ -174,7 +185,8 @@ def cmd_list(args: Settings) -> int:
     print("\nClaims (name, tiers, source):")
     for c in data["claims"]:
         print(f"  {c['name']:<26} {','.join(c['tiers']):<13} {c['source']}: {c['statement']}")
-    print("\nNamed recipes (bonus scripts, ViT-H/14 series, course; what this machine lacks to run them):")
+    print("\nNamed recipes (bonus scripts, ViT-H/14 series, course; what this machine lacks to run them, bitsandbytes "
+          "as installed: its backend is probed when one runs):")
     for r in data["named_recipes"]:
         needs = "; ".join(r["needs"]) or "runnable"
         print(f"  {r['name']:<36} {r['workload']}: {'+'.join(r['techniques'])}  [{needs}]")
@@ -203,37 +215,60 @@ def workload_from(args: Settings) -> str:
     return with_config(args.workload, args.config, lambda line: print(f"memclaims: {line}", file=sys.stderr))
 
 
+def techniques_from(args: Settings) -> tuple[list[str], list[str]]:
+    """The technique names of ``-t`` (a stack's alias, ``adamw_bnb_8bit``, as the technique it names) and the
+    ``"alias -> technique"`` notes to say once (``technique_registry.unalias``)."""
+    return registry.unalias(args.technique or ())
+
+
 def cmd_run(args: Settings) -> int:
+    from memclaims.core import progress
     from memclaims.recipes.recipe import resolve
     from memclaims.recipes.run_options import RunOptions
+    from memclaims.report import run_summary
     from memclaims.run import run_recipe, runs_ranks
 
-    recipe = resolve(workload_from(args), args.scale, args.technique or [], sizes_from(args))
+    names, aliases = techniques_from(args)
+    recipe = resolve(workload_from(args), args.scale, names, sizes_from(args))
     if args.download:
         _download_data(args.data_dir)
     print(offline.describe(args.download, "--download")[1], file=sys.stderr)  # how main set the Hub, in one line
     profile = args.sim_profile or INSTALLED_TORCH_PROFILE  # a question about today (core/names.py)
     options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
-                         data_dir=args.data_dir, devices=args.devices if (args.devices or 1) > 1 else None,
+                         data_dir=args.data_dir, devices=args.devices,  # --devices 1: one rank, not the default world
                          profile=profile, timeout_s=args.timeout or None,
                          evaluate_each_epoch=args.evaluate_each_epoch)
-    if runs_ranks(recipe, options):
+    device_words = f"the sim, {_profile_words(profile)}" if args.device == "sim" else args.device
+    sharded = runs_ranks(recipe, options)
+    said = f"{'predicting' if args.device == 'sim' else 'running'} {recipe.id} on {device_words}"
+    # An alias is said once: here where only the Record follows (--json), else on the summary's techniques line.
+    print(f"memclaims: {said}{', sharded' if sharded else ''}"
+          + (f" ({', '.join(aliases)})" if aliases and args.json else ""), file=sys.stderr)
+    with progress.ticking(recipe.id):
+        records = run_recipe(recipe, options)
+    if sharded:
         from memclaims.measure.distributed import DistributedResult
 
-        print(f"memclaims: running {recipe.id} on {args.device}, sharded", file=sys.stderr)
-        text = DistributedResult.from_records(run_recipe(recipe, options)).to_json()
+        result = DistributedResult.from_records(records)
+        if args.json:
+            print(result.to_json())
+            return 0
+        lines = run_summary.sharded_summary(recipe, result.records, _device_name(result.records[0], profile), aliases)
     else:
-        if args.device == "sim":
-            print(f"memclaims: predicting {recipe.id} on the sim, {_profile_words(profile)}", file=sys.stderr)
-        else:
-            print(f"memclaims: running {recipe.id} on {args.device}", file=sys.stderr)
-        (record,) = run_recipe(recipe, options)
-        text = record.to_json()
-    if args.json:
-        print(text)
-    else:
-        _print_summary(json.loads(text))
+        (record,) = records
+        if args.json:
+            print(record.to_json())
+            return 0
+        lines = run_summary.summary(recipe, record, _device_name(record, profile), aliases)
+    print("\n".join(lines))
     return 0
+
+
+def _device_name(record: Any, profile: str) -> str:
+    """The device of a Record in words: ``simulated NVIDIA A100 (sm80), profile 'current'``, ``cpu (...)``."""
+    if record.device == "sim":
+        return f"{record.device_name}, sim profile {profile!r}"
+    return f"{record.device} ({record.device_name})" if record.device_name else record.device
 
 
 def _download_data(folder: Path | None) -> None:
@@ -257,14 +292,6 @@ def _profile_words(name: str) -> str:
     from memclaims.sim import profile
 
     return f"profile {name!r} ({profile(name).summary})"
-
-
-def _print_summary(record: dict[str, Any]) -> None:
-    for key in sorted(record):
-        value = record[key]
-        if isinstance(value, (dict, list)):
-            value = json.dumps(value, sort_keys=True)
-        print(f"{key:<28} {value}")
 
 
 def cmd_benchmark(args: Settings) -> int:
@@ -300,6 +327,12 @@ def cmd_reproduce(args: Settings) -> int:
         return _reproduce_all(args)
     assert args.out is not None  # the command's default: reproduce/
     out = Path(args.out)
+    if not args.baselines_dir.is_dir():  # refused at once, not an empty column after the runs (issue #49)
+        if args.baselines_dir != table.default_for(table.BY_NAME["baselines-dir"], "reproduce"):
+            raise UsageError(f"--baselines-dir {args.baselines_dir}: no such folder; give the folder that holds "
+                             "measured/<environment>.json (a clone's baselines/)")
+        print(f"memclaims: no {args.baselines_dir}/ here: the baseline column stays empty (--baselines-dir DIR "
+              "names the folder)", file=sys.stderr)
     from memclaims.claims.runs import LAST_RUN_NAME
 
     rows = reproduce(args.device, out, store=BaselineStore(args.baselines_dir), series=every,
@@ -446,9 +479,12 @@ def cmd_fit(args: Settings) -> int:
     from memclaims.core import progress as progress_bar
 
     budget = fit.parse_size(args.memory)
+    only, aliases = techniques_from(args)
+    if aliases and not args.json:
+        print(f"memclaims: {', '.join(aliases)}", file=sys.stderr)
     profile = args.sim_profile or INSTALLED_TORCH_PROFILE  # what fits today (core/names.py)
     result = fit.fit(workload_from(args), budget, profile=profile, scale=args.scale, sizes=sizes_from(args),
-                     exact=not args.extrapolate, only=tuple(args.technique or ()), devices=args.devices,
+                     exact=not args.extrapolate, only=tuple(only), devices=args.devices,
                      # said once the budget is judged: a refusal stays one line
                      answering=None if args.json else
                      (lambda: print(f"memclaims: fit on the sim, {_profile_words(profile)}", file=sys.stderr)),
@@ -556,7 +592,7 @@ def cmd_history(args: Settings) -> int:
 # the first word's command; its options are the table's rows that name it (memclaims.core.settings).
 COMMANDS: tuple[tuple[str, str, Callable[[Settings], int]], ...] = (
     ("list", "techniques, workloads, scales and claims", cmd_list),
-    ("run", "run one recipe and print its Record", cmd_run),
+    ("run", "run one recipe: what it resolved, its peaks in GB and GiB, per phase (--json: its Record)", cmd_run),
     ("benchmark", "time each CPU case of a selection", cmd_benchmark),
     ("reproduce", "the article's chain on this machine beside the published numbers", cmd_reproduce),
     ("claims", "every claim of every source (the article, the course, the techniques' own documentation): tiers "
@@ -575,10 +611,15 @@ COMMANDS: tuple[tuple[str, str, Callable[[Settings], int]], ...] = (
      "and library releases, loss steps (writes tolerances.json)", cmd_spread),
 )
 GROUPS = {"baselines": "measured baselines"}  # commands that only hold subcommands
+# What `memclaims --help` tells a user (the module's docstring is for developers).
+DESCRIPTION = ("Memory-saving techniques for PyTorch training, measured: the peak memory of a recipe (a workload and "
+               "the techniques it combines) on the CPU (exact tensor bytes), a CUDA GPU, or the sim (predicted at "
+               "article scale on a simulated A100), and the published claims about them checked. Start with "
+               "`memclaims list`, then `memclaims run vit -t bf16-true --device sim`; each command takes --help.")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="memclaims", description=__doc__)
+    parser = _Parser(prog="memclaims", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     nested: dict[str, Any] = {}
     for name, help_text, handler in COMMANDS:

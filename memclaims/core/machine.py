@@ -4,7 +4,7 @@ Apart from :mod:`memclaims.recipes.requirements` (what a case needs) because the
 bitsandbytes question when they build, and the requirements ask the sim what it can replay, which
 builds optimizers: one module for both would be an import cycle. The training stack's packages are
 checked by running their smallest real operation (:func:`stack_problem`); what a failure means for
-a session is :mod:`memclaims.pytest.stack_preflight`'s.
+a session is :mod:`memclaims.pytest.release_preflight`'s.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ lines are printed as before (``say``: above the bar where one is drawn)."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from tqdm import tqdm
@@ -32,3 +34,27 @@ def say(text: str) -> None:
     """One line on stderr, printed above a bar being drawn instead of through it."""
     tqdm.write(text, file=sys.stderr)
     sys.stderr.flush()
+
+
+@contextmanager
+def ticking(what: str) -> Iterator[None]:
+    """While the body runs (one long step with no count: a run, its ranks), a bar on a terminal that shows the
+    seconds elapsed, redrawn each second by a thread; nothing in a log."""
+    bar = tqdm(desc=what, total=None, disable=None, file=sys.stderr, leave=False, dynamic_ncols=True,
+               bar_format="{desc}: {elapsed}")
+    stop = threading.Event()
+
+    def redraw() -> None:
+        while not stop.wait(1.0):
+            bar.refresh()
+
+    ticker = threading.Thread(target=redraw, daemon=True)
+    if not bar.disable:
+        ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if ticker.is_alive():
+            ticker.join()
+        bar.close()

@@ -90,6 +90,8 @@ class Option:
     pytest: bool = False  # a pytest command-line option
     ini: bool | None = None  # an ini option; None: wherever it is a pytest option
     pytest_flag: str | None = None  # a pytest spelling outside the namespace (--update-baselines)
+    # Other pytest plugins' spellings of the same request that pytest takes for it too (--force-regen).
+    pytest_aliases: tuple[str, ...] = ()
     cli: Mapping[str, Use] = field(default_factory=dict)  # command ("baselines accept") -> how it takes it
     cli_aliases: tuple[str, ...] = ()  # old spellings on the command line: they work, with a warning
     short: str | None = None  # -t
@@ -164,7 +166,8 @@ OPTIONS: tuple[Option, ...] = (
            "runs them offline: HF_HUB_OFFLINE=1); needs internet and a data dir; off by default", default=False,
            pytest=True, cli=_flags("run")),
     Option("update-baselines", "flag", "store the Records of the cases that ran as their baselines, instead of "
-           "comparing", default=False, pytest=True, ini=False, pytest_flag="--update-baselines"),
+           "comparing (pytest-regressions' --force-regen is taken for it)", default=False, pytest=True, ini=False,
+           pytest_flag="--update-baselines", pytest_aliases=("--force-regen",)),
     Option("strict", "flag", "fail when a metric is better than its baseline beyond tolerance (stale baseline)",
            default=False, pytest=True),
     Option("accept-regressions", "flag", "with --update-baselines: store a Record even where it is worse than its "

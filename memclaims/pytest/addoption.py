@@ -32,7 +32,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 kwargs.update(default=None, action="store_const", const="true")
             else:
                 kwargs.update(default=False, action="store_true")
-            group.addoption(option.pytest_option, **kwargs)
+            try:
+                group.addoption(option.pytest_option, *option.pytest_aliases, **kwargs)
+            except ValueError:  # an alias the other plugin registers itself (pytest-regressions installed): its own
+                group.addoption(option.pytest_option, **kwargs)
         if option.in_ini and option.kind == "lines":
             parser.addini(option.ini_name, help_for(option, "ini"), type="linelist", default=text_default(option))
         elif option.in_ini:

@@ -117,7 +117,7 @@ def tier_scale(config: pytest.Config, tier: str, workload: str = "vit") -> str:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    counts = {name: len(registry.selection(name)) for name in SELECTIONS}
+    counts = {name: registry.selection_size(name) for name in SELECTIONS}
     chosen = settings(config).matrix
     hub = [config.stash[_HUB].line] if _HUB in config.stash else []  # Hub offline, or downloads allowed
     return [f"memclaims: matrix {chosen!r}: {counts[chosen]} cases per workload and tier "
@@ -382,7 +382,7 @@ def go_offline(config: pytest.Config) -> None:
 
 
 def check_stack(config: pytest.Config) -> None:
-    """The environment preflight (memclaims.pytest.stack_preflight), once per session: a package every run or
+    """The environment preflight (memclaims.pytest.release_preflight), once per session: a package every run or
     the selected workload needs that does not work stops the run with one line (a usage error,
     exit status 4) before any conftest or test module imports it; any other is a header line."""
     go_offline(config)
@@ -392,24 +392,47 @@ def check_stack(config: pytest.Config) -> None:
     asked = config.known_args_namespace  # parsed already in pytest_load_initial_conftests
     if getattr(asked, "help", False) or getattr(asked, "version", False):
         return  # --help and --version must work on a broken install too
-    from memclaims.pytest import stack_preflight
+    from memclaims.pytest import release_preflight
 
-    found = stack_preflight.problems()
+    found = release_preflight.problems()
     # Before the session's Settings exist (pytest_configure builds them, after the conftests this
     # guards), so the workload as given: known_args_namespace holds the plugin's options when its
     # entry point loaded it, config.option once a conftest.py has registered it.
     option = OPTION_BY_NAME["workload"]
     workload = (getattr(config.option, option.pytest_dest, None) or getattr(asked, option.pytest_dest, None)
                 or str(config.getini(option.ini_name))).strip()
-    if stack_preflight.stopping(found, workload or "vit"):
-        raise pytest.UsageError(stack_preflight.message(found))
-    config.stash[_STACK_NOTES] = [stack_preflight.note(p) for p in found]
+    if release_preflight.stopping(found, workload or "vit"):
+        raise pytest.UsageError(release_preflight.message(found))
+    config.stash[_STACK_NOTES] = [release_preflight.note(p) for p in found]
+
+
+def check_options_early(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """The plugin's options as given on the command line, checked before the preflight's imports (seconds): a
+    bad value, or a misspelled ``--memclaims-*`` option, is one line at once (issue #49). The ini file's values
+    and the other plugins' options are checked where pytest checks them, after the conftests."""
+    _, unknown = parser.parse_known_and_unknown_args(args)
+    ours = [option.pytest_option for option in OPTIONS if option.pytest]
+    for word in unknown:
+        name = word.partition("=")[0]
+        if name.startswith("--memclaims-"):
+            from memclaims.core.suggest import did_you_mean
+
+            raise pytest.UsageError(f"unrecognized option {name}" + did_you_mean(name, ours, "pytest --help lists "
+                                                                               "the memclaims options"))
+    for option in OPTIONS:
+        value = getattr(early_config.known_args_namespace, option.pytest_dest, None) if option.pytest else None
+        if value is not None and value is not False:
+            try:
+                parse(option, value)
+            except BadValue as error:
+                raise pytest.UsageError(f"{option.pytest_option}: {error}") from None
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
     # Loaded by its entry point, the plugin is here before the project's conftest.py files are
     # imported (a conftest that imports torch would otherwise fail first, with a traceback).
+    check_options_early(early_config, parser, args)
     check_stack(early_config)
 
 

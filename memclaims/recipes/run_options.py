@@ -10,8 +10,6 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from memclaims.core.errors import UsageError
 from memclaims.core.names import SEED, SIM_MEMORY_STEPS
 
@@ -66,6 +64,8 @@ LOAD_RECIPES = {"build-then-convert": ("16-true",), "init-module": ("16-true", "
 def default_devices(device: str) -> int:
     """Ranks of a sharded run when none are asked for: every visible GPU, or 2 CPU processes."""
     if device == "cuda":
+        import torch  # where the device is asked about: the claim catalogue names recipes without torch
+
         return max(1, torch.cuda.device_count())
     return CPU_DEFAULT_DEVICES
 
@@ -116,5 +116,7 @@ def resolve_memory_steps(recipe: Recipe, options: RunOptions) -> int:
 def check_device(device: str) -> None:
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r}; valid devices: {', '.join(DEVICES)}")
+    import torch
+
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda needs a CUDA GPU, and torch sees none on this machine")

@@ -66,6 +66,9 @@ class Row:
     kind: str = "train"  # "train", "load" (07: a load peak, its own unit and reference) or "series"
     claim: str = ""
     series: str = ""  # for kind "series": vit-h14, distilbert or bigbird (memclaims.report.series), ratios to its first bar
+    # The environment (CPU class, GPU) whose baseline the row's baseline column holds: this machine's, or the
+    # sibling class pytest falls back to too (BaselineStore.find); "" where no baseline was found.
+    baseline_environment: str = ""
 
 
 def _default_run(recipe: Recipe, device: str, evaluate: bool) -> Record:
@@ -141,12 +144,15 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
     records: dict[Key, Record] = {}
     recipes: dict[tuple[str, ...], Recipe] = {}
     baselines: dict[tuple[str, ...], Record | None] = {}
+    read_from: dict[tuple[str, ...], str] = {}
     for techniques in progress.steps([r[2] for r in CHAIN_ROWS] + [LOAD_RECIPE], f"reproduce on {device}"):
         recipe = resolve("vit", scale, techniques)
         recipes[techniques] = recipe
         records[techniques] = run_fn(recipe, device, techniques != LOAD_RECIPE)
-        found = store.get(environment_id(records[techniques]), recipe.id) if store else None
-        baselines[techniques] = found.record if found else None
+        # pytest's lookup: this machine's class, else the closest sibling class (one function for both)
+        found = store.find(records[techniques]) if store else None
+        baselines[techniques] = found[0].record if found else None
+        read_from[techniques] = found[1] if found else ""
     if device == "sim":
         # The 07 scripts printed reserved memory of the stock 1000-class model: the sim's load-only
         # replays predict exactly that (the recipe's Record holds live bytes of the 10-class model).
@@ -176,7 +182,8 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
         rows.append(Row(row, script, recipes[techniques].id, _label(techniques, previous), gb, measured,
                         _train_bytes(base, device) if base else None, gb / reference_gb,
                         measured / reference if measured is not None and reference else None, verdict, size,
-                        _ran_as(recipes[techniques], record), "train", claim_name or ""))
+                        _ran_as(recipes[techniques], record), "train", claim_name or "",
+                        baseline_environment=read_from[techniques]))
         previous = techniques if row != "01" else None
     load_record, load_base = records[LOAD_RECIPE], baselines[LOAD_RECIPE]
     load_reference_gb = published.row("model_loading", "07_01")["load_peak_reserved_gb"]
@@ -196,12 +203,13 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
                         _load_bytes(load_base, which), gb / load_reference_gb,
                         measured / build if measured is not None and build else None,
                         ("holds" if load_result.passed else "does not hold") if is_init else "n/a",
-                        load_result.detail if is_init else "", "", "load", "init-module-load" if is_init else ""))
+                        load_result.detail if is_init else "", "", "load", "init-module-load" if is_init else "",
+                        baseline_environment=read_from[LOAD_RECIPE] if load_base else ""))
     if series:
         rows += _series_rows(device, scale, measure_fn or _default_measure)
     summary = _audit(tier, lookup)
     out.mkdir(parents=True, exist_ok=True)
-    _write(rows, device, scale, out, summary)
+    _write(rows, device, scale, out, summary, environment_id(records[("fabric",)]))
     if last_run is not None:
         record_verdicts(rows, tier, last_run, f"memclaims reproduce --device {device}")
     return rows
@@ -218,6 +226,18 @@ def record_verdicts(rows: Sequence[Row], tier: str, path: Path, command: str) ->
                for r in rows if r.claim and r.verdict in ("holds", "does not hold")}
     if entries:
         claim_runs.write(path, entries)
+
+
+def baseline_sources(rows: list[Row], here: str) -> str:
+    """Which class the baseline column was read from, in one line: this machine's, a sibling's, or none."""
+    read = sorted({r.baseline_environment for r in rows if r.baseline_environment})
+    if not read:
+        return f"Baselines: none stored for this machine's class {here} or a sibling class."
+    others = [e for e in read if e != here]
+    if not others:
+        return f"Baselines: this machine's class, {here}."
+    return (f"Baselines: read from the sibling class {', '.join(others)} (this machine is {here}, which has "
+            f"{'some' if here in read else 'none'} of them), as pytest falls back.")
 
 
 def _series_rows(device: str, scale: str, measure_fn: MeasureFn) -> list[Row]:
@@ -299,7 +319,7 @@ def _unit(device: str) -> tuple[str, float]:
     return ("MiB live tensor bytes, smoke scale", MIB)
 
 
-def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[str, str]) -> None:
+def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[str, str], here: str) -> None:
     from memclaims.claims import catalogue as claims
 
     unit, div = _unit(device)
@@ -316,7 +336,7 @@ def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[st
              f"Published: CUDA peak reserved memory, decimal GB, ViT-L/16 at article scale. Measured here: {unit}. "
              f"Ratios are to 01-2, the fp32 Fabric reference. Size verdict: the row's claim, its ratio to the row "
              f"before against {'a ratio derived from exact parameter, gradient and state bytes' if device == 'cpu' else 'the published ratio'}, "
-             "within a stated band.", "",
+             "within a stated band.", "", baseline_sources(rows, here), "",
              f"| row | technique | ran as | published (GB) | measured ({unit}) | baseline ({unit}) | published ratio | "
              f"measured ratio | size verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for r in train:

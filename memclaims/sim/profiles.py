@@ -1,7 +1,7 @@
 """Simulated GPUs as named data: which attention kernel runs per dtype, cuBLAS workspaces, allocator.
 
 The attention kernel decides the activation memory (the math kernel stores full score matrices:
-+19 % to +37 % at article scale, SIMULATION.md point 2), and a CPU-only torch would pick neither
++19 % to +37 % at article scale, the article-math profile), and a CPU-only torch would pick neither
 of the GPU kernels by itself, so the choice is stated here, per era, instead of inferred.
 """
 
@@ -83,7 +83,7 @@ def _gpu_tier_profile(name: str, gpu: str, workspace: int, total_memory: int) ->
     )
 
 
-# The gpu tier's targets (memclaims.pytest.stack_preflight). Capacities: the smallest common variant of each card,
+# The gpu tier's targets (memclaims.pytest.release_preflight). Capacities: the smallest common variant of each card,
 # about what torch.cuda.get_device_properties().total_memory reports (the box says 40 / 80 / 141 GB;
 # the driver keeps some), rounded down to 0.01 GiB.
 GPU_TIER_PROFILES = ("a100", "h100", "h200")
@@ -142,7 +142,7 @@ PROFILES: dict[str, Profile] = {
             _ARTICLE,
             name="article-math",
             summary="the article profile with the math attention kernel everywhere (what a CPU-only "
-                    "torch picks): the ablation of SIMULATION.md point 2",
+                    "torch picks): the ablation of the attention kernel (the math kernel stores the full score matrices)",
             attention={"float32": "math", "float16": "math", "bfloat16": "math"},
         ),
         Profile(

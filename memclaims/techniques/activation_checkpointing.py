@@ -64,4 +64,7 @@ class ActivationCheckpointing(Hooks):
 # Needs no sharding: on one device each block is wrapped in torch.utils.checkpoint (hf: and
 # text models through their own gradient_checkpointing_enable()); with fsdp, Lightning's policy.
 ENTRY = Technique("activation-checkpointing", "recompute each transformer block's activations in backward",
-                  "08_fsdp-with-01-2", hooks=ActivationCheckpointing())
+                  "08_fsdp-with-01-2", hooks=ActivationCheckpointing(),
+                  # TrainingArguments(gradient_checkpointing=True) checkpoints every block, as this does;
+                  # "checkpointing" alone is selective-checkpointing's too, so it is refused as ambiguous.
+                  aliases=("gradient_checkpointing", "gradient-checkpointing", "checkpointing"))

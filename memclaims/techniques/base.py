@@ -562,6 +562,9 @@ class Technique:
     # (claim paged-optimizer-unified-memory), and one more CUDA case would pass the nightly's 30
     # GPU-minutes (30.2 with it). Its cases run in the full matrix.
     in_default: bool = True
+    # The training stacks' own names for it that a user may type for ``-t`` (TrainingArguments' flags, Lightning's
+    # precision values): technique_registry.ALIASES gathers them; a name two entries give is refused as ambiguous.
+    aliases: tuple[str, ...] = ()
     # What it does to a run (``Hooks``; a multi-device technique's: a ``Strategy``); not part of the entry's identity.
     hooks: Hooks = field(default=NO_HOOKS, compare=False, repr=False)
 

@@ -228,4 +228,4 @@ ENTRY = Technique(NAME, "selective activation checkpointing (torch's create_sele
                   "torchtitan's op-level policy): each block saves its matmul and attention outputs (every second "
                   "matmul recomputed) and recomputes the rest in backward",
                   "torch docs: create_selective_checkpoint_contexts", in_cover=False, in_default=False, conflicts=CONFLICTS,
-                  hooks=SelectiveCheckpointing())
+                  hooks=SelectiveCheckpointing(), aliases=("checkpointing",))

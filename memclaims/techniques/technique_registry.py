@@ -62,9 +62,11 @@ TECHNIQUES: tuple[Technique, ...] = (
     accelerate_loop.ENTRY,
     lightning_trainer.ENTRY,
     Technique("16-mixed", "float16 automatic mixed precision", "02_mixed-precision",
-              group="precision", precision="16-mixed"),
+              group="precision", precision="16-mixed",
+              aliases=("16", "fp16")),  # Lightning's legacy 16 and TrainingArguments(fp16=True) are float16 AMP
     Technique("bf16-mixed", "bfloat16 automatic mixed precision", "02_mixed-precision (bf16 variant)",
-              group="precision", precision="bf16-mixed"),
+              group="precision", precision="bf16-mixed",
+              aliases=("bf16",)),  # Lightning's bf16 and TrainingArguments(bf16=True) are bfloat16 AMP
     Technique("16-true", "parameters and activations in float16 (diverges to NaN in the article)",
               "02_mixed-precision (text: 16-true)", group="precision", precision="16-true"),
     Technique("bf16-true", "parameters and activations in bfloat16", "03_bfloat16",
@@ -128,13 +130,63 @@ ARTICLE_CHAIN: tuple[tuple[str, ...], ...] = (
 CHAIN: tuple[tuple[str, ...], ...] = ((REFERENCE,), *ARTICLE_CHAIN)
 
 
+def _aliases() -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    """The stacks' names for techniques (each entry's ``aliases``, TrainingArguments' ``optim`` values from
+    ``optimizer_impl.TRAINER_OPTIMS``) -> the techniques each means; and the names given two meanings -> their
+    choices (refused as ambiguous). A name that is a technique's own is never an alias."""
+    meanings: dict[str, set[tuple[str, ...]]] = {}
+    for entry in TECHNIQUES:
+        for alias in entry.aliases:
+            meanings.setdefault(alias, set()).add((entry.name,))
+    for optim, built in optimizer_impl.TRAINER_OPTIMS.items():
+        meanings.setdefault(optim, set()).add(built.techniques)
+    plain = {alias: next(iter(m)) for alias, m in meanings.items() if len(m) == 1 and alias not in BY_NAME}
+    ambiguous = {alias: tuple(sorted("+".join(c) for c in m)) for alias, m in meanings.items()
+                 if len(m) > 1 and alias not in BY_NAME}
+    return plain, ambiguous
+
+
+# ``adamw_bnb_8bit`` -> ("adamw8bit",), ``adamw_torch_fused`` -> ("adamw", "fused"), ``fp16`` -> ("16-mixed",).
+ALIASES, AMBIGUOUS = _aliases()
+# Names of the stacks that mean no technique of memclaims, each with why (one line, not "unknown").
+NO_TECHNIQUE: dict[str, str] = {
+    **dict.fromkeys(("32", "32-true"), "is fp32, the reference's precision: give no precision technique"),
+    **dict.fromkeys(("64", "64-true"), "(float64) is no technique memclaims measures; its precisions: "
+                    + ", ".join(t.name for t in TECHNIQUES if t.group == "precision")),
+}
+
+
+def unalias(names: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The technique names ``names`` mean (a stack's alias replaced by its techniques, in place), and one
+    ``"alias -> technique"`` note per alias used, for the front end to say once. An ambiguous alias or a name
+    that means no technique is a UsageError naming the choices."""
+    resolved: list[str] = []
+    notes: list[str] = []
+    for name in names:
+        if name in BY_NAME:
+            resolved.append(name)
+        elif name in ALIASES:
+            resolved += ALIASES[name]
+            notes.append(f"{name} -> {'+'.join(ALIASES[name])}")
+        elif name in AMBIGUOUS:
+            raise UsageError(f"technique {name!r} is ambiguous: it means {' or '.join(AMBIGUOUS[name])}; "
+                             "name one of them")
+        elif name in NO_TECHNIQUE:
+            raise UsageError(f"technique {name!r} {NO_TECHNIQUE[name]}")
+        else:
+            technique(name)  # raises: unknown, with the closest names
+    return resolved, notes
+
+
 def technique(name: str) -> Technique:
     try:
         return BY_NAME[name]
     except KeyError:
-        raise UsageError(
-            f"unknown technique {name!r}; valid techniques: {', '.join(BY_NAME)}"
-        ) from None
+        from memclaims.core.suggest import did_you_mean
+
+        raise UsageError(f"unknown technique {name!r}"
+                         + did_you_mean(name, [*BY_NAME, *ALIASES], f"memclaims list shows all {len(BY_NAME)}")
+                         ) from None
 
 
 def canonical(names: Iterable[str]) -> tuple[str, ...]:
@@ -225,6 +277,53 @@ def valid_combinations(pool: tuple[Technique, ...] = TECHNIQUES) -> Iterator[tup
         yield from _valid_of_size(pool, size, 0, [])
 
 
+@cache
+def count_valid(pool: tuple[Technique, ...] = TECHNIQUES) -> int:
+    """How many valid non-empty combinations ``pool`` has, ``len(list(valid_combinations(pool)))``, counted
+    without listing them (``memclaims list`` and the pytest header show the full matrix's size: 55,737
+    combinations take seconds to list, a count milliseconds). The same rules as ``violation``, as bit masks:
+    what each technique excludes (alone, conflicts both ways, its group) and what it needs; a dynamic programme
+    over the pool in order, its state what the choices so far forbid and require of the techniques ahead and
+    which of the needed techniques they chose. Written here: no library counts a registry's rule set."""
+    index = {t.name: i for i, t in enumerate(pool)}
+    everyone = (1 << len(pool)) - 1
+    excludes = [0] * len(pool)
+    needs = [0] * len(pool)
+    impossible = 0  # techniques needing one outside the pool: never valid
+    for i, t in enumerate(pool):
+        if t.alone:
+            excludes[i] |= everyone & ~(1 << i)
+        for j, other in enumerate(pool):
+            if j != i and (other.alone or (t.group and t.group == other.group)
+                           or any(o == other.name for o, _ in t.conflicts)
+                           or any(o == t.name for o, _ in other.conflicts)):
+                excludes[i] |= 1 << j
+        for need in t.needs:
+            if need in index:
+                needs[i] |= 1 << index[need]
+            else:
+                impossible |= 1 << i
+    needed = 0
+    for mask in needs:
+        needed |= mask
+
+    @cache
+    def ways(i: int, forbidden: int, required: int, chosen_needed: int) -> int:
+        if i == len(pool):
+            return 1 if not required else 0
+        bit = 1 << i
+        total = 0 if required & bit else ways(i + 1, forbidden, required, chosen_needed)  # leave i out
+        if not forbidden & bit and not impossible & bit:
+            behind = needs[i] & (bit - 1)
+            if behind & ~chosen_needed == 0:  # what i needs among the earlier ones was chosen
+                ahead = ~((bit << 1) - 1)
+                total += ways(i + 1, (forbidden | excludes[i]) & ahead, (required | needs[i]) & ahead,
+                              chosen_needed | (bit & needed))
+        return total
+
+    return ways(0, 0, 0, 0) - 1  # less the empty combination
+
+
 def compatible_pairs(pool: tuple[Technique, ...]) -> set[frozenset[str]]:
     return {
         frozenset(pair)
@@ -297,3 +396,10 @@ def selection(name: str) -> list[tuple[str, ...]]:
     except KeyError:
         raise UsageError(f"unknown selection {name!r}; valid selections: {', '.join(SELECTIONS)}") from None
     return select()
+
+
+def selection_size(name: str) -> int:
+    """How many combinations the selection ``name`` runs; the full matrix counted, not listed (``count_valid``)."""
+    if name == "full":
+        return count_valid(single_process())
+    return len(selection(name))

@@ -201,8 +201,11 @@ def _default_config(model_type: str) -> Any:
     from transformers import AutoConfig
 
     if model_type not in model_types():
-        raise UsageError(f"unknown hf model type {model_type!r}; valid model types (transformers "
-                         f"{_version()}, with a causal-LM or classification head): {', '.join(model_types())}")
+        from memclaims.core.suggest import did_you_mean
+
+        raise UsageError(f"unknown hf model type {model_type!r}" + did_you_mean(
+            model_type, model_types(), f"transformers {_version()} has {len(model_types())} model types with a "
+            "causal-LM or classification head", HF_PREFIX))
     return AutoConfig.for_model(model_type)
 
 

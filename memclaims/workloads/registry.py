@@ -33,4 +33,18 @@ def workload(name: str) -> Workload:
     if found is not None:
         return found
     valid = [*WORKLOADS, *user_workloads.names(), f"{HF_PREFIX}<model_type>"]
-    raise UsageError(f"unknown workload {name!r}; valid workloads: {', '.join(valid)}") from None
+    raise UsageError(f"unknown workload {name!r}" + _suggestion(name, valid)) from None
+
+
+def _suggestion(name: str, valid: list[str]) -> str:
+    """The closest built-in or user workload, else a transformers model type as ``hf:<type>`` (``llama`` ->
+    ``hf:llama``), else the short list of valid workloads (never the hundreds of model types)."""
+    from memclaims.core.suggest import close, did_you_mean
+
+    where = f"valid workloads: {', '.join(valid)}"
+    if close(name, valid[:-1]):
+        return did_you_mean(name, valid[:-1], where)
+    from memclaims.workloads import hf
+
+    types = hf.model_types()
+    return did_you_mean(name, [name] if name in types else types, where, HF_PREFIX)

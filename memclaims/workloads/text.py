@@ -13,15 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, cast
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, cast
 
 from memclaims.core.errors import DataError, UsageError
 from memclaims.core.names import DATA_DIR_ENV
-from memclaims.workloads import data
 from memclaims.workloads.types import LoraTargets, Scale, Workload
+
+if TYPE_CHECKING:  # torch where a model or its data is built: naming a workload (list, claims) imports none
+    import torch
+    from torch import nn
+
+    from memclaims.workloads import data
 
 # The article's era: no SDPA / flash attention in these models' code paths.
 ATTENTION = "eager"
@@ -127,7 +129,7 @@ def architecture(model: TextModel, scale: Scale, num_classes: int | None = 2) ->
     """Randomly initialised, in the era's attention implementation (the sim builds this)."""
     from transformers import AutoModelForSequenceClassification
 
-    return cast(nn.Module, AutoModelForSequenceClassification.from_config(config(model, scale),
+    return cast("nn.Module", AutoModelForSequenceClassification.from_config(config(model, scale),
                                                                           attn_implementation=ATTENTION))
 
 
@@ -135,12 +137,16 @@ def fake_inputs(model: TextModel, scale: Scale, batch: int) -> tuple[dict[str, t
     """A micro-batch padded to the longest sequence the scale allows: the sim's worst case (IMDb
     batches of 12 nearly always hold a review past 512 tokens; BigBird's 4,096 is an upper bound)."""
     length = sequence_length(model, scale)
+    import torch
+
     ids = torch.zeros(batch, length, dtype=torch.long)
     return {"input_ids": ids, "attention_mask": torch.ones(batch, length, dtype=torch.long)}, \
         torch.zeros(batch, dtype=torch.long)
 
 
 def text_data(model: TextModel, scale: Scale, data_dir: str | os.PathLike[str] | None) -> data.TextBundle:
+    from memclaims.workloads import data
+
     root = data.kind_dir(data.resolve_data_dir(data_dir), "text")
     max_length = sequence_length(model, scale)
     if root is None:

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
 from memclaims.core.errors import UsageError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch at run time only where a model is built: naming a workload costs no torch import
+    import torch
+    from torch import nn
+
     from memclaims.workloads import data
 
 

@@ -9,15 +9,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, cast
 
 from memclaims.core.errors import UsageError
 from memclaims.core.names import CONVERGED, GPU_SMOKE
-from memclaims.workloads import data
 from memclaims.workloads.types import Scale, Workload
+
+if TYPE_CHECKING:  # torch where a model or its data is built: naming a workload (list, claims) imports none
+    from torch import nn
+
+    from memclaims.workloads import data
 
 # --- ViT -------------------------------------------------------------------------------------
 
@@ -71,12 +72,14 @@ class VitFamily:
 
         sizes = self._sizes(scale.name if isinstance(scale, Scale) else scale)
         if sizes:
-            return cast(nn.Module, models.VisionTransformer(num_classes=num_classes or 10,
+            return cast("nn.Module", models.VisionTransformer(num_classes=num_classes or 10,
                                                             **dict(sizes, image_size=self.image_size(scale))))
         model = getattr(models, self.builder)(weights=None, image_size=self.image_size(scale))
         if num_classes is not None:
+            from torch import nn
+
             model.heads.head = nn.Linear(in_features=self.hidden_dim, out_features=num_classes)
-        return cast(nn.Module, model)
+        return cast("nn.Module", model)
 
     def _weights(self) -> Any:
         import torchvision.models as models
@@ -87,6 +90,8 @@ class VitFamily:
     def weights_cached(self) -> bool:
         url: str = self._weights().url
         filename = os.path.basename(url)
+        import torch
+
         return (Path(torch.hub.get_dir()) / "checkpoints" / filename).is_file()
 
     def build(self, scale: Scale) -> tuple[nn.Module, str]:
@@ -97,10 +102,13 @@ class VitFamily:
 
         # Loading from the hub cache never downloads: the file is already there.
         model = getattr(models, self.builder)(weights=self._weights())
+        from torch import nn
+
         model.heads.head = nn.Linear(in_features=self.hidden_dim, out_features=10)
-        return cast(nn.Module, model), "pretrained"
+        return cast("nn.Module", model), "pretrained"
 
     def data(self, scale: Scale, data_dir: str | os.PathLike[str] | None) -> data.DataBundle:
+        from memclaims.workloads import data
         if scale.name == CONVERGED:  # a fixed task: its accuracy baselines mean the same on every machine
             return data.digits(self.image_size(scale))
         return data.images(self.image_size(scale), data_dir)
@@ -109,7 +117,7 @@ class VitFamily:
 def _vit_block() -> type[nn.Module]:
     from torchvision.models.vision_transformer import EncoderBlock
 
-    return cast(type[nn.Module], EncoderBlock)
+    return cast("type[nn.Module]", EncoderBlock)
 
 
 # Five measured steps: step 1 creates the optimizer state, step 2 is the first steady step, and

@@ -87,7 +87,7 @@ def test_run_and_fit_take_the_optimizers_implementation(capsys: pytest.CaptureFi
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["run", "vit", "-t", "bogus"], "unknown technique 'bogus'; valid techniques:"),
+    (["run", "vit", "-t", "bogus"], "unknown technique 'bogus'; memclaims list shows all"),
     (["run", "vit", "-t", "fused", "-t", "adafactor"], "'fused' does not combine with 'adafactor': transformers' "
                                                        "Adafactor steps one parameter at a time"),
     (["run", "nope"], "unknown workload 'nope'; valid workloads: vit"),

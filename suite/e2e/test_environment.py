@@ -17,7 +17,7 @@ import pytest
 from fixtures.paths import ROOT
 from memclaims.core import machine
 from memclaims.core.environment import cpu_capability
-from memclaims.pytest import stack_preflight as preflight
+from memclaims.pytest import release_preflight as preflight
 from memclaims.pytest.testing import make_project
 
 pytest_plugins = ["pytester"]
@@ -95,6 +95,31 @@ def test_a_broken_install_stops_pytest_with_one_line(tmp_path: Path) -> None:
     # Lightning and torchmetrics import an installed torchvision: the line says why they fail too.
     assert "lightning " in output and "imports torchvision and fails with it" in output
     assert "Traceback" not in output and len(output.strip().splitlines()) <= 4, output
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--memclaims-matirx", "singles"], "ERROR: unrecognized option --memclaims-matirx; did you mean "
+                                        "'--memclaims-matrix'"),
+    (["--memclaims-matrix", "bogus"], "ERROR: --memclaims-matrix: invalid choice: 'bogus' (choose from singles, "
+                                      "default, full)"),
+])
+def test_a_bad_option_is_answered_before_the_releases_preflight(tmp_path: Path, option: list[str],
+                                                               message: str) -> None:
+    """Checked before the preflight's imports (seconds; issue #49): on a broken install the option's line is the
+    answer, not the preflight's."""
+    shim = tmp_path / "shim" / "torchvision"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(_BROKEN_TORCHVISION)
+    output = _pytest_with([tmp_path / "shim", ROOT], "--collect-only", "-q", *option,
+                          str(ROOT / "suite" / "cases" / "test_claims.py"))
+    assert output.startswith("exit 4\n") and message in output, output
+    assert "torchvision" not in output and len(output.strip().splitlines()) <= 2, output
+
+
+def test_force_regen_is_taken_for_update_baselines(pytester: pytest.Pytester) -> None:
+    """pytest-regressions' spelling of "store what ran as the expected values"."""
+    assert pytester.parseconfig("--force-regen").getoption("update_baselines") is True
+    assert pytester.parseconfig().getoption("update_baselines") is False
 
 
 def stack_without(tmp_path: Path, missing: str) -> str:

@@ -120,7 +120,7 @@ def test_a_config_json_is_read_as_transformers_reads_it(tmp_path, capsys) -> Non
 
 
 @pytest.mark.parametrize(("name", "message"), [
-    ("hf:not-a-model", "unknown hf model type 'not-a-model'; valid model types .*llama"),
+    ("hf:not-a-model", "unknown hf model type 'not-a-model'; transformers .* has .* model types with a causal-LM or classification head$"),
     ("hf:gpt2(n_layr=2)", "config key 'n_layr' is not an attribute of GPT2Config .* valid keys: .*n_layer"),
     ("hf:gpt2(head=seq2seq)", "unknown head 'seq2seq'; valid heads: causal-lm, classification"),
 ])

@@ -1,12 +1,12 @@
-"""The environment preflight: the installed stack is tested, not its version numbers.
+"""The releases preflight: the installed releases are tested, not their version numbers.
 
-Each package of the stack is imported and runs its smallest real operation
-(``memclaims.core.machine.stack_problem``, cached per process): a torch backward, a
+Each package of the locked releases (``STACK``: the packages, not the training stack a recipe runs on) is
+imported and runs its smallest real operation (``memclaims.core.machine.stack_problem``, cached per process): a torch backward, a
 torchvision operator (``torchvision.ops.nms`` on two boxes: its C++ operators must have registered
 beside this torch), a Lightning Fabric setup, backward and step of a tiny ``nn.Linear`` on the CPU,
 a torchmetrics Accuracy update, a transformers config -> model build and forward of a tiny
 DistilBERT, and a bitsandbytes 8-bit optimizer step (``bitsandbytes_problem``).
-A table of which versions pair would refuse a working stack (torchvision 0.29.2 runs beside torch
+A table of which versions pair would refuse working releases (torchvision 0.29.2 runs beside torch
 2.15.0) and accept a broken build of the right number.
 
 What a failure stops: a package every run needs (torch; Lightning trains every recipe; torchmetrics
