@@ -301,6 +301,11 @@ class StrategyPlan:
     configured_by: str = ""
     notes: tuple[tuple[str, str], ...] = ()  # (where: ON_CPU_RANKS, ON_SIM; the note), in the order written
 
+    def mesh_size(self, dim: str) -> int:
+        """The size of the device mesh's dimension named ``dim`` (``mesh_dim_names``)."""
+        assert self.mesh_shape is not None, f"the plan has no device mesh to name {dim!r} in"
+        return self.mesh_shape[self.mesh_dim_names.index(dim)]
+
     def notes_on(self, where: str) -> list[str]:
         """The notes the engine ``where`` writes of the plan."""
         return [note for on, note in self.notes if on == where]
@@ -326,7 +331,7 @@ class Strategy(Hooks):
     # The devices whose ranks run the strategy through Lightning's own (``lightning_strategy``).
     lightning_devices: tuple[str, ...] = ("cuda", "cpu")
     # The sim's replay of a rank (memclaims.sim.replay): "one-device" (the one-device replay, with the plan's
-    # buckets and notes), "sharded" (memclaims.sim.sharded's FSDP), "zero" (memclaims.sim.zero's ZeRO accounting).
+    # buckets and notes), "sharded" (memclaims.sim.sharded's FSDP), "zero" (memclaims.sim.replays.zero's ZeRO accounting).
     sim_replay = "one-device"
     # Whether the strategy decides where a rank's parameters live (FSDP's shards, offload): a one-device load is
     # not a rank's, and no parameter floor holds.

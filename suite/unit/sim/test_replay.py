@@ -1,4 +1,4 @@
-"""memclaims.sim.replay's dispatch of a recipe with a strategy: the strategy's ``sim_replay`` and plan decide, so a
+"""memclaims.sim.replays' dispatch of a recipe with a strategy: the strategy's ``sim_replay`` and plan decide, so a
 strategy the sim does not know by name (``fixtures.toy_strategy``) replays as its plan says."""
 
 from __future__ import annotations
