@@ -2,7 +2,7 @@
 
 It picks the engine and nothing else: the simulated GPU (``memclaims.sim``) for ``--device sim``;
 the sharded ranks (``memclaims.measure.distributed``: FSDP2 on CPU ranks, Lightning FSDP on CUDA ranks)
-for a sharded recipe or several devices; the stack's own engine (``memclaims.measure.stacks``: the HF Trainer,
+for a sharded recipe or several devices; the stack's own driver (``memclaims.measure.stacks``: the HF Trainer,
 Accelerate, Lightning's Trainer) for a recipe of a stack that runs the loop itself; otherwise Fabric on one device
 (``memclaims.measure.runner``).
 The real engines run through ``memclaims.measure.pipeline``; the sim replays the same training loop
@@ -64,10 +64,10 @@ def run_recipe(recipe: Recipe, options: RunOptions) -> Measurement:
     from memclaims.measure import runner
 
     stack = recipe.stack_hooks
-    if stack is not None:  # a stack that runs the loop itself: its own engine (memclaims.measure.stacks)
-        from memclaims.measure.stacks import engine_class
+    if stack is not None:  # a stack that runs the loop itself: its driver (memclaims.measure.stacks) as the engine
+        from memclaims.measure.stacks import driver_class
 
-        return Measurement([runner.run(recipe, options, engine=engine_class(stack.engine))])
+        return Measurement([runner.run(recipe, options, engine=driver_class(stack))])
     return Measurement([runner.run(recipe, options)])
 
 

@@ -407,7 +407,7 @@ STACK_REFUSES_FABRIC_HOOKS = {
 
 @dataclass(frozen=True)
 class LoopOrder:
-    """The order a stack's training loop runs a step in: what the real stacks do (their engines observe it) and what
+    """The order a stack's training loop runs a step in: what the real stacks do (their drivers observe it) and what
     the sim's replay of the same loop (memclaims.measure.loop.TrainingLoop) runs. Plain data."""
 
     zero_grad: str = ZERO_AS_SCRIPTS
@@ -442,10 +442,11 @@ class Stack(Hooks):
     the stack's callbacks; the sim replays the stack's ``loop_order`` (and what ``sim_before_train`` sets of its
     optimizer)."""
 
-    # The stack's technique name: its Record part (``by_technique[name]``) holds what its engine observed.
+    # The stack's technique name: its Record part (``by_technique[name]``) holds what its driver observed.
     name = ""
-    # The module of memclaims.measure.stacks whose engine runs the stack.
-    engine = ""
+    # The stack's driver, the engine half that runs it (a ``memclaims.measure.stacks.stack_driver.StackDriver``), by its
+    # import path ``"module:Class"``: found by ``memclaims.measure.stacks.driver_class``, imported only when it runs.
+    driver = ""
     # Whether the stack checkpoints the workload's blocks by its own switch (the HF Trainer's), so that the
     # activation-checkpointing technique does not wrap them a second time.
     checkpoints_blocks = False
@@ -459,7 +460,7 @@ class Stack(Hooks):
         return LoopOrder()
 
     def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
-        """What the stack's engine observed of the run (its switches, what it stepped), as the stack's Record part."""
+        """What the stack's driver observed of the run (its switches, what it stepped), as the stack's Record part."""
         return {"by_technique": {self.name: dict(engine.observed)}}
 
     def unexpressed(self, recipe: Recipe) -> str | None:
@@ -477,7 +478,7 @@ class Stack(Hooks):
         return self.unexpressed(recipe)
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
-        """What every stack's Record shows of its loop (its engine observes it in ``by_technique``): a step's phases in
+        """What every stack's Record shows of its loop (its driver observes it in ``by_technique``): a step's phases in
         the order of the stack's ``loop_order``, and the previous step's gradients alive during the next forward or
         not, as that order says. The sim runs the declared order itself: nothing to observe there."""
         if record.device == "sim":

@@ -7,7 +7,7 @@ strings, as Fabric's), ``accumulate_grad_batches``; the batch is the loader's, t
 ``Trainer.init_module()`` (Lightning's way for true half precision: materialized in the half dtype). Automatic
 optimization zeroes the gradients inside its closure, after the forward of the first micro-batch of each accumulation
 window (``loop_order``): with accumulation the previous step's gradients are alive in the next window's first forward,
-unlike the scripts' loop. The engine is ``memclaims.measure.stacks.lightning_trainer_engine``.
+unlike the scripts' loop. The driver is ``memclaims.measure.stacks.lightning_trainer_driver``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def trainer_arguments(recipe: Recipe) -> dict[str, Any]:
 
 class LightningTrainer(Stack):
     name = NAME
-    engine = "lightning_trainer_engine"
+    driver = "memclaims.measure.stacks.lightning_trainer_driver:LightningTrainerDriver"
     expresses = EXPRESSES
 
     def loop_order(self, recipe: Recipe) -> LoopOrder:
