@@ -39,6 +39,7 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from memclaims.core.errors import OutOfMemory, UsageError
+from memclaims.core.optimizer_choices import torch_flags
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.precision import precision as precision_spec
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record
@@ -58,7 +59,6 @@ from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
 from memclaims.techniques.base import FABRIC, PYTORCH, merge_observed
 from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
-from memclaims.techniques.optimizer_impl import torch_flags
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -581,7 +581,7 @@ def _optimizer(recipe: Recipe, model: nn.Module, memory: DeviceMemory) -> tuple[
             layout = dataclasses.replace(layout, min_8bit_size=recipe.scale.min_8bit_size)
         return build_eight_bit(recipe.optimizer, model, recipe.learning_rate, layout, memory.outside), None
     optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000,
-                                            implementation=recipe.optimizer_impl,
+                                            implementation=recipe.optimizer_impl, owner=recipe.optimizer_owner,
                                             min_8bit_size=recipe.scale.min_8bit_size)  # torchao's, as the real one
     if recipe.optimizer_impl is None:  # torch's default for the device: on CUDA foreach
         for group in optimizer.param_groups:
@@ -662,9 +662,9 @@ def limit_notes(session: Session) -> list[str]:
 
 
 # Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
-# real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit; torchao's low-bit ones
-# on fake tensors, eagerly (memclaims.techniques.torchao_adamw).
-SIM_OPTIMIZERS = ("adam", "sgd", "adamw", "adafactor", *optimizers.EIGHT_BIT, *optimizers.TORCHAO)
+# real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit; and those a technique builds itself
+# (``BuildsOptimizer``: torchao's low-bit ones, on fake tensors, eagerly: memclaims.techniques.torchao_adamw).
+SIM_OPTIMIZERS = ("adam", "sgd", "adamw", "adafactor", *optimizers.EIGHT_BIT)
 
 
 def readable_eight_bit_layout() -> Any:
@@ -687,9 +687,10 @@ def check_techniques(recipe: Recipe) -> None:
         reason = hooks.sim_refusal(recipe)
         if reason:
             raise UsageError(f"the sim device cannot run {recipe.id}: {reason}")
-    if recipe.optimizer not in SIM_OPTIMIZERS:
+    if recipe.optimizer not in SIM_OPTIMIZERS and recipe.optimizer_owner is None:
         raise UsageError(f"the sim device cannot run {recipe.id}: optimizer {recipe.optimizer!r} does not run "
-                         f"on fake tensors; simulated optimizers: {', '.join(SIM_OPTIMIZERS)}")
+                         f"on fake tensors; simulated optimizers: {', '.join(SIM_OPTIMIZERS)} and those a technique "
+                         "builds itself (torchao's)")
     if recipe.optimizer in optimizers.EIGHT_BIT:
         readable_eight_bit_layout()
     if recipe.precision not in PRECISIONS:

@@ -37,9 +37,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from memclaims.core.record import Record
@@ -229,6 +230,28 @@ class Hooks:
 
 
 NO_HOOKS = Hooks()
+
+
+@runtime_checkable
+class JudgesParameterBytes(Protocol):
+    """A technique that stores some parameters in a dtype of its own (qlora's 4-bit base), whose own ``check`` judges
+    the Record's parameter bytes: the active check of the precision (memclaims.measure.active) leaves them to it."""
+
+    def judges_parameter_bytes(self, record: Record) -> bool:
+        """Whether ``record``'s parameter bytes are this technique's to judge (it stored parameters its own way)."""
+        ...
+
+
+@runtime_checkable
+class BuildsOptimizer(Protocol):
+    """A technique whose module builds the recipe's optimizer itself (torchao's low-bit AdamWs): the engines' optimizer
+    builder (memclaims.measure.optimizers) asks the recipe's techniques for this protocol (``Recipe.optimizer_owner``)
+    where the optimizer is none of the core field's own (torch's, bitsandbytes', transformers' Adafactor)."""
+
+    def build_optimizer(self, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float],
+                        eps: float, min_8bit_size: int | None, device: str) -> torch.optim.Optimizer:
+        """The optimizer over the course's parameter groups, with the course's AdamW arguments."""
+        ...
 
 
 @dataclass(frozen=True)
