@@ -11,7 +11,7 @@ its entry points, for the door and the sim's own tests:
 - ``PROFILES`` / ``profile(name)``: the simulated GPUs; ``LOAD_MODES``
 
 The replays of a training run are one module each in ``replays/`` (one-device, sharded, zero, tensor-parallel), found
-by the name a strategy gives (``replays.REPLAYS``); ``replay.py`` holds what they share (the session on the allocator
+by the import path a strategy gives (``Strategy.sim_replay``, ``replays.replay_of``); ``replay.py`` holds what they share (the session on the allocator
 model, the load, the training loop on fake tensors, the one Record tail).
 
 May import ``core``, ``workloads``, ``recipes`` and ``measure``.

@@ -712,6 +712,18 @@ class ReplayRequest:
     devices: int | None = None  # the ranks of a recipe with a strategy (rank 0 is replayed); None: the replay's own
 
 
+class Replay:
+    """One of the sim's replays of a training run (a module of ``memclaims.sim.replays`` each), named by a strategy's
+    ``sim_replay`` (its import path, ``"module:Class"``): how it runs a recipe, and what it refuses before that."""
+
+    def check(self, recipe: Recipe) -> None:
+        """Raise UsageError, with the reason, for a recipe the replay cannot model; the default refuses nothing."""
+
+    def run(self, recipe: Recipe, request: ReplayRequest) -> Record:
+        """Rank 0 (or the one device) of ``recipe``'s run, as a Record."""
+        raise NotImplementedError(type(self).__name__)
+
+
 def opening(recipe: Recipe, request: ReplayRequest) -> tuple[int, list[str]]:
     """The measured steps of a training replay and its first notes (the profile, a single step's caveat)."""
     chosen = request.profile

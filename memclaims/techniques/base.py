@@ -353,9 +353,10 @@ class Strategy(Hooks):
 
     # The devices whose ranks run the strategy through Lightning's own (``lightning_strategy``).
     lightning_devices: tuple[str, ...] = ("cuda", "cpu")
-    # The sim's replay of a rank (memclaims.sim.replay): "one-device" (the one-device replay, with the plan's
-    # buckets and notes), "sharded" (memclaims.sim.sharded's FSDP), "zero" (memclaims.sim.replays.zero's ZeRO accounting).
-    sim_replay = "one-device"
+    # The sim's replay of a rank, by import path (a ``memclaims.sim.replay.Replay`` of memclaims.sim.replays, found by
+    # ``memclaims.sim.replays.replay_of``, imported only when the sim runs it): by default the one-device replay, with
+    # the plan's buckets and notes (DDP's); FSDP's "sharded", ZeRO-2's "zero", tensor parallelism's own.
+    sim_replay = "memclaims.sim.replays.one_device:OneDeviceReplay"
     # Whether the strategy decides where a rank's parameters live (FSDP's shards, offload): a one-device load is
     # not a rank's, and no parameter floor holds.
     shards_parameters = False

@@ -28,7 +28,7 @@ ZERO2_SLACK = 1.01
 
 
 class DeepSpeedZero2(Strategy):
-    sim_replay = "zero"
+    sim_replay = "memclaims.sim.replays.zero:ZeroReplay"
 
     def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
         return "deepspeed_stage_2"  # Lightning's defaults (memclaims.sim.replays.zero.LIGHTNING_DEFAULTS)

@@ -90,7 +90,7 @@ class _Watching(LoopHelper):
 
 class TensorParallel(Strategy):
     lightning_devices = ("cuda", "cpu")  # ModelParallelStrategy runs on both (gloo on the CPU)
-    sim_replay = "tensor-parallel"
+    sim_replay = "memclaims.sim.replays.tensor_parallel:TensorParallelReplay"
     shards_parameters = True
     block_policies = True  # checkpointing goes on after the split (TensorParallelize), not before it
     replaces_parameters = True  # parallelize_module swaps each split weight for a DTensor parameter

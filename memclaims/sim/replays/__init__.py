@@ -1,25 +1,28 @@
-"""The sim's replays, one module each, found by the name a strategy gives (``Strategy.sim_replay``), and the sim's
-entry points that pick one: ``simulate``, ``simulate_load_record``, ``check``.
+"""The sim's replays of a training run, one module each (``one_device``, ``sharded``, ``zero``, ``tensor_parallel``),
+and the sim's entry points that pick one: ``simulate``, ``simulate_load_record``, ``check``.
 
-A replay is ``Replay(run, check)``: ``run(recipe, ReplayRequest) -> Record``, the Record built by the one tail every
-replay shares (``memclaims.sim.replay.trained_record``); ``check`` refuses, before anything runs, a recipe the replay
-cannot model. A new replay is its module here and one line of ``REPLAYS``; the strategy names it.
+A strategy names its replay by import path (``Strategy.sim_replay``, ``"memclaims.sim.replays.zero:ZeroReplay"``), as a
+stack names its driver: found by ``replay_of`` (``memclaims.core.targets``), imported when a recipe runs on it, no
+table of names here. A replay is a ``memclaims.sim.replay.Replay``: ``run(recipe, ReplayRequest) -> Record``, built by
+the one Record tail every replay shares (``memclaims.sim.replay.trained_record``), and ``check``, what it refuses
+before anything runs. A recipe without a strategy runs the one-device replay. A new replay is its module here and
+the string its strategy's module gives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memclaims.core.errors import UsageError
 from memclaims.core.precision import precision as precision_spec
+from memclaims.core.targets import target_class
 from memclaims.sim.allocator import TraceEvent
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.replay import (
     FAKE_DATA,
     PhaseResult,
+    Replay,
     ReplayRequest,
     Session,
     check_techniques,
@@ -31,48 +34,27 @@ from memclaims.sim.replay import (
     sim_record,
     with_allocator_settings,
 )
-from memclaims.sim.replays import one_device, sharded, tensor_parallel, zero
+from memclaims.sim.replays.one_device import OneDeviceReplay
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
 
-__all__ = ["FAKE_DATA", "REPLAYS", "Replay", "check", "simulate", "simulate_load_record"]
-
-
-@dataclass(frozen=True)
-class Replay:
-    """One of the sim's replays of a training run: how it runs a recipe, and what it refuses before that."""
-
-    run: Callable[[Recipe, ReplayRequest], Record]
-    check: Callable[[Recipe], None] | None = None
-
-
-# The replays by the name a strategy's ``sim_replay`` gives; a recipe without a strategy runs "one-device".
-REPLAYS: dict[str, Replay] = {
-    "one-device": Replay(one_device.replay),
-    "sharded": Replay(sharded.replay, sharded.check),
-    "zero": Replay(zero.replay),
-    "tensor-parallel": Replay(tensor_parallel.replay),
-}
+__all__ = ["FAKE_DATA", "Replay", "check", "replay_of", "simulate", "simulate_load_record"]
 
 
 def replay_of(recipe: Recipe) -> Replay:
     """The replay that runs ``recipe``: its strategy's (``Strategy.sim_replay``), else the one-device one."""
     strategy = recipe.distributed
-    name = "one-device" if strategy is None else strategy.sim_replay
-    try:
-        return REPLAYS[name]
-    except KeyError:
-        raise UsageError(f"{recipe.id}: the sim has no replay {name!r}; its replays: {', '.join(REPLAYS)}") from None
+    if strategy is None:
+        return OneDeviceReplay()
+    return target_class(strategy.sim_replay, Replay)()
 
 
 def check(recipe: Recipe) -> None:
     """Raise UsageError, with the reason, for a recipe the sim cannot replay."""
     model_fns(recipe)
-    chosen = replay_of(recipe)
-    if chosen.check is not None:
-        chosen.check(recipe)
+    replay_of(recipe).check(recipe)
     check_techniques(recipe)
 
 
@@ -87,8 +69,8 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     cache and retries as torch does, and raises OutOfMemory where torch would. None: unlimited.
     ``devices``: the ranks of a sharded recipe (rank 0 is replayed); None: the replay's own default.
 
-    A recipe with a strategy is replayed as its strategy says (``Strategy.sim_replay``, a key of ``REPLAYS``): one
-    rank of FSDP (``sharded``), of ZeRO-2 (``zero``), of tensor parallelism (``tensor-parallel``), or the one-device
+    A recipe with a strategy is replayed as its strategy says (``Strategy.sim_replay``, the import path of its replay): one
+    rank of FSDP (``sharded``), of ZeRO-2 (``zero``), of tensor parallelism (``tensor_parallel``), or the one-device
     replay with the strategy's plan (DDP's buckets and notes)."""
     chosen = with_allocator_settings(find_profile(profile), recipe)
     check(recipe)

@@ -11,6 +11,7 @@ import memclaims.sim.ddp as ddp
 from memclaims.measure import optimizers
 from memclaims.sim.replay import (
     PhaseResult,
+    Replay,
     ReplayRequest,
     Session,
     implementation_notes,
@@ -68,3 +69,10 @@ def replay(recipe: Recipe, request: ReplayRequest) -> Record:
     return trained_record(recipe, session, site, steps=steps, model_counts=counts, notes=notes, states=states,
                           precision="32-true" if recipe.stack == PYTORCH else recipe.precision,
                           reference_load_peak_bytes=reference)
+
+
+class OneDeviceReplay(Replay):
+    """This module's replay (a strategy names it by ``"memclaims.sim.replays.one_device:OneDeviceReplay"``)."""
+
+    def run(self, recipe: Recipe, request: ReplayRequest) -> Record:
+        return replay(recipe, request)

@@ -12,6 +12,7 @@ from memclaims.core.errors import UsageError
 from memclaims.core.precision import PRECISIONS
 from memclaims.sim.replay import (
     PhaseResult,
+    Replay,
     ReplayRequest,
     Session,
     SimPrecision,
@@ -128,3 +129,13 @@ def replay(recipe: Recipe, request: ReplayRequest) -> Record:
         del model, wrapped
     return trained_record(recipe, session, site, steps=steps, model_counts=counts, notes=notes,
                           states=states, devices=world, rank=0)
+
+
+class ShardedReplay(Replay):
+    """This module's replay (a strategy names it by ``"memclaims.sim.replays.sharded:ShardedReplay"``)."""
+
+    def check(self, recipe: Recipe) -> None:
+        check(recipe)
+
+    def run(self, recipe: Recipe, request: ReplayRequest) -> Record:
+        return replay(recipe, request)

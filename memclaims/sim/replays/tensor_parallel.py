@@ -47,6 +47,7 @@ from memclaims.core.errors import UsageError
 from memclaims.core.precision import PRECISIONS
 from memclaims.sim.replay import (
     PhaseResult,
+    Replay,
     ReplayRequest,
     Session,
     SimPrecision,
@@ -281,3 +282,10 @@ def replay(recipe: Recipe, request: ReplayRequest) -> Record:
         del model, done
     return trained_record(recipe, session, site, steps=steps, model_counts=counts, notes=notes, states=states,
                           devices=world, rank=0)
+
+
+class TensorParallelReplay(Replay):
+    """This module's replay (a strategy names it by ``"memclaims.sim.replays.tensor_parallel:TensorParallelReplay"``)."""
+
+    def run(self, recipe: Recipe, request: ReplayRequest) -> Record:
+        return replay(recipe, request)

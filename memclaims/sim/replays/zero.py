@@ -43,7 +43,7 @@ import torch
 from memclaims.core.errors import UsageError
 from memclaims.core.precision import PRECISIONS
 from memclaims.sim.profiles import profile as find_profile
-from memclaims.sim.replay import ReplayRequest, check_techniques, model_fns, with_allocator_settings
+from memclaims.sim.replay import Replay, ReplayRequest, check_techniques, model_fns, with_allocator_settings
 from memclaims.sim.replays.one_device import replay as replay_one_device
 from memclaims.techniques import technique_registry as registry
 
@@ -160,3 +160,10 @@ def replay(recipe: Recipe, request: ReplayRequest) -> Record:
         grad_bytes=terms.fp32_grad_partition, optimizer_state_bytes=terms.fp32_master + terms.adam_states,
         peak_allocated_bytes=terms.total, peak_reserved_bytes=terms.total, peak_reserved_total_bytes=terms.total,
         phases={}, step_peaks={}, breakdown=asdict(terms), devices=config.world, rank=0, notes=notes)
+
+
+class ZeroReplay(Replay):
+    """This module's replay (a strategy names it by ``"memclaims.sim.replays.zero:ZeroReplay"``)."""
+
+    def run(self, recipe: Recipe, request: ReplayRequest) -> Record:
+        return replay(recipe, request)
