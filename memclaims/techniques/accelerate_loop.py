@@ -14,15 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memclaims.techniques.base import (
-    STACK_REFUSES_FABRIC_HOOKS,
-    STACK_REFUSES_STRATEGIES,
-    STRATEGIES,
     ZERO_AFTER_STEP,
     LoopOrder,
     Say,
     Stack,
     Technique,
 )
+from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGIES
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record

@@ -52,14 +52,6 @@ if TYPE_CHECKING:
 FP32 = "32-true"
 TRUE_HALF_PRECISIONS = ("16-true", "bf16-true")
 
-# The sharded techniques besides the article's fsdp (FULL_SHARD), by name: FSDP1's other sharding
-# strategies, and FSDP2 (fully_shard) with reshard_after_forward on and off.
-FSDP1_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid")
-FSDP2_TECHNIQUES = ("fsdp2", "fsdp2-no-reshard")
-FSDP_SHARDINGS = (*FSDP1_SHARDINGS, *FSDP2_TECHNIQUES)
-# Every multi-rank strategy technique: what the one-device techniques name in their conflicts.
-STRATEGIES = ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2")
-
 Say = Callable[[str], None]  # an active check's complaint, prefixed with the technique's name by the caller
 
 # Which FSDP ran (the Record's ``fsdp_api``, a StrategyPlan's): FSDP1's FullyShardedDataParallel (one FlatParameter
@@ -411,24 +403,6 @@ ZERO_AT_WINDOW_START = "window-start"
 ZERO_GRAD_PLACES = (ZERO_AS_SCRIPTS, ZERO_AFTER_STEP, ZERO_AT_WINDOW_START)
 # The step phase of the gradient norm (and clipping) a stack runs between the last backward and the step.
 CLIP_GRAD_NORM = "clip_grad_norm"
-# What every stack refuses, and why (its entry's conflicts).
-STACK_REFUSES_STRATEGIES = ("a strategy runs the recipe on several ranks through memclaims' rank engines (Fabric's "
-                            "strategies, FSDP2 over gloo); the stack's own distributed launch is not driven by them")
-STACK_REFUSES_FABRIC_HOOKS = {
-    "init-module": "Fabric's init_module builds the model inside Fabric; the stack gets a model built before it",
-    "delayed-init": "Fabric's init_module(empty_init=False) under FSDP, a strategy the stack does not run",
-    "cpu-offload": "FSDP's CPUOffload, a strategy the stack does not run",
-    "activation-offload": "save_on_cpu around each forward is a helper of memclaims' own loop, which the stack's "
-                          "loop does not call",
-    "optimizer-in-backward": "per-parameter optimizers stepped from post-accumulate-grad hooks replace the loop's own "
-                             "optimizer step, which the stack runs itself",
-    "lora": "peft's adapters: the stack would train peft's model, a workload memclaims does not build for it",
-    "qlora": "peft's adapters on bitsandbytes' 4-bit weights: the stack would train peft's model, a workload "
-             "memclaims does not build for it",
-    "fused-linear-ce": "the chunked loss replaces the model's head inside memclaims' loss, which the stack does not call",
-}
-
-
 @dataclass(frozen=True)
 class LoopOrder:
     """The order a stack's training loop runs a step in: what the real stacks do (their drivers observe it) and what

@@ -29,7 +29,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from memclaims.techniques.activation_checkpointing import forward_keeps_less
-from memclaims.techniques.base import STRATEGIES, Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
     from torch import nn

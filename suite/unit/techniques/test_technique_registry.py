@@ -314,3 +314,13 @@ def test_full_matrix_of_a_pool_in_any_order_names_recipes_in_registry_order() ->
     pool = (T["activation-checkpointing"], T["adafactor"])
     assert registry.full_matrix(pool) == [("activation-checkpointing",), ("adafactor",),
                                           registry.canonical(("activation-checkpointing", "adafactor"))]
+
+
+def test_the_shared_strategy_names_are_the_registrys_strategy_group() -> None:
+    """``shared_conflicts.STRATEGIES`` (names, as a technique module cannot import the registry) is every technique of
+    the ``strategy`` group, so a new strategy cannot be left out of the one-device techniques' conflicts; FSDP's
+    shardings are the ``fsdp``-API strategies besides the article's fsdp."""
+    from memclaims.techniques.shared_conflicts import FSDP_SHARDINGS, STRATEGIES
+
+    assert sorted(STRATEGIES) == sorted(t.name for t in registry.TECHNIQUES if t.group == "strategy")
+    assert set(FSDP_SHARDINGS) < set(STRATEGIES) and "fsdp" not in FSDP_SHARDINGS
