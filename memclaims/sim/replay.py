@@ -57,7 +57,7 @@ from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
-from memclaims.techniques.base import FABRIC, PYTORCH, merge_observed
+from memclaims.techniques.base import FABRIC, PYTORCH, LoadsReference, PlacesOnDevice, SetsAllocator, merge_observed
 from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
 
 if TYPE_CHECKING:
@@ -251,7 +251,8 @@ def with_allocator_settings(chosen: Profile, recipe: Recipe) -> Profile:
     """The profile with the recipe's allocator settings (expandable-segments) in its allocator model."""
     allocator = chosen.allocator
     for hooks in recipe.hooks:
-        allocator = hooks.sim_allocator(allocator)
+        if isinstance(hooks, SetsAllocator):
+            allocator = hooks.sim_allocator(allocator)
     return chosen if allocator == chosen.allocator else dataclasses.replace(chosen, allocator=allocator)
 
 
@@ -265,7 +266,8 @@ def observed_after(session: Session, recipe: Recipe) -> dict[str, Any]:
     """What the allocator model shows of the recipe's techniques once the replay has ended (memclaims.measure.active)."""
     observed: dict[str, Any] = {}
     for hooks in recipe.hooks:
-        merge_observed(observed, hooks.sim_observe_run(session))
+        if isinstance(hooks, SetsAllocator):
+            merge_observed(observed, hooks.sim_observe_run(session))
     return observed
 
 
@@ -366,7 +368,8 @@ def load_recipe_model(session: Session, recipe: Recipe, build: Callable[[Any, in
         with default_dtype(true_dtype) if true_dtype else nullcontext():
             model = _adapted(recipe, build(recipe.scale, classes))
     for hooks in recipe.hooks:  # qlora: each base layer quantized on the device as it moves there
-        hooks.sim_before_move(model, recipe)
+        if isinstance(hooks, PlacesOnDevice):
+            hooks.sim_before_move(model, recipe)
     move(model, held=session.memory.holds)
     return model
 
@@ -764,7 +767,7 @@ def reference_load_peak(recipe: Recipe, chosen: Profile) -> int | None:
     """The peak of the reference load a technique asks for before the recipe's (init-module: 07_01's), or None."""
     reference = None
     for hooks in recipe.hooks:
-        asked = hooks.sim_reference(recipe)
+        asked = hooks.sim_reference(recipe) if isinstance(hooks, LoadsReference) else None
         if asked is not None:
             reference = simulate_load(**asked, profile=chosen.name)
     return reference.peak.allocated_bytes if reference else None

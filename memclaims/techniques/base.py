@@ -6,16 +6,18 @@ and never ask which technique a recipe has: every hook's default does nothing, s
 only the points it changes. The points, by engine:
 
 - the real run on one device (``memclaims.measure.pipeline``, ``memclaims.measure.runner``):
-  ``refusal`` (before anything runs), ``run_context`` (around the whole run), ``attach`` (the loop's
-  helpers), ``reference_load`` (a load to compare with), ``init_context`` (around the model's build), ``convert_module`` (after the build, by
+  ``refusal`` (before anything runs), ``attach`` (the loop's helpers), ``init_context`` (around the model's build), ``convert_module`` (after the build, by
   ``convert_order``), ``reference_module`` (07_01's reference model), ``setup_options`` (Fabric's
   ``setup``), ``before_setup`` (the optimizer before Fabric wraps it), ``observe`` (the Record's fields of
   what it did, after the measured steps);
 - the active check (``memclaims.measure.active``): ``check``, ``rank_check``; the case test (``memclaims.pytest.cases``):
   ``compare_without``, ``expected_grad_bytes``, ``expected_param_bytes``, ``accuracy_reported_only``;
-- the sim (``memclaims.sim.replay``): ``sim_refusal``, ``sim_allocator``, ``sim_builds_on_device``, ``sim_reference``,
-  ``sim_attach``, ``sim_adapt`` (by ``convert_order``), ``sim_before_move``, ``sim_after_load``, ``sim_before_train``, ``sim_observe``,
-  ``sim_observe_run``;
+- the sim (``memclaims.sim.replay``): ``sim_refusal``, ``sim_builds_on_device``, ``sim_attach``, ``sim_adapt`` (by
+  ``convert_order``), ``sim_after_load``, ``sim_before_train``, ``sim_observe``;
+- narrow protocols, implemented only by the techniques that need them and found by ``isinstance`` on the recipe's
+  hooks: ``SetsAllocator`` (``run_context``, ``sim_allocator``, ``sim_observe_run``: expandable-segments),
+  ``LoadsReference`` (``reference_load``, ``sim_reference``: init-module), ``PlacesOnDevice`` (``sim_before_move``:
+  qlora), ``JudgesParameterBytes`` (qlora), ``BuildsOptimizer`` (torchao's optimizers);
 - a run on ranks (``memclaims.measure.distributed``, the sim's strategy replays): ``rank_refusal``, and
   ``plan_strategy``, how a technique that combines with a strategy changes what the ranks execute (the
   ``StrategyPlan``, which the strategy itself, a ``Strategy``, makes);
@@ -77,10 +79,6 @@ class Hooks:
         """Why ``recipe`` cannot run on ``options.device`` (a UsageError's text), or None."""
         return None
 
-    def run_context(self, recipe: Recipe, options: RunOptions, cuda: Any) -> AbstractContextManager[Any] | None:
-        """A context around the whole run (an allocator setting); None: none."""
-        return None
-
     def attach(self, engine: Any) -> None:
         """Put the technique's helpers on the engine's training loop (``engine``: a ``pipeline.Engine``)."""
 
@@ -91,10 +89,6 @@ class Hooks:
     def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
         """The model after the build, in the load phase, before the optimizer sees its parameters."""
         return model
-
-    def reference_load(self, engine: Any, probe: Any) -> int | None:
-        """A reference load measured before the recipe's own (07_01's for init-module): its peak; None: none."""
-        return None
 
     def reference_module(self, model: nn.Module, workload: Workload) -> nn.Module:
         """07_01's reference model (built in fp32, then converted) as this technique changes the recipe's."""
@@ -145,18 +139,9 @@ class Hooks:
         """Why the sim cannot replay the technique (a UsageError's reason), or None."""
         return None
 
-    def sim_allocator(self, allocator: Any) -> Any:
-        """The profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) under the technique."""
-        return allocator
-
     def sim_builds_on_device(self) -> bool:
         """Whether the model is built on the device (``init_module``) rather than on the host and moved."""
         return False
-
-    def sim_reference(self, recipe: Recipe) -> dict[str, Any] | None:
-        """The arguments of a reference load the sim replays before the recipe's (07_01's for init-module:
-        ``memclaims.sim.replay.simulate_load``'s, but the profile); None: none."""
-        return None
 
     def sim_attach(self, loop: Any, session: Any) -> None:
         """Put the technique's fake-tensor helpers on the sim's loop (``session``: the replay's session)."""
@@ -164,10 +149,6 @@ class Hooks:
     def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, Any], None]) -> nn.Module:
         """The fake model as built, before it is moved to the device (by ``convert_order``)."""
         return model
-
-    def sim_before_move(self, model: nn.Module, recipe: Recipe) -> None:
-        """The fake model as built and adapted on the host, before the setup moves it to the device: what the
-        technique puts on the device itself first (the device counts it; the move leaves it where it is)."""
 
     def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         """The fake model after the load, in the load phase."""
@@ -177,11 +158,6 @@ class Hooks:
 
     def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
         """The Record's fields of what the technique did on the sim, right after the measured steps."""
-        return {}
-
-    def sim_observe_run(self, session: Any) -> dict[str, Any]:
-        """The Record's fields of what the technique did on the sim, read once the replay has ended (the
-        allocator model's state)."""
         return {}
 
     # --- a run on ranks ---------------------------------------------------------------------------------
@@ -222,6 +198,52 @@ class Hooks:
 
 
 NO_HOOKS = Hooks()
+
+
+# --- narrow protocols: a point only the techniques that need it implement; the engines find it with isinstance -----
+
+
+@runtime_checkable
+class SetsAllocator(Protocol):
+    """A setting of the CUDA caching allocator (expandable-segments): around a real CUDA run, in the sim's allocator
+    model, and what that model shows once the replay has ended."""
+
+    def run_context(self, recipe: Recipe, options: RunOptions, cuda: Any) -> AbstractContextManager[Any] | None:
+        """A context around the whole run (the allocator setting); None: none on ``options.device``."""
+        ...
+
+    def sim_allocator(self, allocator: Any) -> Any:
+        """The profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) under the setting."""
+        ...
+
+    def sim_observe_run(self, session: Any) -> dict[str, Any]:
+        """The Record's fields of what the setting did on the sim, read once the replay has ended."""
+        ...
+
+
+@runtime_checkable
+class LoadsReference(Protocol):
+    """A technique measured against a reference load before the recipe's own (init-module: 07_01's)."""
+
+    def reference_load(self, engine: Any, probe: Any) -> int | None:
+        """The reference load on a real run (``engine``: the pipeline's engine): its peak; None: none."""
+        ...
+
+    def sim_reference(self, recipe: Recipe) -> dict[str, Any] | None:
+        """The arguments of the reference load the sim replays (``memclaims.sim.replay.simulate_load``'s, but the
+        profile); None: none."""
+        ...
+
+
+@runtime_checkable
+class PlacesOnDevice(Protocol):
+    """A technique that puts part of the model on the device itself before the setup moves it (qlora's 4-bit base,
+    quantized as each layer moves)."""
+
+    def sim_before_move(self, model: nn.Module, recipe: Recipe) -> None:
+        """The fake model as built and adapted on the host, before the move: what the technique places on the device
+        first (the device counts it; the move leaves it where it is)."""
+        ...
 
 
 @runtime_checkable
