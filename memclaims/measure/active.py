@@ -16,7 +16,7 @@ from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
 from memclaims.measure.optimizers import EIGHT_BIT
 from memclaims.techniques import technique_registry as registry
-from memclaims.techniques.base import JudgesParameterBytes
+from memclaims.techniques.base import ChecksRanks, JudgesParameterBytes
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -64,10 +64,11 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
 
 
 def rank_problems(records: Sequence[Record]) -> list[str]:
-    """What only the ranks of one run together show (``Hooks.rank_check``: DDP's gradients, all-reduced, are
+    """What only the ranks of one run together show (``ChecksRanks.rank_check``: DDP's gradients, all-reduced, are
     bit for bit the same on every rank after the backward)."""
     names = dict.fromkeys(name for record in records for name in record.techniques)
-    return [line for name in names for line in registry.technique(name).hooks.rank_check(records)]
+    checks = (registry.technique(name).hooks for name in names)
+    return [line for hooks in checks if isinstance(hooks, ChecksRanks) for line in hooks.rank_check(records)]
 
 
 def _precision(recipe: Recipe, record: Record, single: bool,

@@ -24,7 +24,7 @@ from memclaims.measure import evaluation, pipeline
 from memclaims.measure import probes as probe_module
 from memclaims.measure.record_builder import failed_phase
 from memclaims.recipes.run_options import RunOptions, check_device, resolve_memory_steps
-from memclaims.techniques.base import PYTORCH, LoadsReference, SetsAllocator
+from memclaims.techniques.base import PYTORCH, LoadsReference, SetsAllocator, SetsUpOptions
 from memclaims.techniques.technique_registry import FP32
 
 if TYPE_CHECKING:
@@ -113,7 +113,8 @@ class FabricEngine(pipeline.Engine):
             return model, optimizer
         options: dict[str, Any] = {"move_to_device": True}
         for hooks in self.recipe.hooks:  # 09: with CPU offload the model stays on the host; FSDP moves what it needs
-            options.update(hooks.setup_options())
+            if isinstance(hooks, SetsUpOptions):
+                options.update(hooks.setup_options())
         strategy = self.recipe.distributed
         if strategy is not None and strategy.replaces_parameters:
             # Lightning's order for ModelParallelStrategy (its guides): the model first, then the optimizer; the

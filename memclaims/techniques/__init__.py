@@ -3,8 +3,8 @@
 A technique's module defines ``ENTRY``, its registry entry (``base.Technique``: name, summary, source, group,
 conflicts and the reasons for them, requirements, the workloads it needs), whose ``hooks`` object
 (``base.Hooks``) is called by every engine at fixed points: how it changes a real run (``attach``,
-``init_context``, ``convert_module``, ``setup_options``, ``before_setup``, ``refusal``; the narrow protocols of ``base`` where it needs one), what
-it observes for the Record (``observe``), its active check (``check``, ``rank_check``), what the case test
+``init_context``, ``convert_module``, ``before_setup``, ``refusal``; the narrow protocols of ``base`` where it needs one), what
+it observes for the Record (``observe``), its active check (``check``), what the case test
 expects of it, and its replay on the sim (``sim_*``). The engines iterate over ``Recipe.hooks`` and never ask
 which technique a recipe has. ``technique_registry.py`` is the list of entries, in the order case ids name them, and the
 rules of combining them (``canonical``, the selections).

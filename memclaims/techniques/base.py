@@ -7,17 +7,17 @@ only the points it changes. The points, by engine:
 
 - the real run on one device (``memclaims.measure.pipeline``, ``memclaims.measure.runner``):
   ``refusal`` (before anything runs), ``attach`` (the loop's helpers), ``init_context`` (around the model's build), ``convert_module`` (after the build, by
-  ``convert_order``), ``reference_module`` (07_01's reference model), ``setup_options`` (Fabric's
-  ``setup``), ``before_setup`` (the optimizer before Fabric wraps it), ``observe`` (the Record's fields of
+  ``convert_order``), ``reference_module`` (07_01's reference model), ``before_setup`` (the optimizer before Fabric wraps it), ``observe`` (the Record's fields of
   what it did, after the measured steps);
-- the active check (``memclaims.measure.active``): ``check``, ``rank_check``; the case test (``memclaims.pytest.cases``):
+- the active check (``memclaims.measure.active``): ``check``; the case test (``memclaims.pytest.cases``):
   ``compare_without``, ``expected_grad_bytes``, ``expected_param_bytes``, ``accuracy_reported_only``;
 - the sim (``memclaims.sim.replay``): ``sim_refusal``, ``sim_builds_on_device``, ``sim_attach``, ``sim_adapt`` (by
   ``convert_order``), ``sim_after_load``, ``sim_before_train``, ``sim_observe``;
 - narrow protocols, implemented only by the techniques that need them and found by ``isinstance`` on the recipe's
   hooks: ``SetsAllocator`` (``run_context``, ``sim_allocator``, ``sim_observe_run``: expandable-segments),
   ``LoadsReference`` (``reference_load``, ``sim_reference``: init-module), ``PlacesOnDevice`` (``sim_before_move``:
-  qlora), ``JudgesParameterBytes`` (qlora), ``BuildsOptimizer`` (torchao's optimizers);
+  qlora), ``JudgesParameterBytes`` (qlora), ``BuildsOptimizer`` (torchao's optimizers), ``SetsUpOptions``
+  (``setup_options``: cpu-offload), ``ChecksRanks`` (``rank_check``: DDP);
 - a run on ranks (``memclaims.measure.distributed``, the sim's strategy replays): ``rank_refusal``, and
   ``plan_strategy``, how a technique that combines with a strategy changes what the ranks execute (the
   ``StrategyPlan``, which the strategy itself, a ``Strategy``, makes);
@@ -94,10 +94,6 @@ class Hooks:
         """07_01's reference model (built in fp32, then converted) as this technique changes the recipe's."""
         return model
 
-    def setup_options(self) -> dict[str, Any]:
-        """Keyword arguments of Fabric's ``setup``."""
-        return {}
-
     def before_setup(self, engine: Any, model: nn.Module, optimizer: Any) -> None:
         """The model and optimizer before ``setup`` (Fabric's wrappers are no optimizer to copy)."""
 
@@ -111,10 +107,6 @@ class Hooks:
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         """``say`` what ``record`` does not show of the technique's effect; ``without``: the same recipe's Record
         without it, where ``compare_without`` asks for one."""
-
-    def rank_check(self, records: Sequence[Record]) -> list[str]:
-        """What only the ranks of one run together show (DDP's all-reduced gradients), one line each."""
-        return []
 
     def compare_without(self) -> bool:
         """Whether the check compares with the recipe without this technique (its effect shows only so)."""
@@ -243,6 +235,25 @@ class PlacesOnDevice(Protocol):
     def sim_before_move(self, model: nn.Module, recipe: Recipe) -> None:
         """The fake model as built and adapted on the host, before the move: what the technique places on the device
         first (the device counts it; the move leaves it where it is)."""
+        ...
+
+
+@runtime_checkable
+class SetsUpOptions(Protocol):
+    """A technique that changes how Fabric's ``setup`` treats the model (cpu-offload: FSDP moves what it needs)."""
+
+    def setup_options(self) -> dict[str, Any]:
+        """Keyword arguments of Fabric's ``setup``."""
+        ...
+
+
+@runtime_checkable
+class ChecksRanks(Protocol):
+    """A technique whose effect only the ranks of one run together show (DDP: all-reduced gradients, bit for bit the
+    same on every rank)."""
+
+    def rank_check(self, records: Sequence[Record]) -> list[str]:
+        """What the ranks' Records do not show of it, one line each."""
         ...
 
 
