@@ -7,8 +7,8 @@ registers it under the entry point's name; installed, it does nothing, so the pl
 registered twice.
 
 What only this repository's own suite needs lives here, not in the plugin users install: the header
-line naming the lock the stack was installed from, and the ``reads_versions`` marker, which runs a
-self-test once per installed stack of fixtures.stacks (real, each tested package one release newer,
+line naming the lock the releases were installed from, and the ``reads_versions`` marker, which runs a
+self-test once per set of installed releases of fixtures.releases (real, each tested package one release newer,
 all newer, all older), and pytest-benchmark's reading of pytest.ini's ``--dist`` (fixtures.benchmark_dist).
 """
 
@@ -20,13 +20,13 @@ import pytest
 
 from memclaims.pytest.testing import register_unless_installed as pytest_addhooks  # noqa: F401
 
-pytest_plugins = ["fixtures.stacks", "fixtures.benchmark_dist"]
+pytest_plugins = ["fixtures.releases", "fixtures.benchmark_dist"]
 LOCK = Path(__file__).parent / "locks" / "ci.txt"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "reads_versions: a self-test of what memclaims reads as installed; runs once "
-                                       "per stack of fixtures.stacks.STACKS (fixture installed_stack)")
+                                       "per set of fixtures.releases.RELEASE_SETS (fixture installed_releases)")
     config.addinivalue_line("markers", "stress: the dist tier's verdicts repeated in whole sessions; runs only under "
                                        "-m stress (suite/conftest.py)")
 
@@ -40,6 +40,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.definition.get_closest_marker("reads_versions"):
-        from fixtures.stacks import STACKS
+        from fixtures.releases import RELEASE_SETS
 
-        metafunc.parametrize("installed_stack", list(STACKS), indirect=True, ids=[f"stack={s}" for s in STACKS])
+        metafunc.parametrize("installed_releases", list(RELEASE_SETS), indirect=True,
+                             ids=[f"releases={s}" for s in RELEASE_SETS])

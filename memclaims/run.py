@@ -2,7 +2,7 @@
 
 It picks the engine and nothing else: the simulated GPU (``memclaims.sim``) for ``--device sim``;
 the sharded ranks (``memclaims.measure.distributed``: FSDP2 on CPU ranks, Lightning FSDP on CUDA ranks)
-for a sharded recipe or several devices; the stack's own engine (``memclaims.measure.stacks``: the HF Trainer,
+for a sharded recipe or several devices; the stack's own driver (``memclaims.measure.stacks``: the HF Trainer,
 Accelerate, Lightning's Trainer) for a recipe of a stack that runs the loop itself; otherwise Fabric on one device
 (``memclaims.measure.runner``).
 The real engines run through ``memclaims.measure.pipeline``; the sim replays the same training loop
@@ -64,23 +64,23 @@ def run_recipe(recipe: Recipe, options: RunOptions) -> Measurement:
     from memclaims.measure import runner
 
     stack = recipe.stack_hooks
-    if stack is not None:  # a stack that runs the loop itself: its own engine (memclaims.measure.stacks)
-        from memclaims.measure.stacks import engine_class
+    if stack is not None:  # a stack that runs the loop itself: its driver (memclaims.measure.stacks) as the engine
+        from memclaims.measure.stacks import driver_class
 
-        return Measurement([runner.run(recipe, options, engine=engine_class(stack.engine))])
+        return Measurement([runner.run(recipe, options, engine=driver_class(stack))])
     return Measurement([runner.run(recipe, options)])
 
 
 def _simulate(recipe: Recipe, options: RunOptions) -> Measurement:
-    from memclaims import sim
+    from memclaims.sim.replays import simulate, simulate_load_record
 
     events: list[TraceEvent] | None = [] if options.allocator_events else None
     if options.load_only:
-        record = sim.simulate_load_record(recipe, profile=options.profile, allocator_events=events,
-                                          limit_bytes=options.limit_bytes)
+        record = simulate_load_record(recipe, profile=options.profile, allocator_events=events,
+                                      limit_bytes=options.limit_bytes)
     else:
-        record = sim.simulate(recipe, profile=options.profile, memory_steps=options.memory_steps,
-                              allocator_events=events, limit_bytes=options.limit_bytes, devices=options.devices)
+        record = simulate(recipe, profile=options.profile, memory_steps=options.memory_steps,
+                          allocator_events=events, limit_bytes=options.limit_bytes, devices=options.devices)
     return Measurement([record], allocator_events=events)
 
 
@@ -100,9 +100,9 @@ def check(recipe: Recipe, options: RunOptions) -> None:
     """Raise UsageError, with the reason, for a recipe the options' engine cannot run at all (today
     only the sim refuses recipes before running them: those it has no replay of)."""
     if options.device == "sim":
-        from memclaims import sim
+        from memclaims.sim.replays import check as sim_check
 
-        sim.check(recipe)
+        sim_check(recipe)
 
 
 @lru_cache(maxsize=8)
@@ -125,8 +125,8 @@ def needs(recipe: Recipe, tier: str) -> requirements.Needs:
     """A resolved recipe's needs on ``tier``: its techniques', the packages its workload builds on
     (torchvision for ViT, transformers for text; on every tier, the sim builds the same model), and
     on the sim, why it cannot be replayed (if it cannot)."""
-    from memclaims import sim
     from memclaims.core.names import workload_packages
+    from memclaims.sim.replays import check as sim_check
 
     result = requirements.for_techniques(recipe.techniques, tier) | requirements.Needs(
         packages=frozenset(workload_packages(recipe.workload.name)))
@@ -138,7 +138,7 @@ def needs(recipe: Recipe, tier: str) -> requirements.Needs:
         result |= requirements.Needs(unsupported=tuple(reason for reason in refused if reason))
     if tier == "sim":
         try:
-            sim.check(recipe)
+            sim_check(recipe)
         except UsageError as error:  # e.g. a sharded recipe with an 8-bit optimizer
             result |= requirements.Needs(unsupported=(str(error),))
     return result

@@ -16,6 +16,7 @@ from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
 from memclaims.measure.optimizers import EIGHT_BIT
 from memclaims.techniques import technique_registry as registry
+from memclaims.techniques.base import ChecksRanks, JudgesParameterBytes
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -63,17 +64,18 @@ def problems(recipe: Recipe, record: Record, without: Mapping[str, Record] | Non
 
 
 def rank_problems(records: Sequence[Record]) -> list[str]:
-    """What only the ranks of one run together show (``Hooks.rank_check``: DDP's gradients, all-reduced, are
+    """What only the ranks of one run together show (``ChecksRanks.rank_check``: DDP's gradients, all-reduced, are
     bit for bit the same on every rank after the backward)."""
     names = dict.fromkeys(name for record in records for name in record.techniques)
-    return [line for name in names for line in registry.technique(name).hooks.rank_check(records)]
+    checks = (registry.technique(name).hooks for name in names)
+    return [line for hooks in checks if isinstance(hooks, ChecksRanks) for line in hooks.rank_check(records)]
 
 
 def _precision(recipe: Recipe, record: Record, single: bool,
                say: Callable[[str, str], None]) -> None:
     ran = record.precision  # on the CPU Lightning runs 16-mixed as bf16-mixed; the Record says so
-    if record.quantized_parameter_bytes:
-        pass  # qlora: 4-bit base weights among the precision's (its own check counts them)
+    if any(isinstance(hooks, JudgesParameterBytes) and hooks.judges_parameter_bytes(record) for hooks in recipe.hooks):
+        pass  # parameters stored in a technique's own dtype (qlora's 4-bit base): its own check counts them
     elif ran in TRUE_HALF:
         if single and record.param_bytes != 2 * record.param_count:
             say(recipe.precision, f"param_bytes {record.param_bytes:,} B is not 2 B x {record.param_count:,} "

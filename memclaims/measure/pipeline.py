@@ -184,7 +184,7 @@ def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memo
     return optimizers.build(recipe.optimizer, model, recipe.learning_rate,
                             scheduled_steps(engine, steps_per_epoch, memory_steps),
                             min_8bit_size=recipe.scale.min_8bit_size, anneal=recipe.scale.anneal,
-                            implementation=recipe.optimizer_impl)
+                            implementation=recipe.optimizer_impl, owner=recipe.optimizer_owner)
 
 
 def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:

@@ -24,7 +24,7 @@ from memclaims.measure import evaluation, pipeline
 from memclaims.measure import probes as probe_module
 from memclaims.measure.record_builder import failed_phase
 from memclaims.recipes.run_options import RunOptions, check_device, resolve_memory_steps
-from memclaims.techniques.base import PYTORCH
+from memclaims.techniques.base import PYTORCH, LoadsReference, SetsAllocator, SetsUpOptions
 from memclaims.techniques.technique_registry import FP32
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class FabricEngine(pipeline.Engine):
     def reference_load(self, probe: probe_module.Probe) -> int | None:
         """A technique's reference load (07_01 for init-module), measured before the recipe's own."""
         for hooks in self.recipe.hooks:
-            peak = hooks.reference_load(self, probe)
+            peak = hooks.reference_load(self, probe) if isinstance(hooks, LoadsReference) else None
             if peak is not None:
                 return peak
         return None
@@ -113,7 +113,8 @@ class FabricEngine(pipeline.Engine):
             return model, optimizer
         options: dict[str, Any] = {"move_to_device": True}
         for hooks in self.recipe.hooks:  # 09: with CPU offload the model stays on the host; FSDP moves what it needs
-            options.update(hooks.setup_options())
+            if isinstance(hooks, SetsUpOptions):
+                options.update(hooks.setup_options())
         strategy = self.recipe.distributed
         if strategy is not None and strategy.replaces_parameters:
             # Lightning's order for ModelParallelStrategy (its guides): the model first, then the optimizer; the
@@ -222,6 +223,8 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
         # CUDA only: accuracy run to run; around it what a technique sets for the run (an allocator setting).
         with deterministic(options.device) as determinism_notes, ExitStack() as around:
             for hooks in recipe.hooks:
+                if not isinstance(hooks, SetsAllocator):
+                    continue
                 context = hooks.run_context(recipe, options, getattr(probe, "cuda", None))
                 if context is not None:
                     around.enter_context(context)

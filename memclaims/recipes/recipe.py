@@ -9,7 +9,7 @@ from typing import Any
 
 from memclaims.core.errors import UsageError
 from memclaims.techniques import technique_registry as registry
-from memclaims.techniques.base import FABRIC, Hooks, LoopOrder, Stack, Strategy, StrategyPlan
+from memclaims.techniques.base import FABRIC, BuildsOptimizer, Hooks, LoopOrder, Stack, Strategy, StrategyPlan
 from memclaims.workloads.registry import workload as find_workload
 from memclaims.workloads.types import Scale, Workload
 
@@ -80,9 +80,15 @@ class Recipe:
         return next((hooks for hooks in self.hooks if isinstance(hooks, Strategy)), None)
 
     @property
+    def optimizer_owner(self) -> BuildsOptimizer | None:
+        """The technique that builds the recipe's optimizer itself (``memclaims.techniques.base.BuildsOptimizer``:
+        torchao's); None: the optimizer is one the engines' builder knows (memclaims.measure.optimizers)."""
+        return next((hooks for hooks in self.hooks if isinstance(hooks, BuildsOptimizer)), None)
+
+    @property
     def stack_hooks(self) -> Stack | None:
         """The hooks of the stack that runs the recipe's loop itself (memclaims.techniques.base.Stack), which the door
-        runs on its engine; None: Fabric's or plain PyTorch's loop (memclaims.measure.runner)."""
+        runs on its driver; None: Fabric's or plain PyTorch's loop (memclaims.measure.runner)."""
         return next((hooks for hooks in self.hooks if isinstance(hooks, Stack)), None)
 
     @property

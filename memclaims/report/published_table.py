@@ -281,7 +281,7 @@ _VIT_H14_FSDP_RESIDUAL = (
     "units finer than the block the replay wraps: under 0.1 GB of unsharded parameters apart. On the timeline as "
     "rows 08/09 (batch 4: the CPU's lead over the GPU, and so these bars, depend on timeline.Timing.dispatch_s)")
 _DEEPSPEED_RESIDUAL = (
-    "DeepSpeed ZeRO-2 rank 0 by per-rank accounting (memclaims.sim.zero: fp16 model whole, fp32 master, Adam "
+    "DeepSpeed ZeRO-2 rank 0 by per-rank accounting (memclaims.sim.replays.zero: fp16 model whole, fp32 master, Adam "
     "state and fp32 gradient at 1/4, two fp16 reduce buckets of Lightning's reduce_bucket_size = 2e8 elements "
     "(contiguous_gradients + overlap_comm: 0.8 GB), activations from the one-GPU 16-true replay, since "
     "DeepSpeed runs the model .half() without autocast). Low by about what the sim's one-GPU half-precision "
@@ -292,7 +292,7 @@ _DEEPSPEED_RESIDUAL = (
 
 
 def _zero2() -> float:
-    from memclaims.sim.zero import DISTILBERT_ONE_GPU, predict_distilbert_before
+    from memclaims.sim.replays.zero import DISTILBERT_ONE_GPU, predict_distilbert_before
 
     workload, _, techniques = DISTILBERT_ONE_GPU
     return predict_distilbert_before(_reserved_bytes(workload, techniques, "article")[1]).total / GB
@@ -393,7 +393,7 @@ def _import_stack() -> None:
     import transformers  # noqa: F401
 
     import memclaims.run  # noqa: F401
-    import memclaims.sim.replay  # noqa: F401
+    import memclaims.sim.replays  # noqa: F401
 
 
 def build_table(only: set[str] | None = None, jobs: int | None = None) -> list[Row]:

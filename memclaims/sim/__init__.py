@@ -10,21 +10,16 @@ its entry points, for the door and the sim's own tests:
 - ``check(recipe)``: raises UsageError, with the reason, for a recipe the sim cannot replay
 - ``PROFILES`` / ``profile(name)``: the simulated GPUs; ``LOAD_MODES``
 
+The replays of a training run are one module each in ``replays/`` (one-device, sharded, zero, tensor-parallel), found
+by the import path a strategy gives (``Strategy.sim_replay``, ``replays.replay_of``); ``replay.py`` holds what they share (the session on the allocator
+model, the load, the training loop on fake tensors, the one Record tail).
+
 May import ``core``, ``workloads``, ``recipes`` and ``measure``.
 """
 
 from memclaims.sim.profiles import PROFILES, Profile, profile
-from memclaims.sim.replay import (
-    LOAD_MODES,
-    LoadResult,
-    PhaseResult,
-    check,
-    load_mode,
-    parameter_count,
-    simulate,
-    simulate_load,
-    simulate_load_record,
-)
+from memclaims.sim.replay import LOAD_MODES, LoadResult, PhaseResult, load_mode, parameter_count, simulate_load
+from memclaims.sim.replays import check, simulate, simulate_load_record
 
 __all__ = ["LOAD_MODES", "PROFILES", "LoadResult", "PhaseResult", "Profile", "check", "load_mode", "parameter_count",
            "profile", "simulate", "simulate_load", "simulate_load_record"]

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-import memclaims.sim.ddp as ddp
 from memclaims.core.errors import OutOfMemory, UsageError
+from memclaims.core.optimizer_choices import torch_flags
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.precision import precision as precision_spec
 from memclaims.core.record import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Record
@@ -57,10 +57,8 @@ from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
-from memclaims.techniques import technique_registry as registry
-from memclaims.techniques.base import FABRIC, FSDP2_API, ON_SIM, PYTORCH, merge_observed
+from memclaims.techniques.base import FABRIC, PYTORCH, LoadsReference, PlacesOnDevice, SetsAllocator, merge_observed
 from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
-from memclaims.techniques.optimizer_impl import torch_flags
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
@@ -126,7 +124,7 @@ def _trunc_normal_21(tensor: torch.Tensor, mean: float = 0.0, std: float = 1.0, 
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     """Fabric's ``_DtypeContextManager``: factories default to ``dtype``."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -197,7 +195,7 @@ def _workload_fns(workload: Any) -> tuple[Callable[[Any, int | None], nn.Module]
     return build, workload.fake_inputs
 
 
-def _model_fns(recipe: Recipe) -> tuple[Callable[[Any, int | None], nn.Module],
+def model_fns(recipe: Recipe) -> tuple[Callable[[Any, int | None], nn.Module],
                                          Callable[[Any, int], tuple[Any, torch.Tensor]]]:
     try:
         return _models()[recipe.workload.name]
@@ -215,7 +213,7 @@ def _model_fns(recipe: Recipe) -> tuple[Callable[[Any, int | None], nn.Module],
 def parameter_count(recipe: Recipe) -> int:
     """The parameters of the model the replay builds for ``recipe``, counted on the meta device: no
     replay, no memory (``memclaims fit`` answers a budget below them at once)."""
-    build, _ = _model_fns(recipe)
+    build, _ = model_fns(recipe)
     with torch.device("meta"):
         model = build(recipe.scale, recipe.workload.num_classes)
     return sum(p.numel() for p in model.parameters())
@@ -231,7 +229,7 @@ def _apply_order(module: nn.Module) -> Iterator[tuple[dict[str, Any], str]]:
                 yield store, name
 
 
-def _move(module: nn.Module, dtype: torch.dtype | None = None,
+def move(module: nn.Module, dtype: torch.dtype | None = None,
           held: Callable[[torch.Tensor], bool] | None = None, placed: frozenset[int] = frozenset()) -> None:
     """``module.to(device)`` or ``.to(dtype)``: each tensor gets a new storage, the old one is dropped; one the
     device ``held`` already (a technique put it there) stays, as ``Module.to`` leaves a tensor on its device, and
@@ -249,34 +247,36 @@ def _move(module: nn.Module, dtype: torch.dtype | None = None,
 # --- the session -------------------------------------------------------------------------------
 
 
-def _with_allocator_settings(chosen: Profile, recipe: Recipe) -> Profile:
+def with_allocator_settings(chosen: Profile, recipe: Recipe) -> Profile:
     """The profile with the recipe's allocator settings (expandable-segments) in its allocator model."""
     allocator = chosen.allocator
     for hooks in recipe.hooks:
-        allocator = hooks.sim_allocator(allocator)
+        if isinstance(hooks, SetsAllocator):
+            allocator = hooks.sim_allocator(allocator)
     return chosen if allocator == chosen.allocator else dataclasses.replace(chosen, allocator=allocator)
 
 
-def _merged(states: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+def merged(states: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     merged = dict(states)
     merge_observed(merged, after)
     return merged
 
 
-def _observed_after(session: _Session, recipe: Recipe) -> dict[str, Any]:
+def observed_after(session: Session, recipe: Recipe) -> dict[str, Any]:
     """What the allocator model shows of the recipe's techniques once the replay has ended (memclaims.measure.active)."""
     observed: dict[str, Any] = {}
     for hooks in recipe.hooks:
-        merge_observed(observed, hooks.sim_observe_run(session))
+        if isinstance(hooks, SetsAllocator):
+            merge_observed(observed, hooks.sim_observe_run(session))
     return observed
 
 
-def _tf32_matmul(recipe: Recipe) -> bool:
+def tf32_matmul(recipe: Recipe) -> bool:
     """The article's scripts from 02 on call ``torch.set_float32_matmul_precision("high")``; the fp32 rows do not."""
     return recipe.precision != "32-true" and recipe.stack == FABRIC
 
 
-class _Session:
+class Session:
     """One simulated device: a fresh allocator, the tracker, and the fake-tensor mode that feeds it."""
 
     def __init__(self, profile: Profile, limit_bytes: int | None = None) -> None:
@@ -301,7 +301,7 @@ class _Session:
         return self.recorder.measure(name, per_step=True)
 
     @contextmanager
-    def active(self) -> Iterator[_Session]:
+    def active(self) -> Iterator[Session]:
         was_enabled = gc.isenabled()
         # Frees follow reference counts only: a cyclic collection at a random moment would
         # make two runs differ (autograd graphs and fake tensors free by reference count).
@@ -343,7 +343,7 @@ class _Session:
             yield
 
 
-def _attention_context(profile: Profile, dtype: torch.dtype) -> Any:
+def attention_context(profile: Profile, dtype: torch.dtype) -> Any:
     if profile.kernel(str(dtype).removeprefix("torch.")) == "math":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -354,22 +354,23 @@ def _attention_context(profile: Profile, dtype: torch.dtype) -> Any:
 # --- load --------------------------------------------------------------------------------------
 
 
-def _load(session: _Session, recipe: Recipe, build: Callable[[Any, int | None], nn.Module]) -> nn.Module:
+def load_recipe_model(session: Session, recipe: Recipe, build: Callable[[Any, int | None], nn.Module]) -> nn.Module:
     """The recipe's load phase, as ``runner.FabricEngine.build`` + ``fabric.setup`` do it on a GPU."""
     classes = recipe.workload.num_classes
     spec = PRECISIONS[recipe.precision]
     true_dtype = None if spec.mixed else spec.param_dtype
     if _builds_on_device(recipe):
         # fabric.init_module(): built on the device, in the half dtype for true precisions.
-        with _default_dtype(true_dtype) if true_dtype else nullcontext():
+        with default_dtype(true_dtype) if true_dtype else nullcontext():
             return _adapted(recipe, build(recipe.scale, classes))
     with session.host():
         # Fabric converts true precisions on the CPU (convert_module) before moving.
-        with _default_dtype(true_dtype) if true_dtype else nullcontext():
+        with default_dtype(true_dtype) if true_dtype else nullcontext():
             model = _adapted(recipe, build(recipe.scale, classes))
     for hooks in recipe.hooks:  # qlora: each base layer quantized on the device as it moves there
-        hooks.sim_before_move(model, recipe)
-    _move(model, held=session.memory.holds)
+        if isinstance(hooks, PlacesOnDevice):
+            hooks.sim_before_move(model, recipe)
+    move(model, held=session.memory.holds)
     return model
 
 
@@ -383,20 +384,20 @@ def _adapted(recipe: Recipe, model: nn.Module) -> nn.Module:
     technique's adapters: the real pipeline's order, built, then bypassed and adapted, then set up)."""
     for hooks in recipe.converters:
         with naming_the_module(recipe.workload.name):  # an error in peft's wrap names the module
-            model = hooks.sim_adapt(model, recipe, lambda module, dtype: _move(module, dtype))
+            model = hooks.sim_adapt(model, recipe, lambda module, dtype: move(module, dtype))
     return model
 
 
-def _load_only(session: _Session, mode: str, scale: Any, num_classes: int | None,
+def _load_only(session: Session, mode: str, scale: Any, num_classes: int | None,
                dtype: torch.dtype, build: Callable[[str, int | None], nn.Module]) -> nn.Module:
     if mode == "init-module":
-        with _default_dtype(dtype):
+        with default_dtype(dtype):
             return build(scale, num_classes)
     with session.host():
         model = build(scale, num_classes)
-    _move(model)  # .to("cuda")
+    move(model)  # .to("cuda")
     if dtype != torch.float32:
-        _move(model, dtype)  # .to(float16): one tensor at a time
+        move(model, dtype)  # .to(float16): one tensor at a time
     return model
 
 
@@ -409,7 +410,7 @@ def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit",
     ``num_classes=None`` keeps the stock head (1000 classes for ``vit_l_16``, as the 07 scripts).
     ``lora``: the model with the lora technique's adapters (the reference load of an init-module+lora recipe).
     """
-    result, _, _ = _replay_load(mode, find_profile(profile), workload, scale, num_classes, precision, _Session, lora)
+    result, _, _ = replay_load(mode, find_profile(profile), workload, scale, num_classes, precision, Session, lora)
     return result
 
 
@@ -422,13 +423,13 @@ def _adapting(build: Callable[[Any, int | None], nn.Module], workload_name: str)
     def adapted(scale: Any, num_classes: int | None) -> nn.Module:
         model = build(scale, num_classes)
         with naming_the_module(work.name):
-            return adapt(model, work, lambda module, dtype: _move(module, dtype))
+            return adapt(model, work, lambda module, dtype: move(module, dtype))
 
     return adapted
 
 
-def _replay_load(mode: str, chosen: Profile, workload: str, scale: Any, num_classes: int | None, precision: str,
-                 session_of: Callable[[Profile], _Session], lora: bool = False) -> tuple[LoadResult, _Session, int]:
+def replay_load(mode: str, chosen: Profile, workload: str, scale: Any, num_classes: int | None, precision: str,
+                 session_of: Callable[[Profile], Session], lora: bool = False) -> tuple[LoadResult, Session, int]:
     """``simulate_load``'s replay in a session ``session_of`` opens; also the session and the parameter tensors."""
     if mode not in LOAD_MODES:
         raise UsageError(f"unknown load mode {mode!r}; valid modes: {', '.join(LOAD_MODES)}")
@@ -465,46 +466,10 @@ def load_mode(recipe: Recipe) -> str:
     return "init-module" if _builds_on_device(recipe) else "build-then-convert"
 
 
-def simulate_load_record(recipe: Recipe, *, profile: str = "article", allocator_events: list[TraceEvent] | None = None,
-                         limit_bytes: int | None = None) -> Record:
-    """``simulate_load`` of the recipe's load (``load_mode``, its precision, workload and scale) as a Record:
-    the load phase only (memory_steps 0, no gradients or optimizer state), the stock head as the 07
-    scripts load it (1000 classes for ``vit_l_16``). The door's ``RunOptions(load_only=True)``."""
-    chosen = _with_allocator_settings(find_profile(profile), recipe)
-    check(recipe)
-    strategy = recipe.distributed
-    if strategy is not None and strategy.shards_parameters:
-        raise UsageError(f"{recipe.id}: the load-only replay (the 07 scripts) loads on one device; "
-                         "a sharded recipe's load runs with its training")
-    mode = load_mode(recipe)
-
-    def session_of(chosen: Profile) -> _Session:
-        session = _Session(chosen, limit_bytes)
-        session.allocator.events = allocator_events
-        return session
-
-    phases: dict[str, PhaseResult] = {}
-    with _out_of_memory(recipe, chosen, limit_bytes, phases):
-        result, session, tensors = _replay_load(mode, chosen, recipe.workload.name, recipe.scale, None,
-                                                recipe.precision, session_of)
-    how = ('built inside fabric.init_module()' if mode == "init-module"
-           else f'built on the CPU in fp32, then .to("cuda").to({precision_spec(recipe.precision).param_dtype})')
-    notes = [f"sim profile {chosen.name!r}: {chosen.summary}",
-             f"load only ({mode}, as the 07 scripts load the model): the stock head, {how}; no training step"]
-    notes.extend(_limit_notes(session))
-    return build_record(
-        recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
-        precision=recipe.precision, memory_steps=0, param_count=result.param_count, param_tensor_count=tensors,
-        phases=session.recorder.phases, step_peaks=session.recorder.step_peaks,
-        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, weights="random", data=FAKE_DATA,
-        notes=notes, observed={"param_bytes": result.param_bytes, "grad_bytes": 0, "optimizer_state_bytes": 0},
-    )
-
-
 # --- train -------------------------------------------------------------------------------------
 
 
-class _Precision:
+class SimPrecision:
     """What Fabric's precision plugin does around the forward pass and backward, on fake tensors
     (``core.precision.Precision``: the input cast, autocast, the output cast)."""
 
@@ -528,7 +493,7 @@ class _Precision:
 
             return cuda_autocast(self.spec.autocast_dtype)
         if self.spec.true_half:
-            return _default_dtype(self.compute)
+            return default_dtype(self.compute)
         return nullcontext()
 
     def convert_output(self, output: torch.Tensor) -> torch.Tensor:
@@ -550,11 +515,11 @@ class _SimLoop(TrainingLoop):
     profile's optimizer era, its temporaries attributed to it, and its state tagged afterwards.
     """
 
-    def __init__(self, session: _Session, recipe: Recipe) -> None:
+    def __init__(self, session: Session, recipe: Recipe) -> None:
         super().__init__(recipe.accumulation_steps, recipe.loop_order)  # the stack's order (the scripts' by default)
         self.session, self.recipe = session, recipe
-        self.precision = _Precision(recipe)
-        self.attention = _attention_context(session.profile, self.precision.compute)
+        self.precision = SimPrecision(recipe)
+        self.attention = attention_context(session.profile, self.precision.compute)
         self.logits: torch.Tensor | None = None
         self.step_ends: list[float] = []  # the timeline's time after each optimizer step
         for hooks in recipe.hooks:  # activation-offload's saved-tensor hooks, the fused loss, on fake tensors
@@ -622,7 +587,7 @@ def _optimizer(recipe: Recipe, model: nn.Module, memory: DeviceMemory) -> tuple[
             layout = dataclasses.replace(layout, min_8bit_size=recipe.scale.min_8bit_size)
         return build_eight_bit(recipe.optimizer, model, recipe.learning_rate, layout, memory.outside), None
     optimizer, scheduler = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 1000,
-                                            implementation=recipe.optimizer_impl,
+                                            implementation=recipe.optimizer_impl, owner=recipe.optimizer_owner,
                                             min_8bit_size=recipe.scale.min_8bit_size)  # torchao's, as the real one
     if recipe.optimizer_impl is None:  # torch's default for the device: on CUDA foreach
         for group in optimizer.param_groups:
@@ -630,7 +595,7 @@ def _optimizer(recipe: Recipe, model: nn.Module, memory: DeviceMemory) -> tuple[
     return optimizer, scheduler
 
 
-def _implementation_notes(recipe: Recipe, chosen: Profile) -> list[str]:
+def implementation_notes(recipe: Recipe, chosen: Profile) -> list[str]:
     """Which implementation of the optimizer step the replay runs, where the recipe chose one (else, as before the
     choice existed, foreach: torch's default on CUDA, with no note)."""
     if recipe.optimizer_impl is None:
@@ -641,7 +606,7 @@ def _implementation_notes(recipe: Recipe, chosen: Profile) -> list[str]:
     return [f"optimizer step: {recipe.optimizer_impl} ({flags}), {era} {recipe.optimizer} step on fake tensors"]
 
 
-def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: int,
+def train(session: Session, recipe: Recipe, model: nn.Module, memory_steps: int,
            inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]]) -> dict[str, Any]:
     """The measured steps of the real engines' loop, on fake tensors; the Record's state fields."""
     memory = session.memory
@@ -669,7 +634,7 @@ def _train(session: _Session, recipe: Recipe, model: nn.Module, memory_steps: in
 
 
 @contextmanager
-def _out_of_memory(recipe: Recipe, chosen: Profile, limit_bytes: int | None,
+def out_of_memory(recipe: Recipe, chosen: Profile, limit_bytes: int | None,
                    phases: dict[str, PhaseResult]) -> Iterator[None]:
     """The allocator model's DeviceFull as the runner reports a GPU's: OutOfMemory naming the phase."""
     try:
@@ -680,17 +645,17 @@ def _out_of_memory(recipe: Recipe, chosen: Profile, limit_bytes: int | None,
                           full.requested, str(full)) from None
 
 
-def _allocator_notes(site: dict[str, Any], session: _Session) -> list[str]:
+def allocator_notes(site: dict[str, Any], session: Session) -> list[str]:
     """What set the reserved peak (``site``: the allocator's record of it), then the limit's notes."""
     notes = []
     if site:
         where = "in the optimizer step" if site["in_optimizer_step"] else "outside the optimizer step"
         notes.append(f"reserved peak set {where} by {site['op']} (a {site['request_bytes']} B request took "
                      f"reserved memory to {site['reserved_bytes']} B)")
-    return notes + _limit_notes(session)
+    return notes + limit_notes(session)
 
 
-def _limit_notes(session: _Session) -> list[str]:
+def limit_notes(session: Session) -> list[str]:
     allocator = session.allocator
     if allocator.limit_bytes is None:
         return []
@@ -702,296 +667,13 @@ def _limit_notes(session: _Session) -> list[str]:
             "as torch's release_cached_blocks does (each a device synchronisation: slower steps)"]
 
 
-def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | None = None,
-             allocator_events: list[TraceEvent] | None = None, limit_bytes: int | None = None,
-             devices: int | None = None) -> Record:
-    """Predict the CUDA caching allocator's peaks for ``recipe`` on the profile's GPU.
-
-    ``allocator_events``, a list, receives the allocator model's history in the terms of torch's
-    (``memclaims.gpu.alloc_trace``); one-device recipes only. ``limit_bytes``: what the allocator
-    can get from the device (a card's memory less the CUDA context); past it the model frees its
-    cache and retries as torch does, and raises OutOfMemory where torch would. None: unlimited.
-    ``devices``: the ranks of a sharded recipe (rank 0 is replayed); None: ``sharded.WORLD_SIZE``.
-
-    A recipe with a strategy is replayed as its strategy says (``Strategy.sim_replay``): one rank of FSDP by
-    memclaims.sim.sharded ("sharded"), of ZeRO-2 by memclaims.sim.zero ("zero"), or the one-device replay with the
-    strategy's plan (DDP's buckets and notes)."""
-    chosen = _with_allocator_settings(find_profile(profile), recipe)
-    check(recipe)
-    strategy = recipe.distributed
-    replay = "one-device" if strategy is None else strategy.sim_replay
-    if replay == "zero":
-        if allocator_events is not None or limit_bytes is not None:
-            raise UsageError(f"{recipe.id}: DeepSpeed's rank is per-rank accounting: no allocator history or limit")
-        return _simulate_zero2(recipe, chosen.name, memory_steps)
-    build, inputs_fn = _model_fns(recipe)
-    steps = resolve_steps(recipe, memory_steps, "sim")
-    notes = [f"sim profile {chosen.name!r}: {chosen.summary}"]
-    if steps < 2:
-        notes.append("one optimizer step only: the peak of the second step (gradients and optimizer "
-                     "state alive during the forward) is not reached")
-
-    if replay == "sharded":
-        if allocator_events is not None:
-            raise UsageError(f"{recipe.id}: the allocator history is recorded for one-device recipes only")
-        return _simulate_sharded(recipe, chosen, steps, notes, limit_bytes, devices)
-    if replay == "tensor-parallel":
-        return _simulate_tensor_parallel(recipe, chosen, steps, notes, limit_bytes, devices, allocator_events)
-    plan = recipe.strategy_plan(devices or 1) if strategy is not None else None
-
-    reference = None
-    for hooks in recipe.hooks:  # init-module: 07_01's load, to compare with
-        asked = hooks.sim_reference(recipe)
-        if asked is not None:
-            reference = simulate_load(**asked, profile=chosen.name)
-
-    if plan is not None:
-        notes.extend(plan.notes_on(ON_SIM))
-    if recipe.optimizer in optimizers.EIGHT_BIT:
-        notes.append(f"{recipe.optimizer}: state from bitsandbytes {_eight_bit_layout().version}'s layout "
-                     f"(memclaims.sim.eight_bit); the fused step allocates no temporaries")
-    if recipe.optimizer == "adafactor":
-        notes.append("adafactor: transformers' own step on fake tensors, one parameter at a time (it has no "
-                     "foreach path): factored second moment for matrices, no first moment")
-    notes.extend(_implementation_notes(recipe, chosen))
-    session = _Session(chosen, limit_bytes)
-    session.memory.tf32_matmul = _tf32_matmul(recipe)
-    session.allocator.events = allocator_events
-    phases: dict[str, PhaseResult] = {}
-    torch.manual_seed(0)
-    with _out_of_memory(recipe, chosen, limit_bytes, phases), session.active():
-        with session.phase(phases, "load"):
-            model = _load(session, recipe, build)
-            for hooks in recipe.hooks:  # activation-checkpointing's wrap, as the real engine's build
-                hooks.sim_after_load(model, recipe, notes)
-            # fabric.setup under DDP: the Reducer's gradient buckets, alive for the whole run.
-            buckets = ddp.allocate_buckets(list(model.parameters())) if plan and plan.bucket_gradients else []
-        param_count = sum(p.numel() for p in model.parameters())
-        param_tensors = len(list(model.parameters()))
-        with session.phase(phases, "train"), session.training(recipe.workload.name, model):
-            states = _train(session, recipe, model, steps, session.data(inputs_fn))
-        site = dict(session.memory.reserved_peak_site)
-        del model, buckets
-    notes.extend(_allocator_notes(site, session))
-    return build_record(
-        recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
-        precision="32-true" if recipe.stack == PYTORCH else recipe.precision, memory_steps=steps,
-        param_count=param_count, param_tensor_count=param_tensors, phases=session.recorder.phases,
-        step_peaks=session.recorder.step_peaks,
-        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water,  # never reset: the article's figure
-        reference_load_peak_bytes=reference.peak.allocated_bytes if reference else None,
-        weights="random", data=FAKE_DATA, notes=notes, observed=_merged(states, _observed_after(session, recipe)),
-    )
-
-
-def _simulate_zero2(recipe: Recipe, profile: str, memory_steps: int | None) -> Record:
-    """Rank 0 of the recipe's DeepSpeed ZeRO-2 run (memclaims.sim.zero): the same recipe replayed on one
-    simulated GPU with the model in the half dtype (DeepSpeed's ``module.half()``/``bfloat16()``, no
-    autocast), its activations added to ZeRO-2's per-rank model states."""
-    import memclaims.sim.zero as zero
-    from memclaims.recipes.recipe import resolve
-
-    half = "16-true" if recipe.precision == "16-mixed" else "bf16-true"
-    rest = [t for t in recipe.techniques if registry.technique(t).distributed is None and t != recipe.precision]
-    one_gpu = simulate(resolve(recipe.workload.name, recipe.scale.name, [half, *rest], recipe.sizes),
-                       profile=profile, memory_steps=memory_steps)
-    config = zero.Zero2Config(model_dtype=PRECISIONS[half].param_dtype)
-    terms = zero.zero2_rank_bytes(*zero.single_gpu_activations(one_gpu), config=config)
-    notes = [*one_gpu.notes, f"DeepSpeed ZeRO-2 rank 0 of {config.world} by per-rank accounting (memclaims.sim.zero): "
-             f"{half} one-GPU replay's activations + model states by term {dataclasses.asdict(terms)}; peaks are "
-             "the terms' sum (allocated = reserved: no allocator replay of the whole)"]
-    return dataclasses.replace(
-        one_gpu, **recipe.record_fields(), precision=recipe.precision, param_bytes=terms.fp16_model,
-        grad_bytes=terms.fp32_grad_partition, optimizer_state_bytes=terms.fp32_master + terms.adam_states,
-        peak_allocated_bytes=terms.total, peak_reserved_bytes=terms.total, peak_reserved_total_bytes=terms.total,
-        phases={}, step_peaks={}, breakdown=dataclasses.asdict(terms), devices=config.world, rank=0, notes=notes)
-
-
-def _simulate_sharded(recipe: Recipe, chosen: Profile, steps: int, notes: list[str],
-                      limit_bytes: int | None, devices: int | None) -> Record:
-    """Rank 0 of the recipe's FSDP1 run, or FSDP2's (the plan's ``fsdp_api``), by memclaims.sim.sharded: per-rank
-    accounting on fake tensors, of the recipe's plan (``Recipe.strategy_plan``) as Lightning's strategy configures it
-    (``Strategy.configured``: FSDP1's is what Lightning's FSDPStrategy and FSDPPrecision would pass to FSDP)."""
-    import memclaims.sim.sharded as sharded
-    from memclaims.techniques.impl import lightning_fsdp_plan
-
-    build, inputs_fn = _model_fns(recipe)
-    world = devices or sharded.WORLD_SIZE
-    strategy = recipe.distributed
-    assert strategy is not None  # a sharded replay
-    plan = strategy.configured(recipe.strategy_plan(world), recipe, recipe.precision)
-    fsdp2 = plan.fsdp_api == FSDP2_API
-    shard_dtype = PRECISIONS[recipe.precision].param_dtype
-    if plan.mixed_precision_policy and chosen.lightning_era != "installed":
-        # The article's 2023 Lightning's FSDPPrecision (sharded.LIGHTNING_2023_FSDP_DTYPES: "*-mixed" all-gathered in
-        # fp32); its other settings are the ones the installed Lightning configures for the same arguments.
-        param_dtype, reduce_dtype = sharded.mixed_precision_dtypes(recipe.precision, chosen.lightning_era)
-    elif plan.configured_by:  # the MixedPrecision the installed Lightning's FSDPStrategy + FSDPPrecision configure
-        param_dtype = lightning_fsdp_plan.dtype(plan.param_dtype) or shard_dtype
-        reduce_dtype = lightning_fsdp_plan.dtype(plan.reduce_dtype) or param_dtype
-    else:  # every collective in the parameters' dtype
-        param_dtype = reduce_dtype = shard_dtype
-    if fsdp2:
-        # ModelParallelStrategy with memclaims' parallelize_fn: no MixedPrecisionPolicy; reshard_after_forward is the plan's.
-        notes.append(f"FSDP2 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): {sharded.FSDP2_NOTE}; "
-                     f"reshard_after_forward={plan.reshard_after_forward} on each block (the root: "
-                     f"False, fully_shard's default for the root); shards, all-gathers and reduce-scatters in "
-                     f"{shard_dtype} (no MixedPrecisionPolicy); not modelled: {sharded.UNMODELLED['nccl']}; "
-                     f"{sharded.UNMODELLED['evaluation']}")
-    else:
-        lightning = "installed" if chosen.lightning_era == "installed" else f"{chosen.lightning_era}-era"
-        notes.append(f"FSDP1 rank 0 of {world} (per-rank accounting, memclaims.sim.sharded): shards in {shard_dtype}, "
-                     f"all-gathers in {param_dtype}, reduce-scatters in {reduce_dtype} ({lightning} Lightning's "
-                     f"FSDPPrecision); not modelled: " + "; ".join(
-                         v for k, v in sharded.UNMODELLED.items() if not (k == "record_stream" and chosen.timeline)))
-        if plan.sharding_strategy != "FULL_SHARD":
-            notes.append(f"sharding_strategy {plan.sharding_strategy}: {sharded.SHARDING_NOTES[plan.sharding_strategy]}")
-    if not fsdp2 and not sharded.limit_all_gathers(chosen.optimizer_era):
-        notes.append("limit_all_gathers=False (FSDP1's default before pytorch PR #104900): " + (
-            "the unsharded buffers freed with record_stream wait for the GPU on the timeline (memclaims.sim.timeline)"
-            if chosen.timeline else "the forward's all-gather buffers stay taken until the first pre-backward hook "
-            "(memclaims.sim.sharded._RunAhead)"))
-    notes.extend(plan.notes_on(ON_SIM))
-    notes.extend(_implementation_notes(recipe, chosen))
-    session = _Session(chosen, limit_bytes)
-    session.memory.tf32_matmul = _tf32_matmul(recipe)
-    phases: dict[str, PhaseResult] = {}
-    torch.manual_seed(0)
-    with _out_of_memory(recipe, chosen, limit_bytes, phases), session.active():
-        with session.phase(phases, "load"):
-            with session.host():
-                # Fabric converts true precisions on the host; the unsharded (compute) copy is param_dtype.
-                with _default_dtype(shard_dtype):
-                    model = build(recipe.scale, recipe.workload.num_classes)
-            # Fabric.setup moves the model before FSDPStrategy wraps it; ModelParallelStrategy's module_to_device
-            # is a no-op: each fully_shard call moves its own group's parameters.
-            moved = plan.setup_moves_model
-            if moved:
-                _move(model)
-            # The units and checkpointed blocks as Lightning's policies select them (a plan Lightning configured).
-            units = checkpointed = None
-            if plan.configured_by:
-                units = lightning_fsdp_plan.policy_targets(plan.wrap_policy, model)
-                checkpointed = lightning_fsdp_plan.checkpoint_targets(plan.checkpoint_options, model)
-            wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=world,
-                                   shard_dtype=shard_dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                                   offload=plan.offload_params, checkpointing=plan.checkpoint_blocks,
-                                   auto_wrap=plan.wrap_blocks, moved=moved,
-                                   limit_gathers=sharded.limit_all_gathers(chosen.optimizer_era),
-                                   sharding=plan.sharding_strategy, fsdp2=fsdp2, wrap_units=units,
-                                   checkpointed=checkpointed)
-            if param_dtype != shard_dtype:  # the compute copies the units all-gather (host fakes, uncounted)
-                with session.host():
-                    _move(model, param_dtype)
-        param_count = sum(p.numel() for p in model.parameters())
-        param_tensors = len(list(model.parameters()))
-        precision = _Precision(recipe)
-        attention = _attention_context(chosen, precision.compute)
-        with session.phase(phases, "train"), session.training(recipe.workload.name, model):
-            states, replayed = sharded.train(session, recipe, wrapped, steps, session.data(inputs_fn), precision,
-                                             attention)
-        if replayed:
-            notes.append(f"{replayed} micro-batches replayed from micro-batch 2's allocations, which matched micro-batch "
-                         "1's event for event (memclaims.sim.repeat)")
-        site = dict(session.memory.reserved_peak_site)
-        del model, wrapped
-    notes.extend(_allocator_notes(site, session))
-    # The same phases entries as every engine's (the contract's keys, and live_bytes for load and train).
-    return build_record(
-        recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
-        precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,
-        phases=session.recorder.phases, step_peaks=session.recorder.step_peaks,
-        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, weights="random", data=FAKE_DATA,
-        notes=notes, observed=_merged(states, _observed_after(session, recipe)), devices=world, rank=0,
-    )
-
-
-def _simulate_tensor_parallel(recipe: Recipe, chosen: Profile, steps: int, notes: list[str], limit_bytes: int | None,
-                              devices: int | None, allocator_events: list[TraceEvent] | None) -> Record:
-    """Rank 0 of the recipe's tensor-parallel run (memclaims.sim.tensor_parallel): the model built on the host as
-    Lightning's ModelParallelStrategy gets it, its layout split to rank 0's shards and loaded as the parallelize_fn
-    loads it, then the one-device loop on the rank's shards and collectives; with FSDP2 (2-D) memclaims.sim.sharded's
-    FSDP2 over the data-parallel ranks on top, as fully_shard shards the tensor-parallel shards."""
-    import memclaims.sim.sharded as sharded
-    import memclaims.sim.tensor_parallel as tensor_parallel
-    from memclaims.techniques import tensor_parallel as technique
-    from memclaims.techniques.impl.tensor_parallel_plan import layout
-
-    strategy = recipe.distributed
-    assert strategy is not None  # sim_replay "tensor-parallel" is a strategy's
-    world = devices or technique.SIM_DEFAULT_WORLD
-    refused = strategy.rank_refusal(recipe, "sim", world)
-    if refused:
-        raise UsageError(refused)
-    plan = recipe.strategy_plan(world)
-    dp, tp = technique.mesh_sizes(plan)
-    fsdp2 = plan.fsdp_api == FSDP2_API
-    if fsdp2 and allocator_events is not None:
-        raise UsageError(f"{recipe.id}: the allocator history is recorded for one-device recipes and tensor "
-                         "parallelism alone")
-    build, inputs_fn = _model_fns(recipe)
-    notes.extend(plan.notes_on(ON_SIM))
-    spec = PRECISIONS[recipe.precision]
-    true_dtype = None if spec.mixed else spec.param_dtype
-    session = _Session(chosen, limit_bytes)
-    session.memory.tf32_matmul = _tf32_matmul(recipe)
-    session.allocator.events = allocator_events
-    phases: dict[str, PhaseResult] = {}
-    torch.manual_seed(0)
-    with _out_of_memory(recipe, chosen, limit_bytes, phases), session.active():
-        with session.phase(phases, "load"):
-            with session.host(), _default_dtype(true_dtype) if true_dtype else nullcontext():
-                model = build(recipe.scale, recipe.workload.num_classes)  # Fabric converts true precisions on the host
-            param_count = sum(p.numel() for p in model.parameters())  # the whole model's, as the real ranks count
-            param_tensors = len(list(model.parameters()))
-            found = layout(model, recipe.workload.block_class())
-            with session.host():
-                split = tensor_parallel.split(model, found, tp)
-            _move(model, placed=tensor_parallel.load_split(split))  # then model.to(device): the rest
-            if fsdp2:
-                wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=dp,
-                                       shard_dtype=spec.param_dtype, param_dtype=spec.param_dtype,
-                                       reduce_dtype=spec.param_dtype, offload=False, checkpointing=plan.checkpoint_blocks,
-                                       auto_wrap=plan.wrap_blocks, moved=True, sharding=plan.sharding_strategy,
-                                       fsdp2=True)
-            elif plan.checkpoint_blocks:  # TensorParallelize's order: the split, then the model's own checkpointing
-                from memclaims.techniques.impl import block_checkpointing as checkpointing
-
-                notes.append(checkpointing.enable(model, recipe.workload))
-        notes.append(found.note())
-        if fsdp2:
-            notes.append(f"FSDP2 over the {dp} data-parallel ranks (memclaims.sim.sharded): {sharded.FSDP2_NOTE}; "
-                         f"reshard_after_forward={plan.reshard_after_forward} on each block, False on the root; in "
-                         f"{spec.param_dtype} (no MixedPrecisionPolicy)")
-            precision = _Precision(recipe)
-            with session.phase(phases, "train"):
-                states, _ = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision,
-                                          _attention_context(chosen, precision.compute))
-            del wrapped
-        else:
-            with session.phase(phases, "train"):
-                states = _train(session, recipe, model, steps, inputs_fn)
-        merge_observed(states, {"by_technique": {technique.NAME: split.observed(dp, fsdp2)}})
-        site = dict(session.memory.reserved_peak_site)
-        del model, split
-    notes.extend(_allocator_notes(site, session))
-    return build_record(
-        recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
-        precision=recipe.precision, memory_steps=steps, param_count=param_count, param_tensor_count=param_tensors,
-        phases=session.recorder.phases, step_peaks=session.recorder.step_peaks,
-        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, weights="random", data=FAKE_DATA,
-        notes=notes, observed=_merged(states, _observed_after(session, recipe)), devices=world, rank=0,
-    )
-
-
-# Recipe flags the sim cannot replay, with the reason.
 # Optimizers the sim replays: torch's on fake tensors; bitsandbytes' 8-bit ones (whose kernels read
-# real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit; torchao's low-bit ones
-# on fake tensors, eagerly (memclaims.techniques.torchao_adamw).
-_OPTIMIZERS = ("adam", "sgd", "adamw", "adafactor", *optimizers.EIGHT_BIT, *optimizers.TORCHAO)
+# real data, SIMULATION.md point 8) by their state layout, memclaims.sim.eight_bit; and those a technique builds itself
+# (``BuildsOptimizer``: torchao's low-bit ones, on fake tensors, eagerly: memclaims.techniques.torchao_adamw).
+SIM_OPTIMIZERS = ("adam", "sgd", "adamw", "adafactor", *optimizers.EIGHT_BIT)
 
 
-def _eight_bit_layout() -> Any:
+def readable_eight_bit_layout() -> Any:
     """The installed bitsandbytes' 8-bit layout (read on real CPU tensors), or UsageError with the reason."""
     from memclaims.core.optim_state import eight_bit_layout
 
@@ -1002,23 +684,99 @@ def _eight_bit_layout() -> Any:
                          f"unreadable ({type(error).__name__}: {error})") from None
 
 
-def check(recipe: Recipe) -> None:
-    """Raise UsageError, with the reason, for a recipe the sim cannot replay."""
-    _model_fns(recipe)
-    strategy = recipe.distributed
-    if strategy is not None and strategy.sim_replay == "sharded":
-        import memclaims.sim.sharded as sharded
 
-        sharded.check(recipe)
+
+def check_techniques(recipe: Recipe) -> None:
+    """Raise UsageError, with the reason, for a technique, optimizer or precision of ``recipe`` the sim cannot replay
+    (its model and its strategy's replay are checked before, by ``memclaims.sim.replays.check``)."""
     for hooks in recipe.hooks:  # a technique the sim cannot replay (qlora; ZeRO-2 beyond its accounting)
         reason = hooks.sim_refusal(recipe)
         if reason:
             raise UsageError(f"the sim device cannot run {recipe.id}: {reason}")
-    if recipe.optimizer not in _OPTIMIZERS:
+    if recipe.optimizer not in SIM_OPTIMIZERS and recipe.optimizer_owner is None:
         raise UsageError(f"the sim device cannot run {recipe.id}: optimizer {recipe.optimizer!r} does not run "
-                         f"on fake tensors; simulated optimizers: {', '.join(_OPTIMIZERS)}")
+                         f"on fake tensors; simulated optimizers: {', '.join(SIM_OPTIMIZERS)} and those a technique "
+                         "builds itself (torchao's)")
     if recipe.optimizer in optimizers.EIGHT_BIT:
-        _eight_bit_layout()
+        readable_eight_bit_layout()
     if recipe.precision not in PRECISIONS:
         raise UsageError(f"the sim device cannot run precision {recipe.precision!r}; "
                          f"simulated precisions: {', '.join(PRECISIONS)}")
+
+
+# --- what every replay of a training run shares: its request, its opening notes, its Record ----------------
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """What ``memclaims.sim.replays.simulate`` asks a replay for (its arguments, the profile resolved)."""
+
+    profile: Profile  # with the recipe's allocator settings (``with_allocator_settings``)
+    memory_steps: int | None = None  # None: the recipe's own (memclaims.recipes.run_options.memory_steps)
+    allocator_events: list[TraceEvent] | None = None  # receives the allocator model's history
+    limit_bytes: int | None = None  # what the allocator can get from the device; None: unlimited
+    devices: int | None = None  # the ranks of a recipe with a strategy (rank 0 is replayed); None: the replay's own
+
+
+class Replay:
+    """One of the sim's replays of a training run (a module of ``memclaims.sim.replays`` each), named by a strategy's
+    ``sim_replay`` (its import path, ``"module:Class"``): how it runs a recipe, and what it refuses before that."""
+
+    def check(self, recipe: Recipe) -> None:
+        """Raise UsageError, with the reason, for a recipe the replay cannot model; the default refuses nothing."""
+
+    def run(self, recipe: Recipe, request: ReplayRequest) -> Record:
+        """Rank 0 (or the one device) of ``recipe``'s run, as a Record."""
+        raise NotImplementedError(type(self).__name__)
+
+
+def opening(recipe: Recipe, request: ReplayRequest) -> tuple[int, list[str]]:
+    """The measured steps of a training replay and its first notes (the profile, a single step's caveat)."""
+    chosen = request.profile
+    steps = resolve_steps(recipe, request.memory_steps, "sim")
+    notes = [f"sim profile {chosen.name!r}: {chosen.summary}"]
+    if steps < 2:
+        notes.append("one optimizer step only: the peak of the second step (gradients and optimizer "
+                     "state alive during the forward) is not reached")
+    return steps, notes
+
+
+def sim_record(recipe: Recipe, session: Session, *, memory_steps: int, param_count: int, param_tensor_count: int,
+               notes: list[str], observed: dict[str, Any], precision: str | None = None, **more: Any) -> Record:
+    """The Record of a replay in ``session``: the one builder's (memclaims.measure.record_builder), with the sim's
+    device, probe and phases (the same phases entries as every engine's: the contract's keys, and live_bytes for load
+    and train) and the never-reset reserved peak (the article's figure)."""
+    chosen = session.profile
+    return build_record(
+        recipe, device="sim", device_name=f"simulated {chosen.gpu}", probe=f"sim:{chosen.name}",
+        precision=precision or recipe.precision, memory_steps=memory_steps, param_count=param_count,
+        param_tensor_count=param_tensor_count, phases=session.recorder.phases, step_peaks=session.recorder.step_peaks,
+        peak_reserved_total_bytes=session.allocator.stats.reserved_high_water, weights="random", data=FAKE_DATA,
+        notes=notes, observed=observed, **more,
+    )
+
+
+def trained_record(recipe: Recipe, session: Session, site: dict[str, Any], *, steps: int, model_counts: tuple[int, int],
+                   notes: list[str], states: dict[str, Any], **more: Any) -> Record:
+    """The Record of a training replay: what set its reserved peak (``site``) and the limit's notes after its own, its
+    state fields with what the techniques observe once it has ended; ``model_counts``: (parameters, tensors)."""
+    notes.extend(allocator_notes(site, session))
+    return sim_record(recipe, session, memory_steps=steps, param_count=model_counts[0],
+                      param_tensor_count=model_counts[1], notes=notes,
+                      observed=merged(states, observed_after(session, recipe)), **more)
+
+
+def reference_load_peak(recipe: Recipe, chosen: Profile) -> int | None:
+    """The peak of the reference load a technique asks for before the recipe's (init-module: 07_01's), or None."""
+    reference = None
+    for hooks in recipe.hooks:
+        asked = hooks.sim_reference(recipe) if isinstance(hooks, LoadsReference) else None
+        if asked is not None:
+            reference = simulate_load(**asked, profile=chosen.name)
+    return reference.peak.allocated_bytes if reference else None
+
+
+def model_counts(model: nn.Module) -> tuple[int, int]:
+    """(parameters, parameter tensors) of ``model``, as every engine's Record counts them."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), len(params)

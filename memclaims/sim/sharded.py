@@ -774,7 +774,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
         memory.tag(shard, PARAMETERS)
     offload = sharded.offload
     optimizer, scheduler = optimizers.build(recipe.optimizer, nn.ParameterList(shards), recipe.learning_rate, 1000,
-                                            implementation=recipe.optimizer_impl)
+                                            implementation=recipe.optimizer_impl, owner=recipe.optimizer_owner)
     if recipe.optimizer_impl is None:  # torch's default for CUDA: foreach (fake shards would take the for-loop)
         for group in optimizer.param_groups:
             group["foreach"] = True

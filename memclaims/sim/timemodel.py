@@ -80,7 +80,7 @@ def predict(recipe: Recipe, gpu: GpuPeaks = A100_40GB) -> StepTime:
             _article_model(recipe), "random")
         if half is not None:
             model = model.to(half)
-        optimizer, _ = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 100)
+        optimizer, _ = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 100, owner=recipe.optimizer_owner)
         size = 224 if recipe.scale.name == "article" else 16
         inputs = torch.empty(recipe.micro_batch_size, 3, size, size, dtype=half or torch.float32)
         targets = torch.zeros(recipe.micro_batch_size, dtype=torch.long)

@@ -3,8 +3,8 @@
 A technique's module defines ``ENTRY``, its registry entry (``base.Technique``: name, summary, source, group,
 conflicts and the reasons for them, requirements, the workloads it needs), whose ``hooks`` object
 (``base.Hooks``) is called by every engine at fixed points: how it changes a real run (``attach``,
-``init_context``, ``convert_module``, ``setup_options``, ``before_setup``, ``run_context``, ``refusal``), what
-it observes for the Record (``observe``), its active check (``check``, ``rank_check``), what the case test
+``init_context``, ``convert_module``, ``before_setup``, ``refusal``; the narrow protocols of ``base`` where it needs one), what
+it observes for the Record (``observe``), its active check (``check``), what the case test
 expects of it, and its replay on the sim (``sim_*``). The engines iterate over ``Recipe.hooks`` and never ask
 which technique a recipe has. ``technique_registry.py`` is the list of entries, in the order case ids name them, and the
 rules of combining them (``canonical``, the selections).
@@ -26,7 +26,7 @@ The training stacks that run the loop themselves are ``loop`` techniques with a 
 ``base.Stack``: ``hf_trainer.py`` (transformers' Trainer), ``accelerate_loop.py`` (Accelerate with the course's loop),
 ``lightning_trainer.py`` (Lightning's Trainer). The recipe's core fields are what they express through the stack's own
 switches (TrainingArguments, Accelerator's and Trainer's arguments: the module's mapping, plain data); what a stack
-cannot express it refuses as a conflict with the reason; its engine (``memclaims.measure.stacks``) drives the probes
+cannot express it refuses as a conflict with the reason; its driver (``memclaims.measure.stacks``, named by ``driver``) drives the probes
 from the stack's callbacks; its ``loop_order`` is what the sim replays; its ``check`` reads what really ran.
 
 The strategies are techniques too, whose hooks are a ``base.Strategy`` (Lightning's ``Strategy``, torchtitan's
@@ -39,10 +39,10 @@ the plan as that Lightning object and its precision plugin configure it, for the
 Lightning does not (``configured``: FSDP's is what ``FSDPStrategy`` and ``FSDPPrecision`` would pass to FSDP), what
 the CPU ranks' sharded engine calls where Lightning does not (``parallelize``, as ``ModelParallelStrategy``
 calls its ``parallelize_fn``), what a rank's Record says ran (``rank_notes``, the plan's ``fsdp_api``), which of
-the sim's replays runs a rank (``sim_replay``) and what that replay refuses (``sim_refusal``). The techniques
+the sim's replays runs a rank (``sim_replay``, its import path) and what that replay refuses (``sim_refusal``). The techniques
 that combine with a strategy (activation-checkpointing, cpu-offload, delayed-init, init-module) change its plan
 through their own ``plan_strategy``. The multi-rank engines (``memclaims.measure.distributed``,
-``memclaims.measure.lightning_fsdp``, the sim's ``replay``, ``sharded``, ``zero`` and ``ddp``) execute the plan
+``memclaims.measure.lightning_fsdp``, the sim's replays in ``memclaims.sim.replays``) execute the plan
 (which FSDP API, which of the sim's replays) and ask ``Recipe.distributed`` only whether a recipe has a strategy,
 never which technique it is.
 

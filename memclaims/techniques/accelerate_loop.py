@@ -5,8 +5,8 @@ lr_scheduler)``) and steps inside ``accelerator.accumulate(model)`` with ``accel
 core fields are the Accelerator's switches (``accelerator_arguments``): ``mixed_precision`` (autocast: "no", "bf16",
 "fp16") and ``gradient_accumulation_steps``, the batch is the loader's, the optimizer the user's own (memclaims',
 built as the course builds it). Its loop zeroes the gradients right after each step, so the previous step's gradients
-are gone in the next forward, unlike the article scripts' loop without accumulation (``loop_order``). The engine is
-``memclaims.measure.stacks.accelerate_engine``.
+are gone in the next forward, unlike the article scripts' loop without accumulation (``loop_order``). The driver is
+``memclaims.measure.stacks.accelerate_driver``.
 """
 
 from __future__ import annotations
@@ -14,15 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memclaims.techniques.base import (
-    STACK_REFUSES_FABRIC_HOOKS,
-    STACK_REFUSES_STRATEGIES,
-    STRATEGIES,
     ZERO_AFTER_STEP,
     LoopOrder,
     Say,
     Stack,
     Technique,
 )
+from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGIES
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
@@ -50,7 +48,7 @@ def accelerator_arguments(recipe: Recipe) -> dict[str, Any]:
 
 class AccelerateLoop(Stack):
     name = NAME
-    engine = "accelerate_engine"
+    driver = "memclaims.measure.stacks.accelerate_driver:AccelerateDriver"
     expresses = EXPRESSES
 
     def loop_order(self, recipe: Recipe) -> LoopOrder:

@@ -21,6 +21,19 @@ if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
 
 
+
+def forward_keeps_less(record: Record, without: Record | None, say: Say) -> None:
+    """``say`` so unless the forward pass kept less for backward than the same recipe's without the technique (the
+    active check of every checkpointing: full, selective)."""
+    if without is None:
+        say("no Record of the same recipe without it was given to compare with")
+        return
+    kept = record.phases.get("forward", {}).get("above_start_bytes")
+    plain = without.phases.get("forward", {}).get("above_start_bytes")
+    if kept is None or plain is None or kept >= plain:
+        say(f"phases.forward.above_start_bytes (what the forward pass keeps for backward) is {kept} B with it, "
+            f"{plain} B without")
+
 class ActivationCheckpointing(Hooks):
     convert_order = 0  # the blocks as built, before a head bypass or adapters change the model
 
@@ -46,14 +59,7 @@ class ActivationCheckpointing(Hooks):
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         if record.recomputed_linear_calls == 0:  # None: an engine that does not observe it (FSDP on the sim)
             say("no nn.Linear ran inside the first backward pass: nothing was recomputed")
-        if without is None:
-            say("no Record of the same recipe without it was given to compare with")
-            return
-        saved = record.phases.get("forward", {}).get("above_start_bytes")
-        plain_saved = without.phases.get("forward", {}).get("above_start_bytes")
-        if saved is None or plain_saved is None or saved >= plain_saved:
-            say(f"phases.forward.above_start_bytes (what the forward pass keeps for backward) is {saved} B with "
-                f"it, {plain_saved} B without")
+        forward_keeps_less(record, without, say)
 
     def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         from memclaims.techniques.impl import block_checkpointing as checkpointing

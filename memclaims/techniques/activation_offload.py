@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import STRATEGIES, Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
@@ -38,7 +39,7 @@ class ActivationOffload(Hooks):
 
 
 # A memclaims limitation, not torch's: the ranks' engines (memclaims.measure.distributed,
-# memclaims.sim.sharded, memclaims.sim.zero) run their own forward passes without save_on_cpu.
+# memclaims.sim.sharded, memclaims.sim.replays.zero) run their own forward passes without save_on_cpu.
 _RANKS_DO_NOT_OFFLOAD = "the multi-rank engines of memclaims do not wrap their forward pass in save_on_cpu"
 
 # torch.autograd.graph.save_on_cpu around the forward pass (pinned host memory where CUDA is).

@@ -6,16 +6,18 @@ and never ask which technique a recipe has: every hook's default does nothing, s
 only the points it changes. The points, by engine:
 
 - the real run on one device (``memclaims.measure.pipeline``, ``memclaims.measure.runner``):
-  ``refusal`` (before anything runs), ``run_context`` (around the whole run), ``attach`` (the loop's
-  helpers), ``reference_load`` (a load to compare with), ``init_context`` (around the model's build), ``convert_module`` (after the build, by
-  ``convert_order``), ``reference_module`` (07_01's reference model), ``setup_options`` (Fabric's
-  ``setup``), ``before_setup`` (the optimizer before Fabric wraps it), ``observe`` (the Record's fields of
+  ``refusal`` (before anything runs), ``attach`` (the loop's helpers), ``init_context`` (around the model's build), ``convert_module`` (after the build, by
+  ``convert_order``), ``reference_module`` (07_01's reference model), ``before_setup`` (the optimizer before Fabric wraps it), ``observe`` (the Record's fields of
   what it did, after the measured steps);
-- the active check (``memclaims.measure.active``): ``check``, ``rank_check``; the case test (``memclaims.pytest.cases``):
+- the active check (``memclaims.measure.active``): ``check``; the case test (``memclaims.pytest.cases``):
   ``compare_without``, ``expected_grad_bytes``, ``expected_param_bytes``, ``accuracy_reported_only``;
-- the sim (``memclaims.sim.replay``): ``sim_refusal``, ``sim_allocator``, ``sim_builds_on_device``, ``sim_reference``,
-  ``sim_attach``, ``sim_adapt`` (by ``convert_order``), ``sim_before_move``, ``sim_after_load``, ``sim_before_train``, ``sim_observe``,
-  ``sim_observe_run``;
+- the sim (``memclaims.sim.replay``): ``sim_refusal``, ``sim_builds_on_device``, ``sim_attach``, ``sim_adapt`` (by
+  ``convert_order``), ``sim_after_load``, ``sim_before_train``, ``sim_observe``;
+- narrow protocols, implemented only by the techniques that need them and found by ``isinstance`` on the recipe's
+  hooks: ``SetsAllocator`` (``run_context``, ``sim_allocator``, ``sim_observe_run``: expandable-segments),
+  ``LoadsReference`` (``reference_load``, ``sim_reference``: init-module), ``PlacesOnDevice`` (``sim_before_move``:
+  qlora), ``JudgesParameterBytes`` (qlora), ``BuildsOptimizer`` (torchao's optimizers), ``SetsUpOptions``
+  (``setup_options``: cpu-offload), ``ChecksRanks`` (``rank_check``: DDP);
 - a run on ranks (``memclaims.measure.distributed``, the sim's strategy replays): ``rank_refusal``, and
   ``plan_strategy``, how a technique that combines with a strategy changes what the ranks execute (the
   ``StrategyPlan``, which the strategy itself, a ``Strategy``, makes);
@@ -37,9 +39,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from memclaims.core.record import Record
@@ -50,14 +53,6 @@ if TYPE_CHECKING:
 # Precision names are Lightning Fabric's own ``precision=`` strings.
 FP32 = "32-true"
 TRUE_HALF_PRECISIONS = ("16-true", "bf16-true")
-
-# The sharded techniques besides the article's fsdp (FULL_SHARD), by name: FSDP1's other sharding
-# strategies, and FSDP2 (fully_shard) with reshard_after_forward on and off.
-FSDP1_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid")
-FSDP2_TECHNIQUES = ("fsdp2", "fsdp2-no-reshard")
-FSDP_SHARDINGS = (*FSDP1_SHARDINGS, *FSDP2_TECHNIQUES)
-# Every multi-rank strategy technique: what the one-device techniques name in their conflicts.
-STRATEGIES = ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2")
 
 Say = Callable[[str], None]  # an active check's complaint, prefixed with the technique's name by the caller
 
@@ -84,10 +79,6 @@ class Hooks:
         """Why ``recipe`` cannot run on ``options.device`` (a UsageError's text), or None."""
         return None
 
-    def run_context(self, recipe: Recipe, options: RunOptions, cuda: Any) -> AbstractContextManager[Any] | None:
-        """A context around the whole run (an allocator setting); None: none."""
-        return None
-
     def attach(self, engine: Any) -> None:
         """Put the technique's helpers on the engine's training loop (``engine``: a ``pipeline.Engine``)."""
 
@@ -99,17 +90,9 @@ class Hooks:
         """The model after the build, in the load phase, before the optimizer sees its parameters."""
         return model
 
-    def reference_load(self, engine: Any, probe: Any) -> int | None:
-        """A reference load measured before the recipe's own (07_01's for init-module): its peak; None: none."""
-        return None
-
     def reference_module(self, model: nn.Module, workload: Workload) -> nn.Module:
         """07_01's reference model (built in fp32, then converted) as this technique changes the recipe's."""
         return model
-
-    def setup_options(self) -> dict[str, Any]:
-        """Keyword arguments of Fabric's ``setup``."""
-        return {}
 
     def before_setup(self, engine: Any, model: nn.Module, optimizer: Any) -> None:
         """The model and optimizer before ``setup`` (Fabric's wrappers are no optimizer to copy)."""
@@ -124,10 +107,6 @@ class Hooks:
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         """``say`` what ``record`` does not show of the technique's effect; ``without``: the same recipe's Record
         without it, where ``compare_without`` asks for one."""
-
-    def rank_check(self, records: Sequence[Record]) -> list[str]:
-        """What only the ranks of one run together show (DDP's all-reduced gradients), one line each."""
-        return []
 
     def compare_without(self) -> bool:
         """Whether the check compares with the recipe without this technique (its effect shows only so)."""
@@ -152,18 +131,9 @@ class Hooks:
         """Why the sim cannot replay the technique (a UsageError's reason), or None."""
         return None
 
-    def sim_allocator(self, allocator: Any) -> Any:
-        """The profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) under the technique."""
-        return allocator
-
     def sim_builds_on_device(self) -> bool:
         """Whether the model is built on the device (``init_module``) rather than on the host and moved."""
         return False
-
-    def sim_reference(self, recipe: Recipe) -> dict[str, Any] | None:
-        """The arguments of a reference load the sim replays before the recipe's (07_01's for init-module:
-        ``memclaims.sim.replay.simulate_load``'s, but the profile); None: none."""
-        return None
 
     def sim_attach(self, loop: Any, session: Any) -> None:
         """Put the technique's fake-tensor helpers on the sim's loop (``session``: the replay's session)."""
@@ -171,10 +141,6 @@ class Hooks:
     def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, Any], None]) -> nn.Module:
         """The fake model as built, before it is moved to the device (by ``convert_order``)."""
         return model
-
-    def sim_before_move(self, model: nn.Module, recipe: Recipe) -> None:
-        """The fake model as built and adapted on the host, before the setup moves it to the device: what the
-        technique puts on the device itself first (the device counts it; the move leaves it where it is)."""
 
     def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         """The fake model after the load, in the load phase."""
@@ -184,11 +150,6 @@ class Hooks:
 
     def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
         """The Record's fields of what the technique did on the sim, right after the measured steps."""
-        return {}
-
-    def sim_observe_run(self, session: Any) -> dict[str, Any]:
-        """The Record's fields of what the technique did on the sim, read once the replay has ended (the
-        allocator model's state)."""
         return {}
 
     # --- a run on ranks ---------------------------------------------------------------------------------
@@ -229,6 +190,93 @@ class Hooks:
 
 
 NO_HOOKS = Hooks()
+
+
+# --- narrow protocols: a point only the techniques that need it implement; the engines find it with isinstance -----
+
+
+@runtime_checkable
+class SetsAllocator(Protocol):
+    """A setting of the CUDA caching allocator (expandable-segments): around a real CUDA run, in the sim's allocator
+    model, and what that model shows once the replay has ended."""
+
+    def run_context(self, recipe: Recipe, options: RunOptions, cuda: Any) -> AbstractContextManager[Any] | None:
+        """A context around the whole run (the allocator setting); None: none on ``options.device``."""
+        ...
+
+    def sim_allocator(self, allocator: Any) -> Any:
+        """The profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) under the setting."""
+        ...
+
+    def sim_observe_run(self, session: Any) -> dict[str, Any]:
+        """The Record's fields of what the setting did on the sim, read once the replay has ended."""
+        ...
+
+
+@runtime_checkable
+class LoadsReference(Protocol):
+    """A technique measured against a reference load before the recipe's own (init-module: 07_01's)."""
+
+    def reference_load(self, engine: Any, probe: Any) -> int | None:
+        """The reference load on a real run (``engine``: the pipeline's engine): its peak; None: none."""
+        ...
+
+    def sim_reference(self, recipe: Recipe) -> dict[str, Any] | None:
+        """The arguments of the reference load the sim replays (``memclaims.sim.replay.simulate_load``'s, but the
+        profile); None: none."""
+        ...
+
+
+@runtime_checkable
+class PlacesOnDevice(Protocol):
+    """A technique that puts part of the model on the device itself before the setup moves it (qlora's 4-bit base,
+    quantized as each layer moves)."""
+
+    def sim_before_move(self, model: nn.Module, recipe: Recipe) -> None:
+        """The fake model as built and adapted on the host, before the move: what the technique places on the device
+        first (the device counts it; the move leaves it where it is)."""
+        ...
+
+
+@runtime_checkable
+class SetsUpOptions(Protocol):
+    """A technique that changes how Fabric's ``setup`` treats the model (cpu-offload: FSDP moves what it needs)."""
+
+    def setup_options(self) -> dict[str, Any]:
+        """Keyword arguments of Fabric's ``setup``."""
+        ...
+
+
+@runtime_checkable
+class ChecksRanks(Protocol):
+    """A technique whose effect only the ranks of one run together show (DDP: all-reduced gradients, bit for bit the
+    same on every rank)."""
+
+    def rank_check(self, records: Sequence[Record]) -> list[str]:
+        """What the ranks' Records do not show of it, one line each."""
+        ...
+
+
+@runtime_checkable
+class JudgesParameterBytes(Protocol):
+    """A technique that stores some parameters in a dtype of its own (qlora's 4-bit base), whose own ``check`` judges
+    the Record's parameter bytes: the active check of the precision (memclaims.measure.active) leaves them to it."""
+
+    def judges_parameter_bytes(self, record: Record) -> bool:
+        """Whether ``record``'s parameter bytes are this technique's to judge (it stored parameters its own way)."""
+        ...
+
+
+@runtime_checkable
+class BuildsOptimizer(Protocol):
+    """A technique whose module builds the recipe's optimizer itself (torchao's low-bit AdamWs): the engines' optimizer
+    builder (memclaims.measure.optimizers) asks the recipe's techniques for this protocol (``Recipe.optimizer_owner``)
+    where the optimizer is none of the core field's own (torch's, bitsandbytes', transformers' Adafactor)."""
+
+    def build_optimizer(self, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float],
+                        eps: float, min_8bit_size: int | None, device: str) -> torch.optim.Optimizer:
+        """The optimizer over the course's parameter groups, with the course's AdamW arguments."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -301,6 +349,11 @@ class StrategyPlan:
     configured_by: str = ""
     notes: tuple[tuple[str, str], ...] = ()  # (where: ON_CPU_RANKS, ON_SIM; the note), in the order written
 
+    def mesh_size(self, dim: str) -> int:
+        """The size of the device mesh's dimension named ``dim`` (``mesh_dim_names``)."""
+        assert self.mesh_shape is not None, f"the plan has no device mesh to name {dim!r} in"
+        return self.mesh_shape[self.mesh_dim_names.index(dim)]
+
     def notes_on(self, where: str) -> list[str]:
         """The notes the engine ``where`` writes of the plan."""
         return [note for on, note in self.notes if on == where]
@@ -325,9 +378,10 @@ class Strategy(Hooks):
 
     # The devices whose ranks run the strategy through Lightning's own (``lightning_strategy``).
     lightning_devices: tuple[str, ...] = ("cuda", "cpu")
-    # The sim's replay of a rank (memclaims.sim.replay): "one-device" (the one-device replay, with the plan's
-    # buckets and notes), "sharded" (memclaims.sim.sharded's FSDP), "zero" (memclaims.sim.zero's ZeRO accounting).
-    sim_replay = "one-device"
+    # The sim's replay of a rank, by import path (a ``memclaims.sim.replay.Replay`` of memclaims.sim.replays, found by
+    # ``memclaims.sim.replays.replay_of``, imported only when the sim runs it): by default the one-device replay, with
+    # the plan's buckets and notes (DDP's); FSDP's "sharded", ZeRO-2's "zero", tensor parallelism's own.
+    sim_replay = "memclaims.sim.replays.one_device:OneDeviceReplay"
     # Whether the strategy decides where a rank's parameters live (FSDP's shards, offload): a one-device load is
     # not a rank's, and no parameter floor holds.
     shards_parameters = False
@@ -382,27 +436,9 @@ ZERO_AT_WINDOW_START = "window-start"
 ZERO_GRAD_PLACES = (ZERO_AS_SCRIPTS, ZERO_AFTER_STEP, ZERO_AT_WINDOW_START)
 # The step phase of the gradient norm (and clipping) a stack runs between the last backward and the step.
 CLIP_GRAD_NORM = "clip_grad_norm"
-# What every stack refuses, and why (its entry's conflicts).
-STACK_REFUSES_STRATEGIES = ("a strategy runs the recipe on several ranks through memclaims' rank engines (Fabric's "
-                            "strategies, FSDP2 over gloo); the stack's own distributed launch is not driven by them")
-STACK_REFUSES_FABRIC_HOOKS = {
-    "init-module": "Fabric's init_module builds the model inside Fabric; the stack gets a model built before it",
-    "delayed-init": "Fabric's init_module(empty_init=False) under FSDP, a strategy the stack does not run",
-    "cpu-offload": "FSDP's CPUOffload, a strategy the stack does not run",
-    "activation-offload": "save_on_cpu around each forward is a helper of memclaims' own loop, which the stack's "
-                          "loop does not call",
-    "optimizer-in-backward": "per-parameter optimizers stepped from post-accumulate-grad hooks replace the loop's own "
-                             "optimizer step, which the stack runs itself",
-    "lora": "peft's adapters: the stack would train peft's model, a workload memclaims does not build for it",
-    "qlora": "peft's adapters on bitsandbytes' 4-bit weights: the stack would train peft's model, a workload "
-             "memclaims does not build for it",
-    "fused-linear-ce": "the chunked loss replaces the model's head inside memclaims' loss, which the stack does not call",
-}
-
-
 @dataclass(frozen=True)
 class LoopOrder:
-    """The order a stack's training loop runs a step in: what the real stacks do (their engines observe it) and what
+    """The order a stack's training loop runs a step in: what the real stacks do (their drivers observe it) and what
     the sim's replay of the same loop (memclaims.measure.loop.TrainingLoop) runs. Plain data."""
 
     zero_grad: str = ZERO_AS_SCRIPTS
@@ -437,10 +473,11 @@ class Stack(Hooks):
     the stack's callbacks; the sim replays the stack's ``loop_order`` (and what ``sim_before_train`` sets of its
     optimizer)."""
 
-    # The stack's technique name: its Record part (``by_technique[name]``) holds what its engine observed.
+    # The stack's technique name: its Record part (``by_technique[name]``) holds what its driver observed.
     name = ""
-    # The module of memclaims.measure.stacks whose engine runs the stack.
-    engine = ""
+    # The stack's driver, the engine half that runs it (a ``memclaims.measure.stacks.stack_driver.StackDriver``), by its
+    # import path ``"module:Class"``: found by ``memclaims.measure.stacks.driver_class``, imported only when it runs.
+    driver = ""
     # Whether the stack checkpoints the workload's blocks by its own switch (the HF Trainer's), so that the
     # activation-checkpointing technique does not wrap them a second time.
     checkpoints_blocks = False
@@ -454,7 +491,7 @@ class Stack(Hooks):
         return LoopOrder()
 
     def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
-        """What the stack's engine observed of the run (its switches, what it stepped), as the stack's Record part."""
+        """What the stack's driver observed of the run (its switches, what it stepped), as the stack's Record part."""
         return {"by_technique": {self.name: dict(engine.observed)}}
 
     def unexpressed(self, recipe: Recipe) -> str | None:
@@ -472,7 +509,7 @@ class Stack(Hooks):
         return self.unexpressed(recipe)
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
-        """What every stack's Record shows of its loop (its engine observes it in ``by_technique``): a step's phases in
+        """What every stack's Record shows of its loop (its driver observes it in ``by_technique``): a step's phases in
         the order of the stack's ``loop_order``, and the previous step's gradients alive during the next forward or
         not, as that order says. The sim runs the declared order itself: nothing to observe there."""
         if record.device == "sim":

@@ -1,6 +1,6 @@
 """deepspeed-zero2: DeepSpeed ZeRO stage 2 through Lightning's DeepSpeedStrategy (the LLM bonus's
 bonus_distilbert-before): optimizer state, fp32 master weights and gradients partitioned over the ranks. Lightning's
-strategy on CUDA ranks (it refuses the CPU); on the sim ``memclaims.sim.zero``'s accounting. What shows it: no
+strategy on CUDA ranks (it refuses the CPU); on the sim ``memclaims.sim.replays.zero``'s accounting. What shows it: no
 rank holds more than its partition.
 """
 
@@ -28,10 +28,10 @@ ZERO2_SLACK = 1.01
 
 
 class DeepSpeedZero2(Strategy):
-    sim_replay = "zero"
+    sim_replay = "memclaims.sim.replays.zero:ZeroReplay"
 
     def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
-        return "deepspeed_stage_2"  # Lightning's defaults (memclaims.sim.zero.LIGHTNING_DEFAULTS)
+        return "deepspeed_stage_2"  # Lightning's defaults (memclaims.sim.replays.zero.LIGHTNING_DEFAULTS)
 
     def rank_notes(self, plan: StrategyPlan, rank: int, device: str) -> list[str]:
         return [f"rank {rank} of {plan.world}: Lightning strategy='deepspeed_stage_2'"]
@@ -46,7 +46,7 @@ class DeepSpeedZero2(Strategy):
     def sim_refusal(self, recipe: Recipe) -> str | None:
         if recipe.precision in ("16-mixed", "bf16-mixed") and recipe.optimizer == "adam":
             return None
-        return ("its DeepSpeed ZeRO-2 accounting (memclaims.sim.zero) covers 16-mixed or bf16-mixed with Adam, as "
+        return ("its DeepSpeed ZeRO-2 accounting (memclaims.sim.replays.zero) covers 16-mixed or bf16-mixed with Adam, as "
                 "bonus_distilbert-before ran")
 
     def stand_in(self, workload: Workload, device: str) -> StandIn | None:

@@ -103,7 +103,7 @@ class Fsdp(Strategy):
     api: str = FSDP1_API
 
     lightning_devices = ("cuda",)  # Lightning refuses FSDP on the CPU: the CPU ranks' engine runs fully_shard
-    sim_replay = "sharded"
+    sim_replay = "memclaims.sim.replays.sharded:ShardedReplay"
     shards_parameters = True
     block_policies = True
 

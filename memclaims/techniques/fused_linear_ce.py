@@ -50,7 +50,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
-from memclaims.techniques.base import STRATEGIES, Hooks, LoopHelper, Say, Technique
+from memclaims.techniques.base import Hooks, LoopHelper, Say, Technique
+from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
     import torch

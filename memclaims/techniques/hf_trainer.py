@@ -4,8 +4,8 @@ The recipe's core fields are the Trainer's own switches (``trainer_arguments``):
 ``gradient_accumulation_steps``, ``bf16`` / ``fp16`` (accelerate's autocast), the checkpointing flag
 (``activation_checkpointing``, ``gradient_checkpointing`` before transformers 5.2x), and the optimizer
 (``trainer_optimizer``): torch's through ``optim`` (the Trainer's default ``adamw_torch_fused``), bitsandbytes' 8-bit
-ones built as the course builds them and passed as ``optimizers=(optimizer, None)``. The engine
-(``memclaims.measure.stacks.hf_trainer_engine``) drives the probes from the Trainer's callbacks and its own calls; the
+ones built as the course builds them and passed as ``optimizers=(optimizer, None)``. The driver
+(``memclaims.measure.stacks.hf_trainer_driver``) drives the probes from the Trainer's callbacks and its own calls; the
 sim replays the Trainer's order (``loop_order``: gradients zeroed right after the step, the gradient norm clipped
 before it, a step's micro-batches fetched before its first forward) and its fused step.
 """
@@ -16,15 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memclaims.techniques.base import (
-    STACK_REFUSES_FABRIC_HOOKS,
-    STACK_REFUSES_STRATEGIES,
-    STRATEGIES,
     ZERO_AFTER_STEP,
     LoopOrder,
     Say,
     Stack,
     Technique,
 )
+from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGIES
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
@@ -125,7 +123,7 @@ def workload_refusal(recipe: Recipe) -> str | None:
 
 class HfTrainer(Stack):
     name = NAME
-    engine = "hf_trainer_engine"
+    driver = "memclaims.measure.stacks.hf_trainer_driver:HfTrainerDriver"
     expresses = EXPRESSES
     # The Trainer checkpoints the blocks itself (its checkpointing switch calls the model's own enable()).
     checkpoints_blocks = True

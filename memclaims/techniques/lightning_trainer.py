@@ -7,7 +7,7 @@ strings, as Fabric's), ``accumulate_grad_batches``; the batch is the loader's, t
 ``Trainer.init_module()`` (Lightning's way for true half precision: materialized in the half dtype). Automatic
 optimization zeroes the gradients inside its closure, after the forward of the first micro-batch of each accumulation
 window (``loop_order``): with accumulation the previous step's gradients are alive in the next window's first forward,
-unlike the scripts' loop. The engine is ``memclaims.measure.stacks.lightning_trainer_engine``.
+unlike the scripts' loop. The driver is ``memclaims.measure.stacks.lightning_trainer_driver``.
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memclaims.techniques.base import (
-    STACK_REFUSES_FABRIC_HOOKS,
-    STACK_REFUSES_STRATEGIES,
-    STRATEGIES,
     ZERO_AT_WINDOW_START,
     LoopOrder,
     Say,
     Stack,
     Technique,
 )
+from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGIES
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
@@ -52,7 +50,7 @@ def trainer_arguments(recipe: Recipe) -> dict[str, Any]:
 
 class LightningTrainer(Stack):
     name = NAME
-    engine = "lightning_trainer_engine"
+    driver = "memclaims.measure.stacks.lightning_trainer_driver:LightningTrainerDriver"
     expresses = EXPRESSES
 
     def loop_order(self, recipe: Recipe) -> LoopOrder:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import STRATEGIES, Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
     from torch import nn

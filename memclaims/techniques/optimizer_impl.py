@@ -11,7 +11,7 @@ without momentum keeps none in any of them.
 
 The implementation is a core field of the recipe (``Recipe.optimizer_impl``, None: torch's default for the
 device), set by these techniques' entries and read by ``memclaims.measure.optimizers.build``, as the optimizer
-itself is (``memclaims/techniques/__init__.py``). This module owns the choice's table (``torch_flags``), the
+itself is (``memclaims/techniques/__init__.py``). The choice's table (``torch_flags``) is plain data in ``memclaims.core.optimizer_choices``; this module owns the
 mapping of transformers' ``TrainingArguments(optim=...)`` names onto it (``trainer_optim``), and the hooks that
 show the choice ran: the optimizer's param groups as built, and the temporaries of a measured step after the
 first (the optimizer_step phase's growth above its start, ``PhaseRecorder.step_growth``), in the Record's
@@ -24,36 +24,19 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from memclaims.core.errors import UsageError
+from memclaims.core.optimizer_choices import IMPLEMENTATIONS as IMPLEMENTATIONS
+from memclaims.core.optimizer_choices import TORCH_IMPLEMENTED as TORCH_IMPLEMENTED
+from memclaims.core.optimizer_choices import torch_flags as torch_flags
 from memclaims.techniques.base import Hooks, Say, Technique
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
 
-IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
-# The recipe optimizers (core field values) torch implements all three ways.
-TORCH_IMPLEMENTED = ("adam", "adamw", "sgd")
-# torch.optim's keyword arguments for each implementation.
-_FLAGS: dict[str, dict[str, bool]] = {
-    "for-loop": {"foreach": False, "fused": False},
-    "foreach": {"foreach": True, "fused": False},
-    "fused": {"foreach": False, "fused": True},
-}
 # The optimizers whose step the implementations shape (Adam's ``sqrt`` and division); SGD without momentum keeps no
 # temporary in any implementation, so only its param groups can show which one runs.
 _SHAPED = ("adam", "adamw")
 OPTIMIZER_STEP = "optimizer_step"  # the training step's phase (memclaims.measure.loop.STEP_PHASES)
-
-
-def torch_flags(implementation: str | None) -> dict[str, bool]:
-    """torch.optim's ``foreach=`` and ``fused=`` for ``implementation``; {} for None (torch's default)."""
-    if implementation is None:
-        return {}
-    try:
-        return dict(_FLAGS[implementation])
-    except KeyError:
-        raise UsageError(f"unknown optimizer implementation {implementation!r}; valid implementations: "
-                         f"{', '.join(IMPLEMENTATIONS)}") from None
 
 
 def implementation_of(foreach: bool | None, fused: bool | None) -> str | None:
@@ -161,7 +144,7 @@ class OptimizerImplementation(Hooks):
         if not seen:
             say(f"the Record has no by_technique.{self.name}: the optimizer's implementation was not observed")
             return
-        expected = _FLAGS[self.name]
+        expected = torch_flags(self.name)
         if (seen.get("foreach"), seen.get("fused")) != (expected["foreach"], expected["fused"]):
             say(f"the optimizer's param groups say foreach={seen.get('foreach')}, fused={seen.get('fused')} in phase "
                 f"{OPTIMIZER_STEP}; {self.name} is foreach={expected['foreach']}, fused={expected['fused']}")

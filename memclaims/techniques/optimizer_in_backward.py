@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import FSDP1_SHARDINGS, FSDP2_TECHNIQUES, Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.shared_conflicts import FSDP1_SHARDINGS, FSDP2_TECHNIQUES
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from memclaims.core.optimizer_choices import PAGED_MIN_NUMEL
 from memclaims.techniques.base import Hooks, Say, Technique
 
 if TYPE_CHECKING:
@@ -18,10 +19,6 @@ if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
 
 
-# bitsandbytes puts a state of this many elements or more of a CUDA parameter in CUDA unified memory
-# (Optimizer8bit.get_state_buffer: ``p.numel() < 1e5`` stays an ordinary tensor; on the CPU it warns and
-# falls back); the sim's 8-bit model reads it too (memclaims.measure.optimizers re-exports it).
-PAGED_MIN_NUMEL = 100_000
 
 
 def state_tensors(optimizer: Any) -> Iterator[Any]:

@@ -77,6 +77,10 @@ class Qlora(lora.Lora):
             return expected
         return int(expected - (packed + seen["bias_elements"]) * bytes_per_param + packed + seen["bias_bytes"])
 
+    def judges_parameter_bytes(self, record: Record) -> bool:
+        """4-bit base weights among the precision's (``JudgesParameterBytes``): ``check`` counts them."""
+        return bool(record.quantized_parameter_bytes)
+
     def stored_bits(self) -> int:
         return 4
 

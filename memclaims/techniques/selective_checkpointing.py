@@ -29,7 +29,9 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from memclaims.core.torch_ops import MATMULS
-from memclaims.techniques.base import STRATEGIES, Hooks, Say, Technique
+from memclaims.techniques.activation_checkpointing import forward_keeps_less
+from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
     from torch import nn
@@ -199,14 +201,7 @@ class SelectiveCheckpointing(Hooks):
                 "marked them for recomputation (op: ran again, marked): "
                 + ", ".join(f"{op}: {n}, {m}" for op, (n, m) in sorted(over.items()))
                 + ": outputs it saved were recomputed")
-        if without is None:
-            say("no Record of the same recipe without it was given to compare with")
-            return
-        kept = record.phases.get("forward", {}).get("above_start_bytes")
-        plain = without.phases.get("forward", {}).get("above_start_bytes")
-        if kept is None or plain is None or kept >= plain:
-            say(f"phases.forward.above_start_bytes (what the forward pass keeps for backward) is {kept} B with it, "
-                f"{plain} B without")
+        forward_keeps_less(record, without, say)
 
 
 # memclaims applies SAC in the one-device engines; the strategies checkpoint the blocks by their own policy (FSDP's)

@@ -42,15 +42,15 @@ from memclaims.techniques import (
 # The registry's names where its readers import them (explicit re-exports).
 from memclaims.techniques.base import FABRIC, PYTORCH
 from memclaims.techniques.base import FP32 as FP32
-from memclaims.techniques.base import FSDP1_SHARDINGS as FSDP1_SHARDINGS
-from memclaims.techniques.base import FSDP2_TECHNIQUES as FSDP2_TECHNIQUES
-from memclaims.techniques.base import FSDP_SHARDINGS as FSDP_SHARDINGS
 from memclaims.techniques.base import TRUE_HALF_PRECISIONS as TRUE_HALF_PRECISIONS
 from memclaims.techniques.base import Technique as Technique
 from memclaims.techniques.fsdp import HYBRID_NODES as HYBRID_NODES
 from memclaims.techniques.fsdp import SHARDINGS as SHARDINGS
 from memclaims.techniques.fsdp import reshard_after_forward as reshard_after_forward
 from memclaims.techniques.fsdp import shard_group_size as shard_group_size
+from memclaims.techniques.shared_conflicts import FSDP1_SHARDINGS as FSDP1_SHARDINGS
+from memclaims.techniques.shared_conflicts import FSDP2_TECHNIQUES as FSDP2_TECHNIQUES
+from memclaims.techniques.shared_conflicts import FSDP_SHARDINGS as FSDP_SHARDINGS
 
 TECHNIQUES: tuple[Technique, ...] = (
     Technique("pytorch", "plain PyTorch loop, fp32, Adam (no Fabric)", "01_pytorch-vit",

@@ -13,7 +13,7 @@ Lightning's 2-D guide runs it; FSDP1, DDP and DeepSpeed are refused with the rea
 What shows it (``observe``, ``check``): the layout's linear weights are DTensor shards of ``1/N`` of their columns or
 rows on each rank, their gradients too, and the first forward ran sharded (column-wise outputs of ``1/N`` of the
 features, row-wise outputs partial sums before their all-reduce). The sim replays a rank (``sim_replay``:
-``memclaims.sim.tensor_parallel``): its shards, the activations of its heads and features, the all-reduce outputs.
+``memclaims.sim.replays.tensor_parallel``): its shards, the activations of its heads and features, the all-reduce outputs.
 """
 
 from __future__ import annotations
@@ -46,14 +46,11 @@ NAME = "tensor-parallel"
 # With fsdp2: tensor parallelism within pairs of ranks (the fast links of a node, in practice), FSDP2 across the
 # pairs: Lightning's ModelParallelStrategy(data_parallel_size=N / 2, tensor_parallel_size=2).
 TP_WITH_FSDP2 = 2
-# The sim's ranks when --devices is not given (the FSDP replay's default, the article's 4 GPUs).
-SIM_DEFAULT_WORLD = 4
 
 
 def mesh_sizes(plan: StrategyPlan) -> tuple[int, int]:
     """(data-parallel, tensor-parallel) sizes of a tensor-parallel plan's device mesh."""
-    assert plan.mesh_shape is not None and len(plan.mesh_shape) == 2, plan.mesh_shape
-    return plan.mesh_shape[0], plan.mesh_shape[1]
+    return plan.mesh_size("data_parallel"), plan.mesh_size("tensor_parallel")
 
 
 def _fsdp2(recipe: Recipe) -> Fsdp | None:
@@ -93,7 +90,7 @@ class _Watching(LoopHelper):
 
 class TensorParallel(Strategy):
     lightning_devices = ("cuda", "cpu")  # ModelParallelStrategy runs on both (gloo on the CPU)
-    sim_replay = "tensor-parallel"
+    sim_replay = "memclaims.sim.replays.tensor_parallel:TensorParallelReplay"
     shards_parameters = True
     block_policies = True  # checkpointing goes on after the split (TensorParallelize), not before it
     replaces_parameters = True  # parallelize_module swaps each split weight for a DTensor parameter
@@ -116,7 +113,7 @@ class TensorParallel(Strategy):
             sizes += (f", FSDP2 fully_shard over the data-parallel dimension (reshard_after_forward="
                       f"{plan.reshard_after_forward})")
         return plan.noted(ON_CPU_RANKS, f"{sizes}: every rank of a tensor-parallel group trains on the same batch").noted(
-            ON_SIM, f"tensor-parallel rank 0 of {world} ({sizes}) by per-rank accounting (memclaims.sim.tensor_parallel): "
+            ON_SIM, f"tensor-parallel rank 0 of {world} ({sizes}) by per-rank accounting (memclaims.sim.replays.tensor_parallel): "
                     "its 1/N shards of the split linears, the activations of its heads and features, the all-reduce "
                     "outputs (forward: row-wise layers; backward: column-wise layers' input gradients); not modelled: "
                     "NCCL's own buffers (outside the caching allocator)")

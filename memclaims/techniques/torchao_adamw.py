@@ -177,6 +177,11 @@ class LowBitAdamW(Hooks):
         self.optimizer = optimizer
         self.name = technique_of(optimizer)
 
+    def build_optimizer(self, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float],
+                        eps: float, min_8bit_size: int | None, device: str) -> Any:
+        """torchao's optimizer (``BuildsOptimizer``), quantizing from ``min_8bit_size`` where given."""
+        return build(self.optimizer, groups, learning_rate, betas, eps, min_8bit_size, device)
+
     def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
         inner = getattr(optimizer, "optimizer", optimizer)  # Fabric's wrapper holds torchao's
         fields = state_fields(inner, self.name)

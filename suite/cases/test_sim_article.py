@@ -604,7 +604,7 @@ def test_table_predicts_every_row():
 
 
 def test_deepspeed_zero2_row_below_published_within_the_replays_own_shortfall(baseline_check, record_property):
-    """bonus_distilbert-before by per-rank accounting (memclaims.sim.zero), within [0.90, 1.00] of published.
+    """bonus_distilbert-before by per-rank accounting (memclaims.sim.replays.zero), within [0.90, 1.00] of published.
 
     Upper edge 1.00: every term is memory DeepSpeed holds at the backward's peak on one rank; what is not
     modelled (allocator placement of the two reduce buckets, the reduction stream's free blocks, DeepSpeed
@@ -618,7 +618,7 @@ def test_deepspeed_zero2_row_below_published_within_the_replays_own_shortfall(ba
     from memclaims.recipes.run_options import RunOptions
     from memclaims.report.published_table import published
     from memclaims.run import run_recipe
-    from memclaims.sim.zero import DISTILBERT_ONE_GPU, predict_distilbert_before
+    from memclaims.sim.replays.zero import DISTILBERT_ONE_GPU, predict_distilbert_before
 
     before = NAMED_RECIPES["distilbert-before"]
     recipe = resolve(before.workload, before.scale, before.techniques)  # 16-mixed + deepspeed-zero2

@@ -29,7 +29,7 @@ def test_optimizer_step_time(techniques: tuple[str, ...], benchmark: Any, record
     record = record_cache.get("cpu", recipe)
     fabric = Fabric(accelerator="cpu", devices=1, precision=recipe.precision)
     model, _ = recipe.workload.build_model(recipe.scale)
-    optimizer, _ = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 100)
+    optimizer, _ = optimizers.build(recipe.optimizer, model, recipe.learning_rate, 100, owner=recipe.optimizer_owner)
     model, optimizer = fabric.setup(model, optimizer)
     bundle = recipe.workload.load_data(recipe.scale, None)
     loader = DataLoader(bundle.train, batch_size=recipe.micro_batch_size,

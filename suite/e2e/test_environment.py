@@ -40,7 +40,7 @@ def test_a_working_stack_passes_the_preflight() -> None:
 
 
 @pytest.mark.reads_versions
-def test_the_preflight_runs_each_packages_operation_not_a_version_table(fresh_stack: None, installed_stack: object,
+def test_the_preflight_runs_each_packages_operation_not_a_version_table(fresh_stack: None, installed_releases: object,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A torchvision that imports but whose operator fails is named, with its version and error;
     its version number alone decides nothing (any number passes when the operator works)."""

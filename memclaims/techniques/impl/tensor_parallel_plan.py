@@ -2,7 +2,7 @@
 which ``nn.Linear`` layers of a workload's model its ranks split column-wise or row-wise (``layout``), torch's
 ``parallelize_module`` of that layout over the device mesh's tensor-parallel dimension (``TensorParallelize``,
 Lightning's ``ModelParallelStrategy``'s ``parallelize_fn``), and what a rank's model shows of it (``observed``).
-The sim (``memclaims.sim.tensor_parallel``) splits the same layout on fake tensors.
+The sim (``memclaims.sim.replays.tensor_parallel``) splits the same layout on fake tensors.
 
 Where a layout comes from:
 

@@ -19,7 +19,7 @@ from memclaims.pytest.records import RecordCache
 from memclaims.recipes.recipe import resolve
 from memclaims.recipes.run_options import RunOptions, evaluates
 from memclaims.run import run_recipe
-from memclaims.sim import replay, simulate
+from memclaims.sim import replays, simulate
 from memclaims.techniques.impl import cuda_allocator_setting as allocator_setting
 
 EXPANDABLE = ("expandable-segments",)
@@ -51,7 +51,7 @@ def test_less_reserved_memory_is_left_unused(record_cache: RecordCache) -> None:
 def test_a_setting_that_does_not_take_is_caught(record_cache: RecordCache, monkeypatch) -> None:
     """The setting applies to segments made after it: a replay whose allocator kept the default."""
     clean = record_cache.get("sim", resolve("vit", "article", EXPANDABLE))
-    monkeypatch.setattr(replay, "_with_allocator_settings", lambda chosen, recipe: chosen)
+    monkeypatch.setattr(replays, "with_allocator_settings", lambda chosen, recipe: chosen)
     injected = simulate(resolve("vit", "article", EXPANDABLE))
     problems = active.problems(resolve("vit", "article", EXPANDABLE), injected)
     assert problems == ["vit-article/expandable-segments: expandable-segments is not active: expandable_segment_bytes "

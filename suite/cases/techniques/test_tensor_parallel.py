@@ -250,7 +250,7 @@ def test_a_sim_rank_whose_split_silently_does_nothing_is_named(monkeypatch) -> N
     parallelize_module finds no module for a plan entry: it only warns): the replay fails its baseline on the
     parameters and the active check names the rank, the metric and the phase (load: the whole weights; forward: no
     layer ran on a shard)."""
-    from memclaims.sim import tensor_parallel as sim_tp
+    from memclaims.sim.replays import tensor_parallel as sim_tp
 
     recipe = resolve(HEADS_8, "smoke", TP)
     clean = simulate(recipe, devices=2)

@@ -14,8 +14,8 @@ from memclaims.core.record import Record
 from memclaims.pytest.testing import make_project
 
 pytest_plugins = ["pytester"]
-# The tests' own tested range and stacks: what they assert must not follow the packaged file, which
-# grows each time a release is recorded, nor what this machine has installed (fixtures.stacks).
+# The tests' own tested range and release sets: what they assert must not follow the packaged file, which
+# grows each time a release is recorded, nor what this machine has installed (fixtures.releases).
 TABLE = {"torch": ("2.9.1", "2.15.0"), "torchvision": ("0.24.1", "0.29.2"), "lightning": ("2.5.6", "2.6.6"),
          "torchmetrics": ("1.9.0", "1.9.0"), "transformers": ("5.24.0", "5.25.0"), "bitsandbytes": ("0.50.2", "0.50.2")}
 INSIDE = {"torch": "2.14.1", "torchvision": "0.29.1", "lightning": "2.6.6", "torchmetrics": "1.9.0",
@@ -34,7 +34,7 @@ def own_table(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str, str]]:
     ("2.12", "inside"), ("2.15.1", "newer"), ("2.16.0.dev20250101", "newer"), ("3.0", "newer"),
     ("2.9.0", "older"), ("2.9", "older"), (None, "unknown"), ("nightly", "unknown"),
 ])
-def test_where_a_torch_release_lies(own_table: object, installed_stack: object, version: str | None,
+def test_where_a_torch_release_lies(own_table: object, installed_releases: object, version: str | None,
                                     expected: str) -> None:
     assert tested_versions.position("torch", version) == expected
 
@@ -56,19 +56,19 @@ def test_every_tested_library_has_a_range_and_pyproject_bounds_it_from_below_onl
 
 
 @pytest.mark.reads_versions
-def test_each_stack_is_what_memclaims_reads_as_installed(installed_stack: dict[str, str]) -> None:
+def test_each_release_set_is_what_memclaims_reads_as_installed(installed_releases: dict[str, str]) -> None:
     """The fake reaches what memclaims reads (else every run under it would prove nothing), and each
     faked release lies outside the packaged range, as a release shipped overnight does."""
     from memclaims.core.record import library_versions
 
     read, recorded = tested_versions.installed(), library_versions()
-    for package, version in installed_stack.items():
+    for package, version in installed_releases.items():
         assert read[package] == recorded[package] == version
         assert tested_versions.position(package, version) in ("newer", "older")
 
 
 @pytest.mark.reads_versions
-def test_the_header_says_which_releases_run_and_where_they_lie(own_table: object, installed_stack: object) -> None:
+def test_the_header_says_which_releases_run_and_where_they_lie(own_table: object, installed_releases: object) -> None:
     inside = INSIDE
     (line,) = tested_versions.header_lines(inside)
     assert line.startswith("memclaims: stack torch 2.14.1, torchvision 0.29.1, lightning 2.6.6") and \
@@ -80,14 +80,14 @@ def test_the_header_says_which_releases_run_and_where_they_lie(own_table: object
 
 
 @pytest.mark.reads_versions
-def test_a_record_says_where_its_releases_lie_and_old_records_still_load(installed_stack: dict[str, str]) -> None:
+def test_a_record_says_where_its_releases_lie_and_old_records_still_load(installed_releases: dict[str, str]) -> None:
     from memclaims.recipes.recipe import resolve
     from memclaims.recipes.run_options import RunOptions
     from memclaims.run import run_recipe
 
     (record,) = run_recipe(resolve("vit", "smoke", ("sgd",)), RunOptions(device="sim", evaluate=False, memory_steps=1))
     assert record.versions_tested == tested_versions.classify(record.versions)
-    assert {p: record.versions[p] for p in installed_stack} == installed_stack  # the Record reads the installed
+    assert {p: record.versions[p] for p in installed_releases} == installed_releases  # the Record reads the installed
     assert set(record.versions_tested) == set(tested_versions.PACKAGES)
     assert Record.from_dict(record.to_dict()).versions_tested == record.versions_tested
     committed = BaselineStore(ROOT / "baselines").load("cpu-x86_64-avx2-cu130")  # most written before the field
@@ -96,7 +96,7 @@ def test_a_record_says_where_its_releases_lie_and_old_records_still_load(install
 
 @pytest.mark.reads_versions
 def test_a_newer_release_runs_with_one_header_line(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
-                                                   own_table: object, installed_stack: object) -> None:
+                                                   own_table: object, installed_releases: object) -> None:
     make_project(pytester, ROOT).makepyfile(test_x="def test_x():\n    pass\n")
     monkeypatch.setattr(tested_versions, "installed", lambda: {**INSIDE, "lightning": "2.9.0"})
     result = pytester.runpytest("-p", "no:cacheprovider")

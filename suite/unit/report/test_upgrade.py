@@ -29,7 +29,7 @@ def test_bad_specs_are_one_line(specs: list[str], problem: str) -> None:
 
 
 @pytest.mark.reads_versions
-def test_only_what_the_specs_name_changes(installed_stack: object) -> None:
+def test_only_what_the_specs_name_changes(installed_releases: object) -> None:
     from importlib import metadata
 
     wanted = upgrade.requirements(upgrade.parse_specs(["torch==2.15.0"]))

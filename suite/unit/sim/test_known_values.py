@@ -106,9 +106,9 @@ def test_knowing_values_changes_no_op_the_device_runs() -> None:
 
 def test_a_batch_is_data_whatever_it_was_filled_with() -> None:
     """A mask of ones read as "no padding" would be a guess about the data: the session's batches know no values."""
-    from memclaims.sim.replay import _Session
+    from memclaims.sim.replay import Session
 
-    session = _Session(PROFILES["cpu-kernels"])
+    session = Session(PROFILES["cpu-kernels"])
     with session.active(), session.fake.knowing_values():
         inputs, _ = session.data(lambda scale, batch: ({"attention_mask": torch.ones(batch, 4)}, torch.zeros(batch)))(
             None, 2)

@@ -1,4 +1,4 @@
-"""The sim's tensor-parallel rank (memclaims.sim.tensor_parallel, replayed by memclaims.sim.replay): the split layers'
+"""The sim's tensor-parallel rank (memclaims.sim.replays.tensor_parallel): the split layers'
 shards, the all-reduces DTensor allocates around them, and the rank's state against the arithmetic the real ranks
 are held to (fixtures.tensor_parallel)."""
 
@@ -15,7 +15,7 @@ from fixtures.tensor_parallel import rank_state_bytes
 from memclaims.measure import active
 from memclaims.recipes.recipe import resolve
 from memclaims.sim import simulate
-from memclaims.sim import tensor_parallel as sim_tp
+from memclaims.sim.replays import tensor_parallel as sim_tp
 from memclaims.techniques.impl.tensor_parallel_plan import COLWISE, ROWWISE, Layout
 
 pytestmark = pytest.mark.sim

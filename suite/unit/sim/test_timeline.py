@@ -68,7 +68,7 @@ def test_sharded_frees_wait_for_the_gpu_only_on_the_timeline() -> None:
     blocks waiting for the GPU (their bytes leave ``allocated`` at the free, as torch's do); and only the timed
     replay predicts a step time. (The reserved side is the published table's, at article scale.)"""
     from memclaims.recipes.recipe import resolve
-    from memclaims.sim.replay import simulate
+    from memclaims.sim import simulate
 
     recipe = resolve("vit", "smoke", ["fsdp"])
     timed, untimed = simulate(recipe, profile="article"), simulate(recipe, profile="article-untimed")

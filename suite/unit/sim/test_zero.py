@@ -1,10 +1,10 @@
-"""DeepSpeed ZeRO-2's per-rank accounting (memclaims.sim.zero) in exact bytes on a small config."""
+"""DeepSpeed ZeRO-2's per-rank accounting (memclaims.sim.replays.zero) in exact bytes on a small config."""
 
 from __future__ import annotations
 
 import pytest
 
-from memclaims.sim.zero import LIGHTNING_DEFAULTS, Zero2Config, Zero2Terms, partition_numel, zero2_rank_bytes
+from memclaims.sim.replays.zero import LIGHTNING_DEFAULTS, Zero2Config, Zero2Terms, partition_numel, zero2_rank_bytes
 
 pytestmark = pytest.mark.sim
 

@@ -334,3 +334,29 @@ def test_the_count_of_valid_combinations_is_the_walks_without_listing_them() -> 
 @pytest.mark.slow  # lists the 55,737 combinations (3.4 CPU s on 2 cores); the pools above hold every rule in CI
 def test_the_full_matrix_count_is_its_listings_length() -> None:
     assert registry.selection_size("full") == len(registry.full_matrix())
+
+
+def test_the_shared_strategy_names_are_the_registrys_strategy_group() -> None:
+    """``shared_conflicts.STRATEGIES`` (names, as a technique module cannot import the registry) is every technique of
+    the ``strategy`` group, so a new strategy cannot be left out of the one-device techniques' conflicts; FSDP's
+    shardings are the ``fsdp``-API strategies besides the article's fsdp."""
+    from memclaims.techniques.shared_conflicts import FSDP_SHARDINGS, STRATEGIES
+
+    assert sorted(STRATEGIES) == sorted(t.name for t in registry.TECHNIQUES if t.group == "strategy")
+    assert set(FSDP_SHARDINGS) < set(STRATEGIES) and "fsdp" not in FSDP_SHARDINGS
+
+
+def test_each_narrow_protocol_is_implemented_by_the_techniques_that_need_it_only() -> None:
+    """The points one technique (or one family) needs sit on a protocol of its own, not on the Hooks every technique
+    carries: the engines find them with isinstance, so a technique that lost its method would silently be skipped
+    (and one that gained a stray one would be called): each protocol names exactly its techniques."""
+    from memclaims.techniques import base
+
+    implementing = {protocol.__name__: sorted(t.name for t in registry.TECHNIQUES if isinstance(t.hooks, protocol))
+                    for protocol in (base.SetsAllocator, base.LoadsReference, base.PlacesOnDevice,
+                                     base.JudgesParameterBytes, base.BuildsOptimizer, base.SetsUpOptions,
+                                     base.ChecksRanks)}
+    assert implementing == {
+        "SetsAllocator": ["expandable-segments"], "LoadsReference": ["init-module"], "PlacesOnDevice": ["qlora"],
+        "JudgesParameterBytes": ["qlora"], "BuildsOptimizer": ["ao-adamw-fp8", "ao-adamw4bit", "ao-adamw8bit"],
+        "SetsUpOptions": ["cpu-offload"], "ChecksRanks": ["ddp"]}

@@ -35,13 +35,21 @@ on a side stream); the fp16 ``grads_in_partition`` coexisting with the fp32 part
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
+from memclaims.core.errors import UsageError
+from memclaims.core.precision import PRECISIONS
+from memclaims.sim.profiles import profile as find_profile
+from memclaims.sim.replay import Replay, ReplayRequest, check_techniques, model_fns, with_allocator_settings
+from memclaims.sim.replays.one_device import replay as replay_one_device
+from memclaims.techniques import technique_registry as registry
+
 if TYPE_CHECKING:
     from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
 
 WORLD_SIZE = 4  # the article's LLM bonus: 4 GPUs
 NCCL_START_ALIGNMENT_FACTOR = 2  # stage_1_and_2.py: "4-byte alignment/sizeof(fp16) = 2"
@@ -120,3 +128,42 @@ def predict_distilbert_before(one_gpu: Record) -> Zero2Terms:
     sim's Record of ``DISTILBERT_ONE_GPU``."""
     params, activations = single_gpu_activations(one_gpu)
     return zero2_rank_bytes(params, activations)
+
+
+def check_replayable(recipe: Recipe) -> None:
+    """The one-device replay's checks of ``recipe`` (its model, techniques, optimizer, precision)."""
+    model_fns(recipe)
+    check_techniques(recipe)
+
+
+def replay(recipe: Recipe, request: ReplayRequest) -> Record:
+    """Rank 0 of the recipe's DeepSpeed ZeRO-2 run (memclaims.sim.replays.zero): the same recipe replayed on one
+    simulated GPU with the model in the half dtype (DeepSpeed's ``module.half()``/``bfloat16()``, no
+    autocast), its activations added to ZeRO-2's per-rank model states."""
+    from memclaims.recipes.recipe import resolve
+
+    if request.allocator_events is not None or request.limit_bytes is not None:
+        raise UsageError(f"{recipe.id}: DeepSpeed's rank is per-rank accounting: no allocator history or limit")
+    half = "16-true" if recipe.precision == "16-mixed" else "bf16-true"
+    rest = [t for t in recipe.techniques if registry.technique(t).distributed is None and t != recipe.precision]
+    one = resolve(recipe.workload.name, recipe.scale.name, [half, *rest], recipe.sizes)
+    check_replayable(one)  # the one-device replay's own checks, as the door's for that recipe
+    one_gpu = replay_one_device(one, ReplayRequest(with_allocator_settings(find_profile(request.profile.name), one),
+                                                   memory_steps=request.memory_steps))
+    config = Zero2Config(model_dtype=PRECISIONS[half].param_dtype)
+    terms = zero2_rank_bytes(*single_gpu_activations(one_gpu), config=config)
+    notes = [*one_gpu.notes, f"DeepSpeed ZeRO-2 rank 0 of {config.world} by per-rank accounting (memclaims.sim.replays.zero): "
+             f"{half} one-GPU replay's activations + model states by term {asdict(terms)}; peaks are "
+             "the terms' sum (allocated = reserved: no allocator replay of the whole)"]
+    return replace(
+        one_gpu, **recipe.record_fields(), precision=recipe.precision, param_bytes=terms.fp16_model,
+        grad_bytes=terms.fp32_grad_partition, optimizer_state_bytes=terms.fp32_master + terms.adam_states,
+        peak_allocated_bytes=terms.total, peak_reserved_bytes=terms.total, peak_reserved_total_bytes=terms.total,
+        phases={}, step_peaks={}, breakdown=asdict(terms), devices=config.world, rank=0, notes=notes)
+
+
+class ZeroReplay(Replay):
+    """This module's replay (a strategy names it by ``"memclaims.sim.replays.zero:ZeroReplay"``)."""
+
+    def run(self, recipe: Recipe, request: ReplayRequest) -> Record:
+        return replay(recipe, request)

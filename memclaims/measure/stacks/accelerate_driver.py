@@ -32,8 +32,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from memclaims.measure.loop import PhaseCallback, no_phase
-from memclaims.measure.stacks.stack_engine import (
-    StackEngine,
+from memclaims.measure.stacks.stack_driver import (
+    StackDriver,
     course_optimizer_size,
     fresh_accelerate_state,
     transformers_model,
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 PRECISION_RAN = {value: key for key, value in accelerate_loop.MIXED_PRECISION.items()}
 
 
-class AccelerateEngine(StackEngine):
+class AccelerateDriver(StackDriver):
     def __init__(self, recipe: Recipe, options: RunOptions) -> None:
         super().__init__(recipe, options)
         from accelerate import Accelerator

@@ -36,12 +36,33 @@ With FSDP2 (2-D), ``memclaims.sim.sharded`` shards the rank's tensors over the d
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
+from memclaims.core.errors import UsageError
+from memclaims.core.precision import PRECISIONS
+from memclaims.sim.replay import (
+    PhaseResult,
+    Replay,
+    ReplayRequest,
+    Session,
+    SimPrecision,
+    attention_context,
+    default_dtype,
+    model_counts,
+    model_fns,
+    move,
+    opening,
+    out_of_memory,
+    tf32_matmul,
+    train,
+    trained_record,
+)
+from memclaims.techniques.base import FSDP2_API, ON_SIM, merge_observed
 from memclaims.techniques.impl.tensor_parallel_plan import (
     COLWISE,
     SPLIT_DIM,
@@ -49,6 +70,16 @@ from memclaims.techniques.impl.tensor_parallel_plan import (
     divide_heads,
     planned_linears,
 )
+from memclaims.techniques.impl.tensor_parallel_plan import (
+    layout as find_layout,
+)
+
+if TYPE_CHECKING:
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Recipe
+
+# The sim's ranks when --devices is not given (the FSDP replay's default, the article's 4 GPUs).
+SIM_DEFAULT_WORLD = 4
 
 
 class _AllReduceOutput(torch.autograd.Function):
@@ -181,3 +212,80 @@ def load_split(done: SplitModel) -> frozenset[int]:
                 local.data = torch.empty_like(local)  # Replicate: the moved copy, broadcast in place
             placed.add(id(local))
     return frozenset(placed)
+
+
+def replay(recipe: Recipe, request: ReplayRequest) -> Record:
+    """Rank 0 of the recipe's tensor-parallel run (this module): the model built on the host as
+    Lightning's ModelParallelStrategy gets it, its layout split to rank 0's shards and loaded as the parallelize_fn
+    loads it, then the one-device loop on the rank's shards and collectives; with FSDP2 (2-D) memclaims.sim.sharded's
+    FSDP2 over the data-parallel ranks on top, as fully_shard shards the tensor-parallel shards."""
+    import memclaims.sim.sharded as sharded
+
+    chosen, limit_bytes, allocator_events = request.profile, request.limit_bytes, request.allocator_events
+    steps, notes = opening(recipe, request)
+    strategy = recipe.distributed
+    assert strategy is not None  # sim_replay "tensor-parallel" is a strategy's
+    world = request.devices or SIM_DEFAULT_WORLD
+    refused = strategy.rank_refusal(recipe, "sim", world)
+    if refused:
+        raise UsageError(refused)
+    plan = recipe.strategy_plan(world)
+    dp, tp = plan.mesh_size("data_parallel"), plan.mesh_size("tensor_parallel")
+    fsdp2 = plan.fsdp_api == FSDP2_API
+    if fsdp2 and allocator_events is not None:
+        raise UsageError(f"{recipe.id}: the allocator history is recorded for one-device recipes and tensor "
+                         "parallelism alone")
+    build, inputs_fn = model_fns(recipe)
+    notes.extend(plan.notes_on(ON_SIM))
+    spec = PRECISIONS[recipe.precision]
+    true_dtype = None if spec.mixed else spec.param_dtype
+    session = Session(chosen, limit_bytes)
+    session.memory.tf32_matmul = tf32_matmul(recipe)
+    session.allocator.events = allocator_events
+    phases: dict[str, PhaseResult] = {}
+    torch.manual_seed(0)
+    with out_of_memory(recipe, chosen, limit_bytes, phases), session.active():
+        with session.phase(phases, "load"):
+            with session.host(), default_dtype(true_dtype) if true_dtype else nullcontext():
+                model = build(recipe.scale, recipe.workload.num_classes)  # Fabric converts true precisions on the host
+            counts = model_counts(model)  # the whole model's, as the real ranks count
+            found = find_layout(model, recipe.workload.block_class())
+            with session.host():
+                done = split(model, found, tp)
+            move(model, placed=load_split(done))  # then model.to(device): the rest
+            if fsdp2:
+                wrapped = sharded.wrap(model, recipe.workload.block_class(), session.memory, world=dp,
+                                       shard_dtype=spec.param_dtype, param_dtype=spec.param_dtype,
+                                       reduce_dtype=spec.param_dtype, offload=False, checkpointing=plan.checkpoint_blocks,
+                                       auto_wrap=plan.wrap_blocks, moved=True, sharding=plan.sharding_strategy,
+                                       fsdp2=True)
+            elif plan.checkpoint_blocks:  # TensorParallelize's order: the split, then the model's own checkpointing
+                from memclaims.techniques.impl import block_checkpointing as checkpointing
+
+                notes.append(checkpointing.enable(model, recipe.workload))
+        notes.append(found.note())
+        if fsdp2:
+            notes.append(f"FSDP2 over the {dp} data-parallel ranks (memclaims.sim.sharded): {sharded.FSDP2_NOTE}; "
+                         f"reshard_after_forward={plan.reshard_after_forward} on each block, False on the root; in "
+                         f"{spec.param_dtype} (no MixedPrecisionPolicy)")
+            precision = SimPrecision(recipe)
+            with session.phase(phases, "train"):
+                states, _ = sharded.train(session, recipe, wrapped, steps, inputs_fn, precision,
+                                          attention_context(chosen, precision.compute))
+            del wrapped
+        else:
+            with session.phase(phases, "train"):
+                states = train(session, recipe, model, steps, inputs_fn)
+        name = next(n for n, hooks in zip(recipe.techniques, recipe.hooks) if hooks is strategy)
+        merge_observed(states, {"by_technique": {name: done.observed(dp, fsdp2)}})
+        site = dict(session.memory.reserved_peak_site)
+        del model, done
+    return trained_record(recipe, session, site, steps=steps, model_counts=counts, notes=notes, states=states,
+                          devices=world, rank=0)
+
+
+class TensorParallelReplay(Replay):
+    """This module's replay (a strategy names it by ``"memclaims.sim.replays.tensor_parallel:TensorParallelReplay"``)."""
+
+    def run(self, recipe: Recipe, request: ReplayRequest) -> Record:
+        return replay(recipe, request)

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from memclaims.measure.loop import PhaseCallback, no_phase
-from memclaims.measure.stacks.stack_engine import StackEngine, loggers_quiet
+from memclaims.measure.stacks.stack_driver import StackDriver, loggers_quiet
 from memclaims.techniques import lightning_trainer
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def quiet() -> AbstractContextManager[None]:
     return loggers_quiet("lightning.pytorch", "lightning.fabric")
 
 
-class LightningTrainerEngine(StackEngine):
+class LightningTrainerDriver(StackDriver):
     def __init__(self, recipe: Recipe, options: RunOptions) -> None:
         super().__init__(recipe, options)
         self._directory = tempfile.TemporaryDirectory(prefix="memclaims-lightning-trainer-")
@@ -87,7 +87,7 @@ class LightningTrainerEngine(StackEngine):
         self.observed["param_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
 
 
-def _measured_module(engine: LightningTrainerEngine, model: nn.Module, optimizer: Any, scheduler: Any) -> Any:
+def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer: Any, scheduler: Any) -> Any:
     """The workload's model as a LightningModule whose hooks open the probes' phases."""
     import lightning.pytorch as pl
 

@@ -33,8 +33,8 @@ from torch.utils.data import DataLoader
 
 from memclaims.core.errors import UsageError
 from memclaims.measure.loop import PhaseCallback, no_phase
-from memclaims.measure.stacks.stack_engine import (
-    StackEngine,
+from memclaims.measure.stacks.stack_driver import (
+    StackDriver,
     course_optimizer_size,
     fresh_accelerate_state,
     loggers_quiet,
@@ -88,7 +88,7 @@ def compute_metrics(prediction: Any) -> dict[str, float]:
     return {"accuracy": float(np.mean(predicted == labels)), "f1": float(f1_score(labels, predicted, average=average))}
 
 
-class HfTrainerEngine(StackEngine):
+class HfTrainerDriver(StackDriver):
     def __init__(self, recipe: Recipe, options: RunOptions) -> None:
         super().__init__(recipe, options)
         self.trainer: Any = None
@@ -229,7 +229,7 @@ def quiet() -> AbstractContextManager[None]:
     return loggers_quiet("transformers", "accelerate")
 
 
-def _phase_callback(engine: HfTrainerEngine) -> Any:
+def _phase_callback(engine: HfTrainerDriver) -> Any:
     """The Trainer's callbacks that bracket the optimizer step and the zeroing after it."""
     from transformers import TrainerCallback
 

@@ -1,4 +1,4 @@
-"""What the stacks' engines share: the pipeline's engine where the stack runs the loop (``StackEngine``), and the phase
+"""What the stacks' engines share: the pipeline's engine where the stack runs the loop (``StackDriver``), and the phase
 driver that opens the probes' step phases from the stack's callbacks (``PhaseDriver``).
 
 A stack calls back at points (``on_pre_optimizer_step``, a LightningModule's ``backward``), not around blocks, so a
@@ -86,7 +86,7 @@ def transformers_model(model: nn.Module) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
-class StackEngine(pipeline.Engine):
+class StackDriver(pipeline.Engine):
     """The pipeline's engine where a stack runs the loop: it builds the model and moves batches as plain PyTorch does,
     and ``train`` lets the stack train while the stack's callbacks call ``phase_begin`` / ``phase_end``,
     ``micro_batch``, ``before_step`` and ``step_done``."""
