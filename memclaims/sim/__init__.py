@@ -10,7 +10,7 @@ its entry points, for the door and the sim's own tests:
 - ``check(recipe)``: raises UsageError, with the reason, for a recipe the sim cannot replay
 - ``PROFILES`` / ``profile(name)``: the simulated GPUs; ``LOAD_MODES``
 
-May import ``core``, ``workloads``, ``recipes`` and ``measure``.
+May import ``core``, ``workloads``, ``techniques``, ``recipes`` and ``measure``.
 """
 
 from memclaims.sim.profiles import PROFILES, Profile, profile
