@@ -3,5 +3,5 @@
 looks up (``lookup``: Records by key, measured by the caller through ``memclaims.run.run_recipe``), the
 "keeps accuracy" pairs and their mutations, the published accuracies, and the verdicts of the last run.
 
-May import ``core``, ``workloads``, ``recipes`` and ``baselines``; never an engine (``memclaims.run``,
+May import ``core``, ``workloads``, ``techniques``, ``recipes`` and ``baselines``; never an engine (``memclaims.run``,
 ``memclaims.sim``, ``memclaims.measure``): a check reads Records, it runs nothing."""

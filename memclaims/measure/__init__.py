@@ -4,4 +4,4 @@ Lightning's FSDP), the probes that read memory per phase, the one Record builder
 the sim's too), and the checks of what a run observed (techniques at work, a steady state, a
 diagnosis of a memory failure).
 
-May import ``core``, ``workloads`` and ``recipes``. Callers go through ``memclaims.run.run_recipe``."""
+May import ``core``, ``workloads``, ``techniques`` and ``recipes``. Callers go through ``memclaims.run.run_recipe``."""

@@ -117,6 +117,10 @@ def tier_scale(config: pytest.Config, tier: str, workload: str = "vit") -> str:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    if hasattr(config, "workerinput"):
+        # An xdist worker's header is never printed (the controller prints its own): the full matrix's count
+        # alone is seconds of CPU per worker.
+        return []
     counts = {name: registry.selection_size(name) for name in SELECTIONS}
     chosen = settings(config).matrix
     hub = [config.stash[_HUB].line] if _HUB in config.stash else []  # Hub offline, or downloads allowed

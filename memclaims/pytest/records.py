@@ -6,7 +6,13 @@ preflight has passed: importing it imports the training stack).
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import os
+import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +38,9 @@ class RecordCache:
     config: pytest.Config
     records: dict[tuple[str, str], Record] = field(default_factory=dict)
     failures: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Under xdist, a folder the session's workers share (``shared_folder``): a Record one worker measured, the
+    # others read instead of measuring it again; None without xdist.
+    shared: Path | None = None
 
     def options(self, tier: str) -> RunOptions:
         chosen = settings(self.config)
@@ -53,7 +62,7 @@ class RecordCache:
             pytest.fail(f"{recipe.id} failed earlier in this session: {self.failures[key]}", pytrace=False)
         if key not in self.records:
             try:
-                self.records[key] = self._measure(tier, recipe, load_only=load_only)
+                self.records[key] = self._once(key, lambda: self._measure(tier, recipe, load_only=load_only))
             except MemclaimsError as error:
                 self.failures[key] = str(error)
                 if isinstance(error, OutOfMemory):  # a result for the end-of-run summary, not a crash
@@ -72,8 +81,27 @@ class RecordCache:
             return full or self.get(tier, recipe)
         key = (tier, f"{recipe.id} (memory only)")
         if key not in self.records:
-            self.records[key] = run_recipe(recipe, replace(self.options(tier), evaluate=False))[0]
+            self.records[key] = self._once(key, lambda: run_recipe(recipe, replace(self.options(tier), evaluate=False))[0])
         return self.records[key]
+
+    def _once(self, key: tuple[str, str], measure: Callable[[], Record]) -> Record:
+        """``measure()``, or, under xdist, the Record another worker of this session measured for ``key``: the
+        first worker to ask measures it, holding the key's lock, and stores it; a worker asking meanwhile waits
+        for it instead of measuring the same recipe on the other core (a session measures each Record once, as
+        without xdist). A measurement that raises stores nothing: the next worker to ask measures it itself."""
+        if self.shared is None:
+            return measure()
+        path = self.shared / hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+        with open(path.with_suffix(".lock"), "a+") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
+            if path.exists():
+                record: Record = pickle.loads(path.read_bytes())
+                return record
+            record = measure()
+            temp = path.with_suffix(f".{os.getpid()}.tmp")
+            temp.write_bytes(pickle.dumps(record))
+            temp.replace(path)  # whole or absent, never half-written
+            return record
 
     def lookup(self, tier: str, claim: Claim) -> Lookup:
         """What ``claim``'s check reads on ``tier`` (memclaims.claims.lookup): each key's Record, measured
@@ -111,9 +139,21 @@ def record_cache(request: pytest.FixtureRequest) -> RecordCache:
 
     Session scope: a recipe trains once per tier, however many cases and claims read it (a claim
     compares Records of the same session); a recipe that failed fails its later readers with the
-    first error instead of running again, and one the machine cannot run skips with the reason.
+    first error instead of running again, and one the machine cannot run skips with the reason. Under xdist
+    the session's workers share what they measured (``RecordCache._once``).
     """
-    return RecordCache(request.config)
+    return RecordCache(request.config, shared=shared_folder(request))
+
+
+def shared_folder(request: pytest.FixtureRequest) -> Path | None:
+    """The folder an xdist session's workers share Records in, or None outside xdist. Each worker's basetemp is
+    ``popen-gwN`` in the controller's (pytest-xdist's own recipe for a session fixture run once); without xdist
+    the parent of basetemp is shared by every session on the machine, so it is not used."""
+    if not hasattr(request.config, "workerinput"):
+        return None
+    folder: Path = request.getfixturevalue("tmp_path_factory").getbasetemp().parent / "memclaims-records"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def claim_needs(claim: Claim, tier: str) -> requirements.Needs:

@@ -2,4 +2,4 @@
 documents; what a measurement is asked for besides the recipe (``RunOptions``); what a case needs
 from the machine.
 
-May import ``core`` and ``workloads``."""
+May import ``core``, ``workloads`` and ``techniques``."""

@@ -2,4 +2,4 @@
 budget, upgrades (and the version matrix through them), the release history, the published table, calibration and
 the measured noise.
 
-May import everything below ``memclaims.run`` and ``baselines`` and ``claims``; no pytest."""
+May import everything below ``memclaims.run``, and ``run``, ``baselines`` and ``claims``; no pytest."""

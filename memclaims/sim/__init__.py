@@ -14,7 +14,7 @@ The replays of a training run are one module each in ``replays/`` (one-device, s
 by the import path a strategy gives (``Strategy.sim_replay``, ``replays.replay_of``); ``replay.py`` holds what they share (the session on the allocator
 model, the load, the training loop on fake tensors, the one Record tail).
 
-May import ``core``, ``workloads``, ``recipes`` and ``measure``.
+May import ``core``, ``workloads``, ``techniques``, ``recipes`` and ``measure``.
 """
 
 from memclaims.sim.profiles import PROFILES, Profile, profile

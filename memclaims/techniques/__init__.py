@@ -56,7 +56,7 @@ and fake tensors, the block checkpointing, FSDP2's ``fully_shard`` of each block
 save_on_cpu's offload, the per-parameter optimizers, the CUDA allocator setting); a technique may also keep its torch code in its own module
 (``fused_linear_ce.py``), imported lazily.
 
-Imports: a technique module imports ``core`` and ``techniques.base`` at import time, torch, Lightning and ``impl/``
+May import ``core``: a technique module imports ``core`` and ``techniques.base`` at import time, torch, Lightning and ``impl/``
 only inside its hooks (the registry loads before the pytest plugin's preflight has looked at the stack), and never
 an engine (``measure``, ``sim``, ``run``): the claims import the registry and must reach no engine. The engines
 import ``impl/`` and ``base`` (for the loop's helpers); recipes import the registry.

@@ -41,6 +41,7 @@ from memclaims.core.names import CONVERGED
 from memclaims.core.record import Record
 from memclaims.measure import active, host, host_steady, steady
 from memclaims.measure.runner import run
+from memclaims.pytest.records import RecordCache
 from memclaims.recipes import requirements
 from memclaims.recipes.recipe import Recipe, resolve
 from memclaims.recipes.run_options import RunOptions
@@ -89,10 +90,12 @@ class _Clean(dict[str, Record]):
 
 
 @pytest.fixture(scope="module")
-def clean() -> dict[str, Record]:
-    """One clean Record per recipe, shared by every injection of the module."""
-    return _Clean({name: _measure(name) for name in RECIPES
-                   if name not in LAZY and not (name == "adam8bit" and NO_BITSANDBYTES)})
+def clean(record_cache: RecordCache) -> dict[str, Record]:
+    """One clean Record per recipe, shared by every injection of the module. The converged reference is the
+    session's Record of that recipe (``record_cache``: the same run, ``RunOptions(device="cpu")`` at a plateau
+    scale, that test_accuracy.py's case and the accuracy claims read), measured once for all of them."""
+    return _Clean({name: record_cache.get("cpu", _recipe(name)) if name in WITH_ACCURACY else _measure(name)
+                   for name in RECIPES if name not in LAZY and not (name == "adam8bit" and NO_BITSANDBYTES)})
 
 
 class Verdict:

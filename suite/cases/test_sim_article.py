@@ -468,9 +468,10 @@ SHARDED = {"08": ("fsdp", "activation-checkpointing"),
 
 
 @pytest.fixture(scope="module")
-def sharded_records() -> dict[str, Record]:
-    """Rank 0 of the sharded replays 08, 09 and 11, simulated once per module for the FSDP tests."""
-    return {name: simulate(resolve("vit", "article", techniques)) for name, techniques in SHARDED.items()}
+def sharded_records(sims: Callable[[tuple[str, ...]], Record]) -> dict[str, Record]:
+    """Rank 0 of the sharded replays 08, 09 and 11, simulated once per session (``sims``: shared with the sim
+    claims and the FSDP technique files, which read the same article rows)."""
+    return {name: sims(techniques) for name, techniques in SHARDED.items()}
 
 
 def test_sharded_rank_holds_a_quarter_of_the_model(sharded_records):

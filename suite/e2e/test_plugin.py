@@ -162,3 +162,22 @@ def test_importing_the_plugin_imports_nothing_of_the_training_stack() -> None:
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_only_the_controller_computes_the_header(pytestconfig: pytest.Config) -> None:
+    """The header's counts (the full matrix: seconds of CPU) are computed where they are printed: without xdist and
+    on its controller, never in a worker."""
+    from memclaims.pytest import plugin
+
+    class Controller:  # the session's config, less xdist's worker mark if this test runs in a worker
+        def __getattr__(self, name: str) -> object:
+            if name == "workerinput":
+                raise AttributeError(name)
+            return getattr(pytestconfig, name)
+
+    class Worker(Controller):
+        workerinput: dict[str, object] = {"workerid": "gw0"}
+
+    lines = plugin.pytest_report_header(Controller())  # type: ignore[arg-type]
+    assert any(line.startswith("memclaims: matrix ") for line in lines), lines
+    assert plugin.pytest_report_header(Worker()) == []  # type: ignore[arg-type]

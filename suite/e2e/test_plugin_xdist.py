@@ -119,3 +119,55 @@ def test_guard_decision(monkeypatch: pytest.MonkeyPatch, marker: str, worker: st
             pytest_plugin.pytest_runtest_setup(_Item(marker))  # type: ignore[arg-type]
     else:
         pytest_plugin.pytest_runtest_setup(_Item(marker))  # type: ignore[arg-type]
+
+
+# --- the Records an xdist session's workers share (memclaims.pytest.records.RecordCache._once) ------------
+
+
+def test_workers_asking_for_one_record_at_once_measure_it_once(tmp_path) -> None:
+    """Two workers (threads here: each opens the lock itself, as a process does) ask for the same key; the second
+    waits for the first's measurement and reads it, equal to the byte; another key is measured on its own."""
+    import threading
+    import time
+
+    from memclaims.pytest.records import RecordCache
+    from memclaims.pytest.testing import fake_record
+
+    measured: list[str] = []
+
+    def measure(name: str) -> object:
+        measured.append(name)
+        time.sleep(0.3)  # long enough for the other worker to ask meanwhile
+        return fake_record(f"vit-smoke/{name}", peak_allocated_bytes=12345)
+
+    workers = [RecordCache(None, shared=tmp_path) for _ in range(2)]  # type: ignore[arg-type]
+    got: list[object] = []
+    threads = [threading.Thread(target=lambda cache=cache: got.append(cache._once(("cpu", "r"), lambda: measure("r"))))
+               for cache in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert measured == ["r"] and got[0] == got[1] and got[0].peak_allocated_bytes == 12345  # type: ignore[attr-defined]
+    workers[1]._once(("sim", "r"), lambda: measure("r-sim"))
+    assert measured == ["r", "r-sim"]
+
+
+def test_a_measurement_that_raises_stores_nothing_and_no_xdist_shares_nothing(tmp_path) -> None:
+    from memclaims.core.errors import MemclaimsError
+    from memclaims.pytest.records import RecordCache, shared_folder
+    from memclaims.pytest.testing import fake_record
+
+    cache = RecordCache(None, shared=tmp_path)  # type: ignore[arg-type]
+
+    def broken() -> object:
+        raise MemclaimsError("out of luck")
+
+    with pytest.raises(MemclaimsError):
+        cache._once(("cpu", "r"), broken)  # type: ignore[arg-type]
+    assert cache._once(("cpu", "r"), lambda: fake_record("vit-smoke/again")).recipe == "vit-smoke/again"
+
+    class Request:  # what shared_folder reads of a fixture request, without xdist
+        config = object()
+
+    assert shared_folder(Request()) is None  # type: ignore[arg-type]

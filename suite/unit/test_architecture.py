@@ -21,6 +21,7 @@ from fixtures.import_graph import (
     MAX_LAYERS,
     MAY_IMPORT,
     ORDER,
+    TYPE_ONLY_MAY_IMPORT,
     cycles,
     deepest_chain,
     group,
@@ -28,13 +29,30 @@ from fixtures.import_graph import (
     layers,
     modules,
     reachable,
+    type_only_imports,
     wrong_way,
 )
 from fixtures.paths import PACKAGE, ROOT
+from fixtures.stated_architecture import (
+    allowed_groups,
+    class_attributes,
+    class_members,
+    init_may_import,
+    module_names,
+    stated_chain,
+    table_may_import,
+    top_level_names,
+)
 
 
-def test_memclaims_has_no_import_cycles() -> None:
-    found = cycles(import_graph(ROOT / "memclaims"))
+@pytest.fixture(scope="module")
+def package_graph() -> dict[str, set[str]]:
+    """memclaims' import graph, parsed once for the tests that read it (about a second each otherwise)."""
+    return import_graph(PACKAGE)
+
+
+def test_memclaims_has_no_import_cycles(package_graph: dict[str, set[str]]) -> None:
+    found = cycles(package_graph)
     assert not found, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in found)
 
 
@@ -83,14 +101,14 @@ def test_the_names_user_workloads_may_not_take_are_the_built_in_workloads() -> N
 # --- the rules of ARCHITECTURE.md ----------------------------------------------------------------
 
 
-def test_every_import_goes_the_way_the_subpackages_table_allows() -> None:
-    wrong = wrong_way(import_graph(PACKAGE))
+def test_every_import_goes_the_way_the_subpackages_table_allows(package_graph: dict[str, set[str]]) -> None:
+    wrong = wrong_way(package_graph)
     assert wrong == [], ("imports against ARCHITECTURE.md's table (a subpackage imports only those its row "
                          "names; move the code down or the import up): " + "; ".join(wrong))
 
 
-def test_the_longest_import_chain_lazy_imports_counted_is_at_most_max_layers() -> None:
-    graph = import_graph(PACKAGE)
+def test_the_longest_import_chain_lazy_imports_counted_is_at_most_max_layers(package_graph: dict[str, set[str]]) -> None:
+    graph = package_graph
     deepest = max(layers(graph).values())
     assert deepest <= MAX_LAYERS, (f"{deepest} layers deep, ARCHITECTURE.md allows {MAX_LAYERS}: "
                                    + " -> ".join(deepest_chain(graph)))
@@ -161,6 +179,101 @@ def test_depth_counts_lazy_imports_and_skips_type_checking_and_main(tmp_path: Pa
     assert group("pkg.sim.replay") == "sim" and group("pkg") == "core"
 
 
+# --- what the prose says: ARCHITECTURE.md's table and sentences, each subpackage's __init__ --------------
+# Pure parsing (fixtures/stated_architecture.py): a moved module, a new import rule or a renamed class fails here
+# until the docs say so.
+
+
+def test_the_tables_may_import_column_is_the_rule_the_test_holds() -> None:
+    stated = table_may_import((ROOT / "ARCHITECTURE.md").read_text())
+    assert set(stated) == set(ORDER)
+    differ = {name: (sorted(stated[name]), sorted(MAY_IMPORT[name])) for name in ORDER if stated[name] != MAY_IMPORT[name]}
+    assert differ == {}, f"ARCHITECTURE.md's 'may import' column (stated, held by fixtures/import_graph.py): {differ}"
+
+
+def test_every_subpackages_init_says_what_the_table_allows_it() -> None:
+    differ = {}
+    for name in ORDER:
+        init = PACKAGE / name / "__init__.py"
+        if not init.exists():  # run.py, cli.py: modules, not subpackages
+            continue
+        stated = init_may_import(ast.get_docstring(ast.parse(init.read_text())) or "", name)
+        if stated is None or stated - {name} != MAY_IMPORT[name]:
+            differ[f"memclaims/{name}/__init__.py"] = (sorted(stated or ()), sorted(MAY_IMPORT[name]))
+    assert differ == {}, f"'May import' lines (stated, ARCHITECTURE.md's table): {differ}"
+
+
+@pytest.mark.parametrize(("statement", "speaker", "allowed"), [
+    ("nothing of memclaims", "core", set()),
+    ("`core` at import time; torch and `techniques/impl/` inside hooks; never an engine", "techniques", {"core"}),
+    ("everything below `run` and `run`, `baselines`, `claims`", "report", {*ORDER[:ORDER.index("run")], "run",
+                                                                          "baselines", "claims"}),
+    ("every other subpackage.", "pytest", set(ORDER[:ORDER.index("pytest")])),
+    ("``core`` only: a verdict on Records needs no engine", "baselines", {"core"}),
+    ("``core``, ``workloads`` (and ``sim`` for its types). Callers go through ``memclaims.run``", "measure",
+     {"core", "workloads"}),
+])
+def test_a_may_import_statement_reads_as_the_groups_it_names(statement: str, speaker: str, allowed: set[str]) -> None:
+    assert allowed_groups(statement, speaker) == allowed
+
+
+def test_a_may_import_statement_naming_no_group_is_an_error() -> None:
+    with pytest.raises(ValueError, match="'measures' .* is no group"):
+        allowed_groups("`core` and `measures`", "sim")
+    assert init_may_import("The facts.\n\nImports nothing.", "core") is None
+
+
+def test_type_only_imports_go_against_the_table_only_where_architecture_md_says() -> None:
+    """``if TYPE_CHECKING:`` imports are outside the layering rule (ARCHITECTURE.md says why); against the table
+    they may go only from techniques to recipes and workloads, never to an engine."""
+    allowed = {name: MAY_IMPORT[name] | TYPE_ONLY_MAY_IMPORT.get(name, frozenset()) for name in MAY_IMPORT}
+    wrong = wrong_way(type_only_imports(PACKAGE), allowed)
+    assert wrong == [], f"type-only imports ARCHITECTURE.md does not allow (name what you use as a Protocol): {wrong}"
+    assert not {"measure", "sim", "run"} & set().union(*TYPE_ONLY_MAY_IMPORT.values())
+
+
+def test_a_type_only_import_of_an_engine_is_caught(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "memclaims/__init__.py": "",
+        "memclaims/techniques/__init__.py": "",
+        "memclaims/techniques/offload.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                           "    from memclaims.sim.tracker import DeviceMemory\n"
+                                           "    from memclaims.recipes.recipe import Recipe\n",
+        "memclaims/sim/__init__.py": "", "memclaims/sim/tracker.py": "",
+        "memclaims/recipes/__init__.py": "", "memclaims/recipes/recipe.py": "",
+    })
+    found = type_only_imports(tmp_path / "memclaims")
+    assert found["memclaims.techniques.offload"] == {"memclaims.sim.tracker", "memclaims.recipes.recipe"}
+    allowed = {name: MAY_IMPORT[name] | TYPE_ONLY_MAY_IMPORT.get(name, frozenset()) for name in MAY_IMPORT}
+    assert wrong_way(found, allowed) == ["memclaims.techniques.offload -> memclaims.sim.tracker"]
+
+
+def test_architecture_md_states_todays_deepest_chain(package_graph: dict[str, set[str]]) -> None:
+    """The chain it names is one of the graph's (each module imports the next) and as deep as the graph."""
+    chain = stated_chain((ROOT / "ARCHITECTURE.md").read_text())
+    graph = package_graph
+    assert len(chain) > 2, "ARCHITECTURE.md names no deepest chain ('The deepest chain today: `a` -> `b` ...')"
+    broken = [f"{a} -> {b}" for a, b in zip(chain, chain[1:]) if b not in graph.get(a, set())]
+    assert broken == [], f"ARCHITECTURE.md's deepest chain has links the graph lacks: {broken}"
+    assert len(chain) == max(layers(graph).values()), (
+        f"ARCHITECTURE.md's deepest chain is {len(chain)} modules, the graph's {max(layers(graph).values())}: "
+        + " -> ".join(deepest_chain(graph)))
+
+
+def test_architecture_md_names_only_classes_attributes_and_names_that_exist() -> None:
+    """``path.py``'s ``Name`` is defined in that module; ``Class.attribute`` is a member of a memclaims class of that
+    name (or of its bases)."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    gone = [f"{path}'s {name}" for path, name in module_names(text)
+            if name not in top_level_names(next(p for p in (PACKAGE / path, ROOT / path) if p.exists()))]
+    members = class_members(PACKAGE)
+    gone += [f"{cls}.{attribute}" for cls, attribute in class_attributes(text)
+             if cls in members and attribute not in members[cls]]
+    unknown = sorted({cls for cls, _ in class_attributes(text)} - set(members))
+    assert module_names(text) and class_attributes(text)
+    assert gone == [] and unknown == [], f"ARCHITECTURE.md names what memclaims does not define: {gone + unknown}"
+
+
 # --- the engines' two boundaries (issue #25) -------------------------------------------------------
 
 # The sim's own entry points; only the sim and the door (memclaims/run.py) call them.
@@ -216,9 +329,9 @@ def test_no_sim_helper_replays_around_the_door() -> None:
     assert callers == {}, f"a sim helper takes a Record measured through memclaims.run.run_recipe: {callers}"
 
 
-def test_the_claims_import_no_engine() -> None:
+def test_the_claims_import_no_engine(package_graph: dict[str, set[str]]) -> None:
     """Not directly, not through anything they import (a lazy import counts)."""
-    graph = import_graph(PACKAGE)
+    graph = package_graph
     claims = [name for name in graph if name == "memclaims.claims" or name.startswith("memclaims.claims.")]
     assert claims
     for name in claims:

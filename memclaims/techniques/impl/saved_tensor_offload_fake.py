@@ -10,7 +10,9 @@ and stays on the device, being a parameter.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
@@ -18,12 +20,18 @@ from torch.utils._pytree import tree_leaves
 
 from memclaims.techniques.impl.saved_tensor_offload import ActivationOffload
 
-if TYPE_CHECKING:
-    from memclaims.sim.tracker import DeviceMemory
+
+class DeviceAccounting(Protocol):
+    """What the hooks use of the sim's device accounting (``memclaims.sim.tracker.DeviceMemory``): named here,
+    not imported, because a technique never imports an engine, not even for its types (ARCHITECTURE.md)."""
+
+    def outside(self) -> AbstractContextManager[None]: ...
+
+    def host_bytes(self, tensors: Iterable[torch.Tensor]) -> int: ...
 
 
 class SimulatedOffload(ActivationOffload):
-    def __init__(self, memory: DeviceMemory) -> None:
+    def __init__(self, memory: DeviceAccounting) -> None:
         super().__init__("cuda")
         self.memory = memory
 
