@@ -86,6 +86,9 @@ class StepPhases:
         self._handles += [register_module_forward_pre_hook(self._forward_pre),
                           register_optimizer_step_pre_hook(self._step_pre),
                           register_optimizer_step_post_hook(self._step_post)]
+        # The batch's rows where the model is called with keyword arguments only (a transformers model's **inputs):
+        # torch's global forward pre-hooks see the positional ones only.
+        self._handles.append(self.model.register_forward_pre_hook(self._rows, with_kwargs=True))
         self._wrap(self.model, "zero_grad")
         original = torch.autograd.backward
 
@@ -164,6 +167,10 @@ class StepPhases:
         if self.batch_size is None:
             self.batch_size = _examples(args)
         self._open(FORWARD)
+
+    def _rows(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if self.batch_size is None and self.driver.current == FORWARD:
+            self.batch_size = _examples(kwargs)
 
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._adopt(optimizer)

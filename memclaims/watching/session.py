@@ -17,6 +17,7 @@ passes.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import ExitStack
 from types import TracebackType
 from typing import Any
@@ -99,6 +100,10 @@ class Watch:
             pass
         probe.track(model, optimizers[0] if optimizers else None)
         stack = self._stack
+        # MemTracker's module tracker warns for every module freed before its backward hook runs (the Trainer's
+        # models): its noise, not the user's.
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
         # The hooks first: torch calls global module hooks in the order they were registered, and a micro-batch's
         # step boundary (MemTracker's per-module statistics reset) must come before MemTracker's own forward hook.
         self.phases.install()
