@@ -18,7 +18,7 @@ baselines accept``; ``--update-baselines`` stores it). A stack's callback gives 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -129,8 +129,12 @@ class _Judged:
 
 @pytest.fixture
 def memclaims_watch(request: pytest.FixtureRequest, baseline_check: BaselineCheck,
-                    record_property: Callable[[str, Any], None]) -> WatchFixture:
+                    record_property: Callable[[str, Any], None]) -> Iterator[WatchFixture]:
     """Yields a WatchFixture: ``with memclaims_watch(model, optimizer): train()`` watches the training and judges its
     Record (phases seen, no leak, the ``memclaims_budget`` marker, the stored baseline); ``memclaims_watch.judge(
-    record)`` judges a Record of ``TrainerWatch`` / ``LightningWatch``."""
-    return WatchFixture(request, baseline_check, record_property)
+    record)`` judges a Record of ``TrainerWatch`` / ``LightningWatch``. A watch the test left open (a Trainer whose
+    train() raised never ends its callback's) is closed at teardown: its hooks never outlive the test."""
+    yield WatchFixture(request, baseline_check, record_property)
+    from memclaims.watching.session import close_left_open
+
+    close_left_open()

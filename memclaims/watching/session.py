@@ -63,6 +63,21 @@ def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     return [each for each in held if isinstance(each, torch.optim.Optimizer)]
 
 
+# The watch open now, if any: one at a time (two would wrap autograd twice and nest two MemTrackers), and one a stack
+# left open (a Trainer's train() that raised never calls on_train_end) is closed by ``close_left_open``.
+_OPEN: list[Watch] = []
+
+
+def close_left_open() -> list[str]:
+    """Close a watch left open (its hooks removed, no verdict); the names of those closed."""
+    closed = []
+    while _OPEN:
+        left = _OPEN[-1]
+        left.__exit__(RuntimeError, RuntimeError("left open"), None)
+        closed.append(left.name)
+    return closed
+
+
 class Watch:
     """The context manager ``memclaims.watch`` returns; ``record`` holds the Record once it has exited."""
 
@@ -89,6 +104,10 @@ class Watch:
         return self._record
 
     def __enter__(self) -> Watch:
+        if _OPEN:
+            raise UsageError(f"memclaims.watch({self.name}): the watch {_OPEN[-1].name!r} is still open; one watch at a "
+                             "time (end the first with-block, or give one callback to the Trainer)")
+        _OPEN.append(self)
         self._host.start()
         probe, model = self.probe, self.model
         optimizers = self.phases.optimizers
@@ -115,7 +134,11 @@ class Watch:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
-        self._stack.close()
+        try:
+            self._stack.close()
+        finally:
+            if self in _OPEN:
+                _OPEN.remove(self)
         if isinstance(self.probe, probe_module.CudaProbe):
             self.probe.capture_snapshot(self.name)
         # Evaluation batches are no training step: the leak checks read the steps only.

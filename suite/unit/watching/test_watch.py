@@ -167,3 +167,19 @@ def test_the_cuda_path_reads_the_allocator_per_phase_and_splits_the_model_states
 def test_a_device_memclaims_does_not_measure_is_one_line() -> None:
     with pytest.raises(UsageError, match="device 'meta' is not measured"):
         memclaims.watch(_model(), device="meta")
+
+
+def test_one_watch_at_a_time_and_one_left_open_is_closed() -> None:
+    from memclaims.watching.session import close_left_open
+
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward = torch.autograd.backward
+    left = memclaims.watch(model, optimizer, name="left")
+    left.__enter__()  # as a Trainer whose train() raised leaves its callback's watch
+    with pytest.raises(UsageError, match="the watch 'left' is still open; one watch at a time"):
+        with memclaims.watch(model, optimizer):
+            pass
+    assert close_left_open() == ["left"] and torch.autograd.backward is backward
+    with memclaims.watch(model, optimizer):  # a new one opens, and works
+        _train(model, optimizer, steps=1)
