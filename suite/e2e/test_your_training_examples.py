@@ -36,8 +36,11 @@ def test_the_watch_a_loop_script_prints_each_phase(capsys: pytest.CaptureFixture
 
 def test_the_plain_loop_example_stores_then_passes_against_its_baseline(pytester: pytest.Pytester) -> None:
     project = _project(pytester, "test_plain_loop.py")
-    project.runpytest_inprocess("-p", "no:cacheprovider", "--update-baselines").assert_outcomes(passed=1)
-    project.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    project.runpytest_inprocess("-p", "no:cacheprovider", "--update-baselines").assert_outcomes(passed=1, skipped=1)
+    second = project.runpytest_inprocess("-p", "no:cacheprovider", "-rs")
+    # Here (no GPU) the CUDA form skips with its reason, never passes.
+    second.assert_outcomes(passed=1, skipped=1)
+    second.stdout.fnmatch_lines(["SKIPPED*test_plain_loop.py*CUDA*"])
 
 
 def _course_case_optimizer_bytes() -> set[int]:
