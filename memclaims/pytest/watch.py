@@ -20,14 +20,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from memclaims.core.errors import UsageError
 from memclaims.core.record import Record
 from memclaims.measure.steady import leak
-from memclaims.pytest.baselines import BaselineCheck
+
+if TYPE_CHECKING:  # the fixture asks pytest for baseline_check by name: no import of the plugin's modules here
+    from memclaims.pytest.baselines import BaselineCheck
 
 BUDGET_MARKER = "memclaims_budget"
 # The peak a budget bounds, by device: what the allocator reserved on CUDA (what the card must hold, as pytest-memray's
