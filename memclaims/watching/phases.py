@@ -1,6 +1,6 @@
 """The phases of a training step, told from hooks on the user's own code: nothing is marked by the user.
 
-- ``forward`` opens at the first forward pre-hook of one of the model's modules (a global module hook, so a
+- ``forward`` opens when one of the model's modules is called from outside the model (a global module hook, so a
   LightningModule whose ``training_step`` calls ``self.model`` or any submodule is seen as well as ``model(x)``); it
   stays open through the loss, as memclaims' own loop counts the loss in the forward, until the next phase opens.
   Under ``torch.no_grad()`` or ``model.eval()`` the same hook opens ``evaluation`` instead. A module's forward called
@@ -71,6 +71,7 @@ class StepPhases:
         self._last_step = time.perf_counter()
         self._modules = {id(m) for m in model.modules()}
         self._micro = 0
+        self._depth = 0  # the watched modules' forwards under way (a call from outside the model is at depth 0)
         self._closure_step = False
         self._handles: list[RemovableHandle] = []
         self._undo: list[Callable[[], None]] = []
@@ -80,10 +81,11 @@ class StepPhases:
     # --- installing and removing ------------------------------------------------------------------
 
     def install(self) -> None:
-        from torch.nn.modules.module import register_module_forward_pre_hook
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._handles += [register_module_forward_pre_hook(self._forward_pre),
+                          register_module_forward_hook(self._forward_post, always_call=True),
                           register_optimizer_step_pre_hook(self._step_pre),
                           register_optimizer_step_post_hook(self._step_post)]
         # The batch's rows where the model is called with keyword arguments only (a transformers model's **inputs):
@@ -157,16 +159,26 @@ class StepPhases:
         self.driver.open(name)
 
     def _forward_pre(self, module: nn.Module, args: Any) -> None:
-        if id(module) not in self._modules or self.driver.current in (FORWARD, EVALUATION, BACKWARD):
+        if id(module) not in self._modules:
             return
-        self.on_micro_batch()  # the probe's per-forward boundary (MemTracker keeps one forward's module statistics)
-        if not torch.is_grad_enabled() or not module.training:
-            self._open(EVALUATION)
+        self._depth += 1
+        if self._depth > 1 or self.driver.current == BACKWARD:  # a submodule's forward, or a recomputation
             return
-        self._micro += 1
-        if self.batch_size is None:
-            self.batch_size = _examples(args)
-        self._open(FORWARD)
+        # A call of the model from outside it: the probe's per-forward boundary (MemTracker keeps one forward's
+        # module statistics and refuses a module called twice without a reset), each evaluation batch included.
+        self.on_micro_batch()
+        kind = EVALUATION if not torch.is_grad_enabled() or not module.training else FORWARD
+        if self.driver.current == kind:  # the loss's second call of the model, the next evaluation batch: one phase
+            return
+        if kind == FORWARD:
+            self._micro += 1
+            if self.batch_size is None:
+                self.batch_size = _examples(args)
+        self._open(kind)
+
+    def _forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) in self._modules:
+            self._depth = max(0, self._depth - 1)
 
     def _rows(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         if self.batch_size is None and self.driver.current == FORWARD:

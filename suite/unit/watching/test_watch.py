@@ -183,3 +183,20 @@ def test_one_watch_at_a_time_and_one_left_open_is_closed() -> None:
     assert close_left_open() == ["left"] and torch.autograd.backward is backward
     with memclaims.watch(model, optimizer):  # a new one opens, and works
         _train(model, optimizer, steps=1)
+
+
+def test_evaluation_batches_between_steps_are_one_phase_and_training_resumes() -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with memclaims.watch(model, optimizer) as watched:
+        for _ in range(3):
+            _train(model, optimizer, steps=1)
+            model.eval()
+            with torch.no_grad():
+                for _ in range(3):  # an evaluation loop: each batch a call of the model
+                    model(torch.randn(8, 16))
+            model.train()
+    sequence = watched.phases.driver.sequence
+    assert sequence[:5] == ["forward", "backward", "optimizer_step", "zero_grad", "evaluation"]
+    assert sequence.count("forward") == 3 and sequence.count("evaluation") == 3
+    assert watched.record.step_peaks["forward"] and len(watched.record.step_peaks["forward"]) == 3
