@@ -10,3 +10,17 @@ __version__ = "0.1.0"
 quiet_hub_kernels()
 # And torch's deprecation of what torchao's import does (memclaims.core.library_noise).
 quiet_library_deprecations()
+
+
+# The public API beyond the command line and the pytest plugin, imported on first use so that ``import memclaims`` stays
+# cheap (no torch): ``memclaims.watch(model, optimizer)`` and the stacks' callbacks (memclaims.watching). A name, not
+# an import: the core layer imports nothing above it (ARCHITECTURE.md).
+_PUBLIC = ("watch", "Watch", "PhasesNotSeen", "TrainerWatch", "LightningWatch")
+
+
+def __getattr__(name: str) -> object:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'memclaims' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module("memclaims.watching"), name)

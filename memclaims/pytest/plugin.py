@@ -46,7 +46,7 @@ pytest.register_assert_rewrite("memclaims.pytest.cases")
 # Registered once the preflight has passed: they import the training stack. Named, not imported
 # here: each of them imports this module.
 LATE_PLUGINS = ("memclaims.pytest.records", "memclaims.pytest.baselines", "memclaims.pytest.claims",
-                "memclaims.pytest.summary_files")
+                "memclaims.pytest.summary_files", "memclaims.pytest.watch")
 
 TIERS: tuple[Tier, ...] = ("cpu", "gpu")  # the technique matrix's real-run tiers
 # The suite's markers, registered by the plugin so that any project using it gets them with help.

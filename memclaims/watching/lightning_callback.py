@@ -1,0 +1,40 @@
+"""``LightningWatch``: the watch as a Lightning ``Callback`` for Lightning's Trainer, one line added to a script.
+
+    watched = LightningWatch()
+    trainer = L.Trainer(..., callbacks=[watched])
+    trainer.fit(module, loader)
+    watched.record
+
+The watch opens at ``on_train_start`` (the module and its optimizers are set up then) and closes at ``on_train_end``:
+the user's ``training_step``, ``configure_optimizers`` and hooks run as they are; automatic optimization's closure
+(forward and backward inside ``optimizer.step``) is told apart by ``memclaims.watching.phases``. With Fabric, the
+watch itself goes around the loop, over what ``fabric.setup`` returned, as with Accelerate's ``prepare``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import Callback
+
+from memclaims.core.record import Record
+from memclaims.watching.session import Watch
+
+
+class LightningWatch(Callback):
+    def __init__(self, name: str = "watch") -> None:
+        self.name = name
+        self.record: Record | None = None
+        self._watch: Watch | None = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._watch = Watch(pl_module, list(trainer.optimizers), name=self.name)
+        self._watch.__enter__()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            try:
+                watch.__exit__(None, None, None)
+            finally:
+                self.record = watch._record

@@ -1,0 +1,169 @@
+"""``memclaims.watch``: memclaims' probes around the user's own training code, as a context manager.
+
+    with memclaims.watch(model, optimizer) as watched:
+        for inputs, targets in loader:          # the user's loop, unchanged
+            loss = loss_fn(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    record = watched.record                     # a memclaims.core.record.Record
+
+The phases open from hooks (``memclaims.watching.phases``); the probe is memclaims' own (``memclaims.measure.probes``:
+exact tensor accounting on the CPU, the caching allocator's statistics on CUDA), inside the same ``load`` and ``train``
+phases memclaims' own runs have, with the host memory per step phase (``memclaims.measure.host``). A run in which no
+forward, no backward or no optimizer step was seen raises ``PhasesNotSeen`` naming the phase: an empty Record never
+passes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import ExitStack
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from memclaims.core.errors import UsageError
+from memclaims.core.record import Record
+from memclaims.measure import probes as probe_module
+from memclaims.measure.host import HostSteps
+from memclaims.watching.phases import EVALUATION, StepPhases
+from memclaims.watching.record import WatchedRun, build
+
+
+class PhasesNotSeen(AssertionError):
+    """A watched run that never showed a phase every training step has (an AssertionError: a test fails on it)."""
+
+
+def _device(model: nn.Module, device: str | torch.device | None) -> str:
+    if device is None:
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+    kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        raise UsageError(f"memclaims.watch: device {kind!r} is not measured; memclaims measures 'cpu' (exact tensor "
+                         "accounting) and 'cuda' (the caching allocator's statistics)")
+    return kind
+
+
+def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers behind what the user holds: accelerate's ``AcceleratedOptimizer`` and Lightning's
+    ``LightningOptimizer`` keep theirs in ``optimizer`` / ``_optimizer``; a list or tuple of them."""
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, (list, tuple)):
+        return [inner for each in optimizer for inner in _optimizers(each)]
+    held = [optimizer]
+    for attribute in ("optimizer", "_optimizer"):
+        inner = getattr(optimizer, attribute, None)
+        if isinstance(inner, torch.optim.Optimizer):
+            held.append(inner)
+    return [each for each in held if isinstance(each, torch.optim.Optimizer)]
+
+
+# The watch open now, if any: one at a time (two would wrap autograd twice and nest two MemTrackers), and one a stack
+# left open (a Trainer's train() that raised never calls on_train_end) is closed by ``close_left_open``.
+_OPEN: list[Watch] = []
+
+
+def close_left_open() -> list[str]:
+    """Close a watch left open (its hooks removed, no verdict); the names of those closed."""
+    closed = []
+    while _OPEN:
+        left = _OPEN[-1]
+        left.__exit__(RuntimeError, RuntimeError("left open"), None)
+        closed.append(left.name)
+    return closed
+
+
+class Watch:
+    """The context manager ``memclaims.watch`` returns; ``record`` holds the Record once it has exited."""
+
+    def __init__(self, model: nn.Module, optimizer: Any = None, *, device: str | torch.device | None = None,
+                 name: str = "watch", probe: probe_module.Probe | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"memclaims.watch: model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model, self.name = model, name
+        self.device = _device(model, device)
+        self.probe: probe_module.Probe = probe if probe is not None else probe_module.make_probe(self.device)
+        self.phases = StepPhases(model, _optimizers(optimizer), self._phase, self.probe.step_begin)
+        self.host_steps = HostSteps()
+        self._host = probe_module.HostMemory()
+        self._stack = ExitStack()
+        self._record: Record | None = None
+
+    def _phase(self, name: str) -> Any:
+        return self.host_steps.wrap(self.probe.step_phase)(name)
+
+    @property
+    def record(self) -> Record:
+        if self._record is None:
+            raise UsageError("memclaims.watch: the Record exists once the with-block has ended")
+        return self._record
+
+    def __enter__(self) -> Watch:
+        if _OPEN:
+            raise UsageError(f"memclaims.watch({self.name}): the watch {_OPEN[-1].name!r} is still open; one watch at a "
+                             "time (end the first with-block, or give one callback to the Trainer)")
+        _OPEN.append(self)
+        self._host.start()
+        probe, model = self.probe, self.model
+        optimizers = self.phases.optimizers
+        probe.prepare()
+        # The model (and the optimizer's state) as handed over: the load phase of memclaims' own runs, measured as
+        # a phase of no work over the tracked model states.
+        probe.track(model, optimizers[0] if optimizers else None)
+        with probe.phase("load"):
+            pass
+        probe.track(model, optimizers[0] if optimizers else None)
+        stack = self._stack
+        # MemTracker's module tracker warns for every module freed before its backward hook runs (the Trainer's
+        # models): its noise, not the user's.
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+        # The hooks first: torch calls global module hooks in the order they were registered, and a micro-batch's
+        # step boundary (MemTracker's per-module statistics reset) must come before MemTracker's own forward hook.
+        self.phases.install()
+        stack.callback(self.phases.remove)
+        stack.enter_context(self.host_steps.frozen())
+        stack.enter_context(probe.phase("train"))
+        stack.callback(self.phases.driver.close)  # the last step phase ends inside train
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        try:
+            self._stack.close()
+        finally:
+            if self in _OPEN:
+                _OPEN.remove(self)
+        if isinstance(self.probe, probe_module.CudaProbe):
+            self.probe.capture_snapshot(self.name)
+        # Evaluation batches are no training step: the leak checks read the steps only.
+        self.probe.step_peaks.pop(EVALUATION, None)
+        self.probe.step_growth.pop(EVALUATION, None)
+        for by_phase in self.host_steps.steps.values():
+            by_phase.pop(EVALUATION, None)
+        self._record = build(WatchedRun(self.name, self.model, self.phases), self.model, self.phases, self.probe,
+                             device=self.device, host_peak_bytes=self._host.peak_bytes(),
+                             host_steps=self.host_steps.steps)
+        missing = self.phases.missing()
+        if error is None and missing:
+            raise PhasesNotSeen(
+                f"memclaims.watch({self.name}): no {', no '.join(missing)} was seen in the watched code, so its memory "
+                f"was not measured (seen: {dict(self.phases.seen) or 'nothing'}); train inside the with-block, with "
+                "the model and optimizer given to the watch")
+
+
+def watch(model: nn.Module, optimizer: Any = None, *, device: str | torch.device | None = None,
+          name: str = "watch") -> Watch:
+    """memclaims' per-phase probes around ``model``'s training, as a context manager; ``.record`` after it ends.
+
+    ``optimizer``: the optimizer (or a list of them; accelerate's and Lightning's wrappers are looked through), whose
+    state is counted as optimizer state and whose ``zero_grad`` opens that phase; any torch optimizer stepped inside
+    is seen either way. ``device``: ``"cpu"`` or ``"cuda"``; the model's by default. ``name``: the Record's ``recipe``
+    (the key its baseline is stored under).
+    """
+    return Watch(model, optimizer, device=device, name=name)
