@@ -300,7 +300,9 @@ def compare(record: Record, baseline: Record, tolerances: Mapping[str, float | N
         if before is None and now is None:
             continue  # not measured on this tier (peak_reserved_bytes on the CPU)
         tolerance = _tolerance(metric, tol)
-        if now is None:  # the baseline has it and this run does not: never a silent pass
+        if now is None and is_derived(metric):  # its phase's allocated peak, judged, says it went missing
+            results.append(MetricResult(metric, before, now, None, tolerance, INFO, "derived: not measured now"))
+        elif now is None:  # the baseline has it and this run does not: never a silent pass
             results.append(MetricResult(metric, before, now, None, tolerance, MISSING))
         elif before is None:  # measured now, not in the baseline: refresh it to start comparing
             results.append(MetricResult(metric, before, now, None, tolerance, NEW))

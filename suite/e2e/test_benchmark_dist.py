@@ -25,7 +25,11 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def test_plain_pytest_times_and_autosaves_under_the_suites_ini(project: pytest.Pytester) -> None:
+def test_plain_pytest_times_and_autosaves_under_the_suites_ini(project: pytest.Pytester,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # A user's plain pytest has no xdist worker around it; this test may (CI's -n 2), and pytest-benchmark reads
+    # the worker's environment variable as xdist at work.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     assert "--dist loadgroup" in (project.path / "tox.ini").read_text()  # the suite's own addopts
     storage = project.path / "saved"
     result = project.runpytest("-p", "no:cacheprovider", "--benchmark-autosave", f"--benchmark-storage={storage}")

@@ -105,7 +105,7 @@ HOW: dict[str, How] = {
     "mutmut run --max-children 1": How(skip="mutation testing: hours; a development tool"),
     "mutmut results": How(skip="mutation testing's results (after mutmut run)"),
     "mutmut run --max-children 1 NAME...": How(skip="mutation testing of named mutants (after mutmut run)"),
-    "python scripts/mutation-import-time.py --only memclaims.claims.catalogue.x__no_nan":
+    "python scripts/mutation-import-time.py --only memclaims.claims.sources.article.x__no_nan":
         How(skip="reads mutmut's mutants (after mutmut run)"),
     "torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m memclaims.cli run vit -t fsdp -t "
     "activation-checkpointing --device cuda --scale article --json":
@@ -117,8 +117,8 @@ HOW: dict[str, How] = {
     "python -m memclaims.gpu.alloc_trace out/vit-h14.trace.json.gz": CUDA,
     "pytest -m gpu --memclaims-summary-json nightly/summary.json --memclaims-html nightly/report.html "
     "--memclaims-artifacts nightly/memclaims-results --junitxml nightly/junit.xml": How(slow=True),
-    "memclaims run vit -t bf16-true -t sgd --device cpu --scale smoke --json":
-        How(ci="memclaims run vit -t bf16-true -t sgd --device cpu --scale smoke --json" + SMALL, slow=True),
+    "memclaims run vit -t bf16-true -t sgd --device cpu --scale smoke":
+        How(ci="memclaims run vit -t bf16-true -t sgd --device cpu --scale smoke" + SMALL, slow=True),
     "memclaims run distilbert -t adam8bit --device cpu --evaluate-each-epoch --json": How(slow=True),
     # CPU ranks (spawned processes): 50 s even at one step; the dist tier runs both in CI.
     "memclaims run vit -t fsdp -t activation-checkpointing --devices 2 --device cpu --json": How(slow=True),
@@ -182,7 +182,7 @@ def params() -> list[Any]:
             continue
         how, name = HOW.get(command, How()), f"{page}:{command[:70]}"
         if how.skip:
-            out.append(pytest.param(command, id=name, marks=pytest.mark.skip(reason=how.skip)))
+            out.append(pytest.param(command, id=name, marks=pytest.mark.requires(unsupported=how.skip)))
             continue
         marks = [pytest.mark.requires(**how.needs)] if how.needs else []
         if how.ci:
