@@ -112,9 +112,9 @@ class TrainingLoop:
     def technique_loss(self, model: nn.Module, output: Any, targets: torch.Tensor) -> torch.Tensor | None:
         """A helper's loss from the model's output (fused-linear-ce's), or None: cross-entropy over it."""
         for helper in self.helpers:
-            loss = helper.loss(model, output, targets)
+            loss: torch.Tensor | None = helper.loss(model, output, targets)
             if loss is not None:
-                return loss  # type: ignore[no-any-return]
+                return loss
         return None
 
     def _around_forward(self) -> ExitStack:

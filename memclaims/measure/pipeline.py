@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import random
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -199,7 +199,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
                               generator=torch.Generator().manual_seed(options.seed), collate_fn=collate)
     schedule = engine.accuracy_schedule
     test_set: Dataset[Any] = bundle.test
-    if schedule["test_examples"] is not None and len(test_set) > schedule["test_examples"]:  # type: ignore[arg-type]
+    if schedule["test_examples"] is not None and len(cast(Sized, test_set)) > schedule["test_examples"]:
         test_set = Subset(test_set, range(schedule["test_examples"]))
     train_loader, test_loader = engine.setup_loaders(
         train_loader, DataLoader(test_set, batch_size=recipe.micro_batch_size, collate_fn=collate))
@@ -287,7 +287,7 @@ def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
         host_steps=host_steps.steps,
         environment=environment_facts(options.device),
         notes=engine.notes,
-        accuracy_schedule=({**schedule, "test_examples": len(test_set)}  # type: ignore[arg-type]
+        accuracy_schedule=({**schedule, "test_examples": len(cast(Sized, test_set))}
                            if engine.evaluating and engine.declares_schedule else {}),
         observed={**states, **observed},
     )

@@ -124,8 +124,8 @@ def markdown(runs: Sequence[Run]) -> str:
                     before = values[index - 1] if index else None
                     moved = index > 0 and value is not None and before is not None and value != before
                     cells.append(f"**{_fmt(value, tier)}**" if moved else _fmt(value, tier))
-                    if moved and before:
-                        change = (value - before) / before * 100  # type: ignore[operator]
+                    if moved and before and value is not None:
+                        change = (value - before) / before * 100
                         moves.setdefault((metric, runs[index].label), []).append(
                             f"{techniques} {_fmt(before, tier)} -> {_fmt(value, tier)} ({change:+.1f} %)")
                 lines.append(f"| {recipe} | {metric} | " + " | ".join(cells) + " |")

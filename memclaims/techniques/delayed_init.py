@@ -12,7 +12,8 @@ from memclaims.techniques.base import ON_CPU_RANKS, ON_SIM, Hooks, StrategyPlan,
 
 class DelayedInit(Hooks):
     def init_context(self, engine: Any) -> AbstractContextManager[Any] | None:
-        return engine.fabric.init_module(empty_init=False)  # type: ignore[no-any-return]
+        context: AbstractContextManager[Any] = engine.fabric.init_module(empty_init=False)
+        return context
 
     def plan_strategy(self, plan: StrategyPlan) -> StrategyPlan:
         return plan.noted(ON_CPU_RANKS, "delayed-init changes nothing on the CPU: the model is built on the CPU either "

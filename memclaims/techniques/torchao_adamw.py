@@ -111,8 +111,10 @@ def optimizer_class(name: str, min_numel: int | None, eager: bool) -> type:
             numel = p.numel()
             if (min_numel is not None and not isinstance(p, DTensor) and numel >= min_numel
                     and numel % self.block_size == 0):
-                return self._subclass_zeros(p, signed, self.block_size)  # type: ignore[no-any-return]
-            return super()._new_buffer(p, signed)  # type: ignore[no-any-return]
+                zeros: torch.Tensor = self._subclass_zeros(p, signed, self.block_size)
+                return zeros
+            buffer: torch.Tensor = super()._new_buffer(p, signed)
+            return buffer
 
         def step(self, closure: Any = None) -> Any:
             if not eager:

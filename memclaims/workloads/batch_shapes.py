@@ -15,9 +15,9 @@ A leading dimension that is no multiple of the examples collated is not the batc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -54,7 +54,7 @@ class BatchShapes:
             # host data, read with those modes off (nothing of it reaches the simulated device).
             with _disable_current_modes():
                 dataset = self.train_data(scale)
-                count = min(scale.batch_size, len(dataset))  # type: ignore[arg-type]
+                count = min(scale.batch_size, len(cast(Sized, dataset)))  # a Dataset declares no __len__
                 batch = self.collate([dataset[i] for i in range(count)])
             if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
                 raise UsageError(f"workload {self.workload!r}: a collated batch must be (inputs, labels), got "
