@@ -17,24 +17,12 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from memclaims.core.record import Record
-from memclaims.watching.session import Watch
+from memclaims.watching.session import CallbackWatch
 
 
-class LightningWatch(Callback):
-    def __init__(self, name: str = "watch") -> None:
-        self.name = name
-        self.record: Record | None = None
-        self._watch: Watch | None = None
-
+class LightningWatch(Callback, CallbackWatch):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self._watch = Watch(pl_module, list(trainer.optimizers), name=self.name)
-        self._watch.__enter__()
+        self._open(pl_module, list(trainer.optimizers))
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            try:
-                watch.__exit__(None, None, None)
-            finally:
-                self.record = watch._record
+        self._close()

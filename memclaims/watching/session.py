@@ -157,6 +157,28 @@ class Watch:
                 "the model and optimizer given to the watch")
 
 
+class CallbackWatch:
+    """What a stack's callback keeps of its watch: opened at training's start, closed at its end, the Record kept
+    even when closing raises (phases not seen); TrainerWatch and LightningWatch hold it with their stack's hooks."""
+
+    def __init__(self, name: str = "watch") -> None:
+        self.name = name
+        self.record: Record | None = None
+        self._watch: Watch | None = None
+
+    def _open(self, model: nn.Module, optimizer: Any) -> None:
+        self._watch = Watch(model, optimizer, name=self.name)
+        self._watch.__enter__()
+
+    def _close(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            try:
+                watch.__exit__(None, None, None)
+            finally:
+                self.record = watch._record
+
+
 def watch(model: nn.Module, optimizer: Any = None, *, device: str | torch.device | None = None,
           name: str = "watch") -> Watch:
     """memclaims' per-phase probes around ``model``'s training, as a context manager; ``.record`` after it ends.

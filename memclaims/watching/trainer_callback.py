@@ -17,25 +17,13 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from memclaims.core.record import Record
-from memclaims.watching.session import Watch
+from memclaims.watching.session import CallbackWatch
 
 
-class TrainerWatch(TrainerCallback):
-    def __init__(self, name: str = "watch") -> None:
-        self.name = name
-        self.record: Record | None = None
-        self._watch: Watch | None = None
-
+class TrainerWatch(TrainerCallback, CallbackWatch):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
-        self._watch = Watch(model, optimizer, name=self.name)
-        self._watch.__enter__()
+        self._open(model, optimizer)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            try:
-                watch.__exit__(None, None, None)
-            finally:
-                self.record = watch._record
+        self._close()
