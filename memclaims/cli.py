@@ -142,6 +142,8 @@ def catalogue() -> dict[str, Any]:
             for r in NAMED_RECIPES.values()
         ],
         "sim_profiles": _sim_profiles(),
+        "library_eras": [{"era": e.name, "library": e.library, "releases": f"{e.first}-{e.last}", "changes": e.changes,
+                          "source": e.source} for e in library_eras.ERAS],
         "case_counts": selection_counts(),
     }
 
@@ -194,6 +196,13 @@ def cmd_list(args: Settings) -> int:
           f"reproduce and fidelity on {ARTICLE_PROFILE!r}):")
     for name, summary in data["sim_profiles"].items():
         print(f"  {name:<26} {summary}")
+    installed = {lib: library_eras.installed(lib) or "not installed" for lib in library_eras.LIBRARIES}
+    others = ", ".join(f"{lib} {release}" for lib, release in installed.items() if lib != "torch")
+    print(f"\nLibrary eras (--device sim --era LIBRARY=RELEASE on run and fit, e.g. --era bitsandbytes=0.41; "
+          f"--memclaims-era in pytest): without one the sim replays the installed {others}, and torch as its profile "
+          f"says (installed: {installed['torch']}):")
+    for era in data["library_eras"]:
+        print(f"  {era['library'] + ' ' + era['releases']:<26} {era['changes']}. Source: {era['source']}")
     counts = data["case_counts"]
     print(f"\nCases per workload and tier: singles {counts['singles']}, default {counts['default']} "
           f"(singles + the article's chain + a pairwise cover), full matrix {counts['full']}")
