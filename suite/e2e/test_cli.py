@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -221,6 +222,9 @@ def test_a_user_model_on_the_sim_runs_where_its_values_are_constants_and_is_one_
         assert hub.startswith("memclaims: Hugging Face Hub offline")
         assert predicting.startswith("memclaims: predicting demo-transformer-smoke/bf16-true on the sim, profile "
                                      "'current' (")
+        # ... and the releases of the four libraries that move memory it replays (issue #53: the installed ones)
+        assert re.search(r"\), replaying torch .+, bitsandbytes \S+ \(installed\), peft \S+ \(installed\), "
+                         r"transformers \S+ \(installed\)$", predicting), predicting
         assert (record["probe"], record["step_examples"]) == ("sim:current", 4)
         assert main(["run", "reads-data", "--device", "sim", "--scale", "smoke"]) == 2
     finally:
