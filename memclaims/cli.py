@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from memclaims.core import offline
+from memclaims.core import library_eras, offline
 from memclaims.core import settings as table
 from memclaims.core.errors import MemclaimsError, OutOfMemory, UsageError
 from memclaims.core.machine import Machine
@@ -78,7 +78,7 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
             kwargs.update(action="store_true")
         else:
             kwargs.update(type=_word(option, command), metavar=table.metavar_for(option, command))
-            if option.kind in ("list", "paths"):
+            if option.kind in ("list", "paths", "eras"):
                 kwargs.update(nargs="*") if use.positional else kwargs.update(action="append")
             else:
                 kwargs.update(default=table.default_for(option, command))
@@ -142,6 +142,8 @@ def catalogue() -> dict[str, Any]:
             for r in NAMED_RECIPES.values()
         ],
         "sim_profiles": _sim_profiles(),
+        "library_eras": [{"era": e.name, "library": e.library, "releases": f"{e.first}-{e.last}", "changes": e.changes,
+                          "source": e.source} for e in library_eras.ERAS],
         "case_counts": selection_counts(),
     }
 
@@ -194,6 +196,13 @@ def cmd_list(args: Settings) -> int:
           f"reproduce and fidelity on {ARTICLE_PROFILE!r}):")
     for name, summary in data["sim_profiles"].items():
         print(f"  {name:<26} {summary}")
+    installed = {lib: library_eras.installed(lib) or "not installed" for lib in library_eras.LIBRARIES}
+    others = ", ".join(f"{lib} {release}" for lib, release in installed.items() if lib != "torch")
+    print(f"\nLibrary eras (--device sim --era LIBRARY=RELEASE on run and fit, e.g. --era bitsandbytes=0.41; "
+          f"--memclaims-era in pytest): without one the sim replays the installed {others}, and torch as its profile "
+          f"says (installed: {installed['torch']}):")
+    for era in data["library_eras"]:
+        print(f"  {era['library'] + ' ' + era['releases']:<26} {era['changes']}. Source: {era['source']}")
     counts = data["case_counts"]
     print(f"\nCases per workload and tier: singles {counts['singles']}, default {counts['default']} "
           f"(singles + the article's chain + a pairwise cover), full matrix {counts['full']}")
@@ -233,7 +242,11 @@ def cmd_run(args: Settings) -> int:
     if args.download:
         _download_data(args.data_dir)
     print(offline.describe(args.download, "--download")[1], file=sys.stderr)  # how main set the Hub, in one line
-    profile = args.sim_profile or INSTALLED_TORCH_PROFILE  # a question about today (core/names.py)
+    if args.era and args.device != "sim":
+        raise UsageError(f"--era replays an older library on the sim only, got --device {args.device!r}; "
+                         "use --device sim")
+    # A question about today (core/names.py), as with the older releases --era names (core/library_eras.py).
+    profile = library_eras.profile_name(args.sim_profile or INSTALLED_TORCH_PROFILE, args.era)
     options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
                          data_dir=args.data_dir, devices=args.devices,  # --devices 1: one rank, not the default world
                          profile=profile, timeout_s=args.timeout or None,
@@ -288,10 +301,13 @@ def _download_data(folder: Path | None) -> None:
 
 
 def _profile_words(name: str) -> str:
-    """``profile 'current' (A100 with today's torch defaults: ...)``: which simulated GPU and torch answer."""
+    """``profile 'current' (A100 with today's torch defaults: ...), replaying torch ..., bitsandbytes ...``: which
+    simulated GPU and which releases of the libraries that move memory answer."""
     from memclaims.sim import profile
 
-    return f"profile {name!r} ({profile(name).summary})"
+    chosen = profile(name)
+    releases = ", ".join(f"{library} {release}" for library, release in chosen.releases().items())
+    return f"profile {name!r} ({chosen.summary}), replaying {releases}"
 
 
 def cmd_benchmark(args: Settings) -> int:
@@ -482,7 +498,8 @@ def cmd_fit(args: Settings) -> int:
     only, aliases = techniques_from(args)
     if aliases and not args.json:
         print(f"memclaims: {', '.join(aliases)}", file=sys.stderr)
-    profile = args.sim_profile or INSTALLED_TORCH_PROFILE  # what fits today (core/names.py)
+    # What fits today (core/names.py), or with the older releases --era names (core/library_eras.py).
+    profile = library_eras.profile_name(args.sim_profile or INSTALLED_TORCH_PROFILE, args.era)
     result = fit.fit(workload_from(args), budget, profile=profile, scale=args.scale, sizes=sizes_from(args),
                      exact=not args.extrapolate, only=tuple(only), devices=args.devices,
                      # said once the budget is judged: a refusal stays one line

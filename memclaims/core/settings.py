@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from memclaims.core import library_eras
+from memclaims.core.errors import UsageError
 from memclaims.core.names import (
     ARTICLE_PROFILE,
     BUILT_IN_WORKLOADS,
@@ -50,7 +52,10 @@ SCALES: tuple[str, ...] = get_args(Scale)
 # What a value must look like. Each parses a text (from a command line or an ini file) into the
 # Settings field's type; "list" and "paths" collect a repeated option (or a positional's words).
 Kind = Literal["flag", "count", "choice", "text", "path", "percent", "events", "megabytes", "seconds", "lines",
-               "list", "paths"]
+               "list", "paths", "eras"]
+# Kinds whose value is a tuple of words: "list" and "paths" a repeated option's, "lines" an ini line list's, "eras"
+# both a repeated option's and comma-separated words' (pytest's option is given once).
+TUPLE_KINDS = ("list", "paths", "lines", "eras")
 PATH_KINDS = ("path", "paths")
 Front = Literal["pytest", "ini", "cli"]
 BASE = {"pytest": "the rootdir", "ini": "the rootdir", "cli": "the working directory"}
@@ -151,6 +156,10 @@ OPTIONS: tuple[Option, ...] = (
            f"and a user workload's sim tier; {ARTICLE_PROFILE}, the article's A100 and torch of 2023, for fidelity, "
            "reproduce and the built-in workloads' sim tier)", choices=SIM_PROFILES, metavar="NAME", pytest=True,
            cli=_flags("run", "fit", "fidelity"), cli_aliases=("--profile",)),
+    Option("era", "eras", "an older release of a library to predict for, where what it changes is known "
+           "(memclaims list shows the eras and their sources): e.g. bitsandbytes=0.41, whose 4-bit matmul kept its "
+           "input for backward; repeat it, or separate with commas, for several libraries; default: the installed "
+           "releases", default=(), metavar="LIBRARY=RELEASE", pytest=True, cli=_flags("run", "fit")),
     Option("workload", "text", "the workload the technique matrix runs on: vit, another built-in, "
            "hf:<model_type>, or one registered by an entry point (group memclaims.workloads.vit) or "
            "memclaims_workloads", default="vit", metavar="NAME", pytest=True,
@@ -342,6 +351,8 @@ def text_default(option: Option) -> str | list[str]:
     value = option.default
     if option.kind == "lines":
         return list(value)
+    if option.kind == "eras":
+        return ",".join(value)
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -361,6 +372,9 @@ def parse(option: Option, raw: Any, command: str | None = None) -> Any:
         return tuple(line.strip() for line in lines if line.strip())
     if kind in ("list", "paths"):  # the command line's repeated option: a list of words, or None
         return tuple(item(option, word) for word in raw or ())
+    if kind == "eras":  # words separated by commas, given once (pytest, the ini file) or repeated (the command line)
+        words = [raw] if isinstance(raw, str) else list(raw or ())
+        return tuple(item(option, word) for text in words for word in text.split(",") if word.strip())
     if isinstance(raw, bool) and kind == "flag":
         return raw
     text = "" if raw is None else str(raw).strip()
@@ -391,6 +405,12 @@ def item(option: Option, text: str, command: str | None = None) -> Any:
         return text
     if kind in PATH_KINDS:
         return Path(text).expanduser()
+    if kind == "eras":  # one word, or the command line's comma-separated words (memclaims.core.library_eras)
+        try:
+            library_eras.profile_name("", (text,))
+        except UsageError as error:
+            raise BadValue(str(error)) from None
+        return text.strip()
     if kind in ("percent", "megabytes", "seconds"):
         number = _number(text.removesuffix("%") if kind == "percent" else text)
         if kind == "percent" and (number is None or number < 0):
@@ -427,6 +447,7 @@ class Settings:
     accuracy_full_epochs: bool = False
     vit_h14: bool = False
     sim_profile: str | None = None  # one of memclaims.core.names.SIM_PROFILES; None: the context's (names.py)
+    era: tuple[str, ...] = ()  # LIBRARY=RELEASE words, each checked (memclaims.core.library_eras.era_of)
     workload: str = "vit"
     workloads: tuple[str, ...] = ()
     data_dir: Path | None = None  # the option, else $MEMCLAIMS_DATA_DIR, else None (offline data)
@@ -492,9 +513,9 @@ def settings_from(values: Mapping[str, Any], base: Path, command: str | None = N
     chosen: dict[str, Any] = {}
     for option in OPTIONS:
         value = values.get(option.attr, _UNSET)
-        if value is _UNSET or (value is None and option.kind in ("list", "paths", "lines")):
+        if value is _UNSET or (value is None and option.kind in TUPLE_KINDS):
             value = default_for(option, command)
-        if option.kind in ("list", "paths", "lines"):
+        if option.kind in TUPLE_KINDS:
             value = tuple(value)
         if option.kind == "path" and value is not None:
             value = base / value

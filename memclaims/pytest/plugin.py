@@ -126,7 +126,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     hub = [config.stash[_HUB].line] if _HUB in config.stash else []  # Hub offline, or downloads allowed
     return [f"memclaims: matrix {chosen!r}: {counts[chosen]} cases per workload and tier "
             f"(singles {counts['singles']}, default {counts['default']}, full {counts['full']}); "
-            f"gpu tier at {settings(config).gpu_scale!r} scale", *hub, sim_profile_line(config), gpu_budget_line(config),
+            f"gpu tier at {settings(config).gpu_scale!r} scale", *hub, sim_profile_line(config), *sim_eras_line(config),
+            gpu_budget_line(config),
             *tested_versions.header_lines(tested_versions.installed()), *config.stash.get(_STACK_NOTES, [])]
 
 
@@ -142,6 +143,12 @@ def sim_profile_line(config: pytest.Config) -> str:
     return (f"memclaims: sim tier on profile {profile!r} for workload {workload!r} (the installed torch's defaults, "
             f"for a user workload), {ARTICLE_PROFILE!r} for the built-in workloads' rows and claims "
             "(--memclaims-sim-profile NAME picks one for all)")
+
+
+def sim_eras_line(config: pytest.Config) -> list[str]:
+    """The older library releases the sim tier replays (--memclaims-era), when any are asked for."""
+    asked = settings(config).era
+    return [f"memclaims: sim tier as with {', '.join(asked)} (--memclaims-era; memclaims.core.library_eras)"] if asked else []
 
 
 def gpu_budget_line(config: pytest.Config) -> str:

@@ -19,6 +19,7 @@ import pytest
 from memclaims.claims.catalogue import Claim, skip_reason
 from memclaims.claims.lookup import Key, Lookup, load_only, recipe_of
 from memclaims.core.errors import MemclaimsError, OutOfMemory
+from memclaims.core.library_eras import profile_name
 from memclaims.core.names import sim_tier_profile, tier_device
 from memclaims.core.record import Record
 from memclaims.pytest.plugin import note_out_of_memory, settings, tier_scale
@@ -115,7 +116,8 @@ class RecordCache:
 
     def _measure(self, tier: str, recipe: Recipe, seed: int | None = None, load_only: bool = False) -> Record:
         if tier == "sim":
-            profile = sim_tier_profile(recipe.workload.name, settings(self.config).sim_profile)
+            chosen = settings(self.config)  # the profile, with the older releases --memclaims-era names
+            profile = profile_name(sim_tier_profile(recipe.workload.name, chosen.sim_profile), chosen.era)
             return run_recipe(recipe, RunOptions(device="sim", profile=profile,
                                               memory_steps=settings(self.config).steps,
                                               load_only=load_only))[0]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from memclaims.core import library_eras
 from memclaims.core.errors import UsageError
+from memclaims.core.library_eras import LibraryEra
 from memclaims.sim.allocator import AllocatorConfig, MiB
 
 KIB = 1024
@@ -49,6 +51,13 @@ class Profile:
     # whether it runs. Without it, frees across streams happen at once and no step time is predicted.
     timing_gpu: str = "a100"
     timeline: bool = True
+    # Older releases of bitsandbytes, peft or transformers replayed (``memclaims.core.library_eras``; the profile's
+    # name then ends with theirs, ``current+bitsandbytes=0.39.0-0.43.1``); none: the installed ones.
+    library_eras: tuple[LibraryEra, ...] = ()
+
+    def releases(self) -> dict[str, str]:
+        """The release of torch, bitsandbytes, peft and transformers whose behaviour the profile replays."""
+        return library_eras.releases(self.torch_era, self.library_eras)
 
     def kernel(self, dtype_name: str) -> str:
         return self.attention.get(dtype_name, "math")
@@ -166,7 +175,13 @@ PROFILES: dict[str, Profile] = {
 
 
 def profile(name: str) -> Profile:
+    """The profile ``name``: one of ``PROFILES``, or one with library eras (``library_eras.profile_name``)."""
+    base, eras = library_eras.split(name)
     try:
-        return PROFILES[name]
+        found = PROFILES[base]
     except KeyError:
-        raise UsageError(f"unknown sim profile {name!r}; valid profiles: {', '.join(PROFILES)}") from None
+        raise UsageError(f"unknown sim profile {base!r}; valid profiles: {', '.join(PROFILES)}") from None
+    if not eras:
+        return found
+    return replace(found, name=name, library_eras=eras,
+                   summary=f"{found.summary}; as {'; '.join(era.describe() for era in eras)}")

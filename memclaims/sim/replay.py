@@ -735,6 +735,8 @@ def opening(recipe: Recipe, request: ReplayRequest) -> tuple[int, list[str]]:
     chosen = request.profile
     steps = resolve_steps(recipe, request.memory_steps, "sim")
     notes = [f"sim profile {chosen.name!r}: {chosen.summary}"]
+    if chosen.library_eras:  # the installed releases are the Record's versions; older ones are said (issue #53)
+        notes.append("releases replayed: " + ", ".join(f"{lib} {rel}" for lib, rel in chosen.releases().items()))
     if steps < 2:
         notes.append("one optimizer step only: the peak of the second step (gradients and optimizer "
                      "state alive during the forward) is not reached")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,8 @@ def test_list_json_names_techniques_workloads_claims_and_counts(capsys: pytest.C
     assert named["distilbert-after"]["published_peak_gb"] == 1.15
     assert named["distilbert-cased-adam8bit"]["needs"] == []
     assert "article" in data["sim_profiles"]
+    (era,) = data["library_eras"]
+    assert era["era"] == "bitsandbytes=0.39.0-0.43.1" and "PR #1270" in era["source"] and "MatMul4Bit" in era["changes"]
 
 
 def test_claims_filtered_by_source(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -55,6 +58,8 @@ def test_list_text_shows_the_same(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "06_sgd-with-scheduler" in out and "vit" in out and "overall-20x" in out
     assert "run and fit predict on 'current', reproduce and fidelity on 'article'" in out
+    assert "\n  bitsandbytes 0.39.0-0.43.1 MatMul4Bit.forward keeps its input A" in out  # each era, what it changes
+    assert "Source: bitsandbytes PR #1270" in out  # and where that is written
 
 
 @pytest.mark.cpu
@@ -217,6 +222,9 @@ def test_a_user_model_on_the_sim_runs_where_its_values_are_constants_and_is_one_
         assert hub.startswith("memclaims: Hugging Face Hub offline")
         assert predicting.startswith("memclaims: predicting demo-transformer-smoke/bf16-true on the sim, profile "
                                      "'current' (")
+        # ... and the releases of the four libraries that move memory it replays (issue #53: the installed ones)
+        assert re.search(r"\), replaying torch .+, bitsandbytes \S+ \(installed\), peft \S+ \(installed\), "
+                         r"transformers \S+ \(installed\)$", predicting), predicting
         assert (record["probe"], record["step_examples"]) == ("sim:current", 4)
         assert main(["run", "reads-data", "--device", "sim", "--scale", "smoke"]) == 2
     finally:

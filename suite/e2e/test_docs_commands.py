@@ -143,6 +143,9 @@ HOW: dict[str, How] = {
     "memclaims run hf:llama --device sim --scale article -t bf16-true -t qlora -t activation-checkpointing --no-eval":
         How(slow=True),
     "memclaims run vit-h14 -t 16-mixed --device sim --scale article --no-eval --json": How(slow=True),
+    # A 7B on the sim: 16 s of CPU; the same era on the smoke Llama in CI.
+    "memclaims run hf:llama --device sim --scale article -t bf16-true -t qlora --era bitsandbytes=0.41 --no-eval":
+        How(ci="memclaims run hf:llama --device sim -t bf16-true -t qlora --era bitsandbytes=0.41 --no-eval", slow=True),
 }
 # Answered by test_the_nightly_flow (one pytest session, then what reads its files) and
 # test_the_own_model_example (the README's example workload in the folder).

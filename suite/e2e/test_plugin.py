@@ -77,6 +77,9 @@ SIM_PROFILE_PROBE = """
      "['article', 'article', 'current']"),
     (("--memclaims-sim-profile", "h100"), "memclaims: sim tier on profile 'h100' (--memclaims-sim-profile)",
      "['h100', 'h100', 'h100']"),
+    (("--memclaims-era", "bitsandbytes=0.41"), "memclaims: sim tier as with bitsandbytes=0.41 (--memclaims-era*",
+     "['article+bitsandbytes=0.39.0-0.43.1', 'article+bitsandbytes=0.39.0-0.43.1', "
+     "'current+bitsandbytes=0.39.0-0.43.1']"),
 ])
 def test_the_sim_tier_predicts_a_user_workload_for_the_installed_torch(
         pytester: pytest.Pytester, chosen: tuple[str, ...], header: str, asked: str) -> None:

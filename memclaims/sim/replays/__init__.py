@@ -17,6 +17,7 @@ from memclaims.core.errors import UsageError
 from memclaims.core.precision import precision as precision_spec
 from memclaims.core.targets import target_class
 from memclaims.sim.allocator import TraceEvent
+from memclaims.sim.library_eras import replaying
 from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.replay import (
@@ -76,7 +77,8 @@ def simulate(recipe: Recipe, *, profile: str = "article", memory_steps: int | No
     check(recipe)
     request = ReplayRequest(chosen, memory_steps=memory_steps, allocator_events=allocator_events,
                             limit_bytes=limit_bytes, devices=devices)
-    return replay_of(recipe).run(recipe, request)
+    with replaying(chosen.library_eras):  # older libraries' allocations, where the profile names eras
+        return replay_of(recipe).run(recipe, request)
 
 
 def simulate_load_record(recipe: Recipe, *, profile: str = "article", allocator_events: list[TraceEvent] | None = None,
