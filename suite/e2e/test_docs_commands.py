@@ -114,6 +114,9 @@ HOW: dict[str, How] = {
     "pytest -m gpu": CUDA,
     'pytest -m "dist and gpu" --memclaims-vit-h14': CUDA,
     "scripts/gpu-check out/": CUDA,
+    "scripts/sim-bench": How(skip="a benchmark: minutes of CPU, its numbers read against another tree's, never "
+                             "judged (suite/e2e/test_sim_bench.py holds its targets and its refusal)"),
+    "scripts/sim-bench fit rows": How(skip="a benchmark, as above"),
     "python -m memclaims.gpu.alloc_trace out/vit-h14.trace.json.gz": CUDA,
     "pytest -m gpu --memclaims-summary-json nightly/summary.json --memclaims-html nightly/report.html "
     "--memclaims-artifacts nightly/memclaims-results --junitxml nightly/junit.xml": How(slow=True),
