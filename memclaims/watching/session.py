@@ -17,8 +17,8 @@ passes.
 
 from __future__ import annotations
 
-import warnings
 from contextlib import ExitStack
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -28,7 +28,7 @@ from torch import nn
 from memclaims.core.errors import UsageError
 from memclaims.core.record import Record
 from memclaims.measure import probes as probe_module
-from memclaims.measure.host import HostSteps
+from memclaims.measure.host import HostSteps, read_counters
 from memclaims.watching.phases import EVALUATION, StepPhases
 from memclaims.watching.record import WatchedRun, build
 
@@ -89,7 +89,10 @@ class Watch:
         self.device = _device(model, device)
         self.probe: probe_module.Probe = probe if probe is not None else probe_module.make_probe(self.device)
         self.phases = StepPhases(model, _optimizers(optimizer), self._phase, self.probe.step_begin)
-        self.host_steps = HostSteps()
+        # Host counters at each step phase's start and end, without the cyclic collection memclaims' own runs make
+        # there: it cost more than a small model's whole step, and the watch judges the device's memory (a leak, a
+        # budget, the baseline), not the host's growth. One collection runs when the watch opens (``prepare``).
+        self.host_steps = HostSteps(read=partial(read_counters, collect=False))
         self._host = probe_module.HostMemory()
         self._stack = ExitStack()
         self._record: Record | None = None
@@ -119,15 +122,10 @@ class Watch:
             pass
         probe.track(model, optimizers[0] if optimizers else None)
         stack = self._stack
-        # MemTracker's module tracker warns for every module freed before its backward hook runs (the Trainer's
-        # models): its noise, not the user's.
-        stack.enter_context(warnings.catch_warnings())
-        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
         # The hooks first: torch calls global module hooks in the order they were registered, and a micro-batch's
         # step boundary (MemTracker's per-module statistics reset) must come before MemTracker's own forward hook.
         self.phases.install()
         stack.callback(self.phases.remove)
-        stack.enter_context(self.host_steps.frozen())
         stack.enter_context(probe.phase("train"))
         stack.callback(self.phases.driver.close)  # the last step phase ends inside train
         return self

@@ -114,6 +114,8 @@ HOW: dict[str, How] = {
     "pytest -m gpu": CUDA,
     'pytest -m "dist and gpu" --memclaims-vit-h14': CUDA,
     "scripts/gpu-check out/": CUDA,
+    # 7 pairs of DistilBERT steps: minutes on a loaded 2-core box; one pair of the small MLP's two steps in CI.
+    "scripts/watch-overhead": How(ci="scripts/watch-overhead --model mlp --pairs 1 --steps 2", slow=True),
     "python -m memclaims.gpu.alloc_trace out/vit-h14.trace.json.gz": CUDA,
     "pytest -m gpu --memclaims-summary-json nightly/summary.json --memclaims-html nightly/report.html "
     "--memclaims-artifacts nightly/memclaims-results --junitxml nightly/junit.xml": How(slow=True),
