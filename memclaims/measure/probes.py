@@ -257,7 +257,7 @@ class _NoHook:
 
 
 def _frozen_aware_tracker() -> type[Any]:
-    """torch's MemTracker, with two changes that leave every byte it counts as it was:
+    """torch's MemTracker, with changes that leave every byte it counts as it was:
 
     - a frozen parameter (lora's base weights) gets no gradient hooks: MemTracker installs them on every parameter a
       forward pass meets, and ``register_hook`` refuses a tensor that does not require a gradient. A frozen parameter
@@ -313,7 +313,7 @@ def _frozen_aware_tracker() -> type[Any]:
                     self._peak_mem[device] = snap[_TOTAL_KEY]
                     self._peak_mem_snap[device] = dict(snap)  # ints under enum keys: a copy is a deep copy
 
-        def get_tracker_snapshot(self, type: str = "current") -> dict[torch.device, dict[Any, int]]:  # noqa: A002
+        def get_tracker_snapshot(self, type: str = "current") -> dict[torch.device, dict[Any, int]]:
             # MemTracker's, copied per device instead of by ``deepcopy`` (read at every phase boundary)
             snapshot = {"current": self._curr_mem_snap, "peak": self._peak_mem_snap}.get(type)
             if snapshot is None:
