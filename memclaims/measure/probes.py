@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -256,11 +257,26 @@ class _NoHook:
 
 
 def _frozen_aware_tracker() -> type[Any]:
-    """torch's MemTracker, except that a frozen parameter (lora's base weights) gets no gradient hooks:
-    MemTracker installs them on every parameter a forward pass meets, and ``register_hook`` refuses a
-    tensor that does not require a gradient. A frozen parameter is marked as hooked already; it gets
-    no gradient to track."""
-    from torch.distributed._tools.mem_tracker import MemTracker
+    """torch's MemTracker, with changes that leave every byte it counts as it was:
+
+    - a frozen parameter (lora's base weights) gets no gradient hooks: MemTracker installs them on every parameter a
+      forward pass meets, and ``register_hook`` refuses a tensor that does not require a gradient. A frozen parameter
+      is marked as hooked already; it gets no gradient to track.
+    - no per-module statistics: MemTracker copies its whole snapshot into every active module's peak after every op
+      and at every module hook (``deepcopy``), which memclaims never reads (it reads the global current and peak
+      snapshots only). What the hooks do for the global counts stays: a module's parameters and buffers tracked at
+      its first forward (with the gradient hooks), and activation checkpointing's recomputation told apart in
+      backward (its tensors are activations, not temporaries). That per-module copying was most of the exact
+      accounting's cost per op (issue #50's watch overhead; docs/your-training.md states what remains).
+
+    Its op handler is MemTracker's with the outputs' tensors walked as a flat list (``tree_leaves``, the order
+    ``tree_map_only`` visits them) instead of mapped into a new tree that is thrown away; its snapshots are copied
+    per device (dicts of ints) instead of by ``deepcopy``.
+    """
+    from torch._guards import active_fake_mode
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType, _ModState
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_leaves
 
     class FrozenAwareTracker(MemTracker):
         def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> Any:
@@ -269,6 +285,59 @@ def _frozen_aware_tracker() -> type[Any]:
                     if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
                         self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if DTensor in types:  # DTensor desugars into local ops first, which are tracked
+                return NotImplemented
+            if func is torch.ops._c10d_functional.wait_tensor.default and active_fake_mode():
+                result = args[0]  # MemTracker's override of wait_tensor's meta implementation, kept
+            else:
+                result = func(*args, **(kwargs or {}))
+            if active_fake_mode() is self._fake_mode_on_entry:
+                if self._in_opt:
+                    reftype = _MemRefType.OPT
+                elif self._mod_tracker.is_bw and not self._in_ac:
+                    reftype = _MemRefType.TEMP
+                else:
+                    reftype = _MemRefType.ACT
+                for leaf in tree_leaves(result):
+                    if isinstance(leaf, torch.Tensor):
+                        self._track(reftype, leaf)
+                self._update_peak_stats(_ModState.PEAK_BW if self._mod_tracker.is_bw else _ModState.PEAK_FW)
+            return result
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            # MemTracker's global part only (its per-module part is what this class leaves out).
+            for device, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snap[_TOTAL_KEY]:
+                    self._peak_mem[device] = snap[_TOTAL_KEY]
+                    self._peak_mem_snap[device] = dict(snap)  # ints under enum keys: a copy is a deep copy
+
+        def get_tracker_snapshot(self, type: str = "current") -> dict[torch.device, dict[Any, int]]:
+            # MemTracker's, copied per device instead of by ``deepcopy`` (read at every phase boundary)
+            snapshot = {"current": self._curr_mem_snap, "peak": self._peak_mem_snap}.get(type)
+            if snapshot is None:
+                raise ValueError(f"Invalid type {type}")
+            return {device: dict(snap) for device, snap in snapshot.items()}
+
+        def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+            if module not in self.memory_tracking:  # MemTracker's first case: the module's states tracked
+                self._track_module_params_and_buffers(module, install_grad_hooks=True)
+                self.memory_tracking[module] = True  # seen (``reset_mod_stats`` forgets it, as MemTracker's stats)
+            elif self._mod_tracker.is_bw and self._ac_mod is None:  # the top module recomputed in backward
+                self._ac_mod = weakref.ref(module)
+                self._in_ac = True
+
+        def _post_fw_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
+            if self._mod_tracker.is_bw and self._ac_mod is not None and self._ac_mod() is module:
+                self._ac_mod = None
+                self._in_ac = False
+
+        def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
+            pass
+
+        def _post_bw_hook(self, module: nn.Module, args: Any) -> None:
+            pass
 
     return FrozenAwareTracker
 

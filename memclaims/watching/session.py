@@ -17,8 +17,9 @@ passes.
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -28,7 +29,7 @@ from torch import nn
 from memclaims.core.errors import UsageError
 from memclaims.core.record import Record
 from memclaims.measure import probes as probe_module
-from memclaims.measure.host import HostSteps
+from memclaims.measure.host import HostSteps, read_counters
 from memclaims.watching.phases import EVALUATION, StepPhases
 from memclaims.watching.record import WatchedRun, build
 
@@ -78,21 +79,49 @@ def close_left_open() -> list[str]:
     return closed
 
 
+def _built(model: Any, name: str) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"memclaims.watch({name}): the function given as model returned {type(model).__name__}, "
+                         "not a torch.nn.Module")
+    return model
+
+
 class Watch:
     """The context manager ``memclaims.watch`` returns; ``record`` holds the Record once it has exited."""
 
-    def __init__(self, model: nn.Module, optimizer: Any = None, *, device: str | torch.device | None = None,
-                 name: str = "watch", probe: probe_module.Probe | None = None) -> None:
-        if not isinstance(model, nn.Module):
-            raise UsageError(f"memclaims.watch: model must be a torch.nn.Module, got {type(model).__name__}")
-        self.model, self.name = model, name
-        self.device = _device(model, device)
+    def __init__(self, model: nn.Module | Callable[[], nn.Module], optimizer: Any = None, *,
+                 device: str | torch.device | None = None, name: str = "watch",
+                 probe: probe_module.Probe | None = None) -> None:
+        built_here = not isinstance(model, nn.Module)
+        if built_here and (isinstance(model, torch.Tensor) or not callable(model)):
+            raise UsageError(f"memclaims.watch: model must be a torch.nn.Module or a function that builds one, got "
+                             f"{type(model).__name__}")
+        self.name = name
+        # A builder runs inside the watch, in its load phase; the model exists once the watch has opened.
+        self._build: Callable[[], nn.Module] | None = None if isinstance(model, nn.Module) else model
+        self.model: nn.Module = model if isinstance(model, nn.Module) else nn.Module()
+        self._optimizer = optimizer
+        self.device = _device(self.model, device)
         self.probe: probe_module.Probe = probe if probe is not None else probe_module.make_probe(self.device)
-        self.phases = StepPhases(model, _optimizers(optimizer), self._phase, self.probe.step_begin)
-        self.host_steps = HostSteps()
+        self.phases: StepPhases | None = None if built_here else self._step_phases()
+        # Host counters at each step phase's start and end, without the cyclic collection memclaims' own runs make
+        # there: it cost more than a small model's whole step, and the watch judges the device's memory (a leak, a
+        # budget, the baseline), not the host's growth. One collection runs when the watch opens (``prepare``).
+        self.host_steps = HostSteps(read=partial(read_counters, collect=False))
         self._host = probe_module.HostMemory()
         self._stack = ExitStack()
         self._record: Record | None = None
+
+    def _step_phases(self) -> StepPhases:
+        optimizer = self._optimizer
+        if callable(optimizer) and not isinstance(optimizer, (torch.optim.Optimizer, list, tuple)):
+            optimizer = self._optimizer = optimizer(self.model)  # a function of the model built inside the watch
+        return StepPhases(self.model, _optimizers(optimizer), self._phase, self.probe.step_begin)
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer given, or the one the watch made with the function given (after the model was built)."""
+        return self._optimizer
 
     def _phase(self, name: str) -> Any:
         return self.host_steps.wrap(self.probe.step_phase)(name)
@@ -108,29 +137,43 @@ class Watch:
             raise UsageError(f"memclaims.watch({self.name}): the watch {_OPEN[-1].name!r} is still open; one watch at a "
                              "time (end the first with-block, or give one callback to the Trainer)")
         _OPEN.append(self)
-        self._host.start()
-        probe, model = self.probe, self.model
-        optimizers = self.phases.optimizers
-        probe.prepare()
-        # The model (and the optimizer's state) as handed over: the load phase of memclaims' own runs, measured as
-        # a phase of no work over the tracked model states.
-        probe.track(model, optimizers[0] if optimizers else None)
-        with probe.phase("load"):
-            pass
-        probe.track(model, optimizers[0] if optimizers else None)
+        try:
+            phases = self._load()
+        except BaseException:
+            _OPEN.remove(self)
+            raise
         stack = self._stack
-        # MemTracker's module tracker warns for every module freed before its backward hook runs (the Trainer's
-        # models): its noise, not the user's.
-        stack.enter_context(warnings.catch_warnings())
-        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
         # The hooks first: torch calls global module hooks in the order they were registered, and a micro-batch's
         # step boundary (MemTracker's per-module statistics reset) must come before MemTracker's own forward hook.
-        self.phases.install()
-        stack.callback(self.phases.remove)
-        stack.enter_context(self.host_steps.frozen())
-        stack.enter_context(probe.phase("train"))
-        stack.callback(self.phases.driver.close)  # the last step phase ends inside train
+        phases.install()
+        stack.callback(phases.remove)
+        stack.enter_context(self.probe.phase("train"))
+        stack.callback(phases.driver.close)  # the last step phase ends inside train
         return self
+
+    def _load(self) -> StepPhases:
+        """The load phase of memclaims' own runs: the model built inside it where a builder was given (what the
+        build allocates is counted), else the model as handed over (a phase of no work over its tracked states)."""
+        self._host.start()
+        probe = self.probe
+        probe.prepare()
+        if self._build is not None:
+            with probe.phase("load"):
+                self.model = _built(self._build(), self.name)
+            if _device(self.model, None) != self.device:
+                raise UsageError(f"memclaims.watch({self.name}): the model was built on "
+                                 f"{_device(self.model, None)!r} but the watch measures {self.device!r}; pass "
+                                 f"device={_device(self.model, None)!r} to the watch")
+            self.phases = self._step_phases()
+        phases = self.phases
+        assert phases is not None  # made in __init__ for a model given, above for one built
+        optimizers = phases.optimizers
+        if self._build is None:
+            probe.track(self.model, optimizers[0] if optimizers else None)
+            with probe.phase("load"):
+                pass
+        probe.track(self.model, optimizers[0] if optimizers else None)
+        return phases
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
@@ -146,14 +189,16 @@ class Watch:
         self.probe.step_growth.pop(EVALUATION, None)
         for by_phase in self.host_steps.steps.values():
             by_phase.pop(EVALUATION, None)
-        self._record = build(WatchedRun(self.name, self.model, self.phases), self.model, self.phases, self.probe,
+        phases = self.phases
+        assert phases is not None  # a watch that opened has its phases
+        self._record = build(WatchedRun(self.name, self.model, phases), self.model, phases, self.probe,
                              device=self.device, host_peak_bytes=self._host.peak_bytes(),
                              host_steps=self.host_steps.steps)
-        missing = self.phases.missing()
+        missing = phases.missing()
         if error is None and missing:
             raise PhasesNotSeen(
                 f"memclaims.watch({self.name}): no {', no '.join(missing)} was seen in the watched code, so its memory "
-                f"was not measured (seen: {dict(self.phases.seen) or 'nothing'}); train inside the with-block, with "
+                f"was not measured (seen: {dict(phases.seen) or 'nothing'}); train inside the with-block, with "
                 "the model and optimizer given to the watch")
 
 
@@ -179,13 +224,14 @@ class CallbackWatch:
                 self.record = watch._record
 
 
-def watch(model: nn.Module, optimizer: Any = None, *, device: str | torch.device | None = None,
-          name: str = "watch") -> Watch:
+def watch(model: nn.Module | Callable[[], nn.Module], optimizer: Any = None, *,
+          device: str | torch.device | None = None, name: str = "watch") -> Watch:
     """memclaims' per-phase probes around ``model``'s training, as a context manager; ``.record`` after it ends.
 
-    ``optimizer``: the optimizer (or a list of them; accelerate's and Lightning's wrappers are looked through), whose
+    ``model``: the model, or a function that builds it (called as the watch opens, inside its ``load`` phase, so the
+    Record's load peak is the build's; the model is then ``.model``). ``optimizer``: the optimizer (or a list of them; accelerate's and Lightning's wrappers are looked through), whose
     state is counted as optimizer state and whose ``zero_grad`` opens that phase; any torch optimizer stepped inside
-    is seen either way. ``device``: ``"cpu"`` or ``"cuda"``; the model's by default. ``name``: the Record's ``recipe``
+    is seen either way; with a builder, a function of the model that makes it (``.optimizer``). ``device``: ``"cpu"`` or ``"cuda"``; the model's by default. ``name``: the Record's ``recipe``
     (the key its baseline is stored under).
     """
     return Watch(model, optimizer, device=device, name=name)

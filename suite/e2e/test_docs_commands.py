@@ -117,6 +117,8 @@ HOW: dict[str, How] = {
     "scripts/sim-bench": How(skip="a benchmark: minutes of CPU, its numbers read against another tree's, never "
                              "judged (suite/e2e/test_sim_bench.py holds its targets and its refusal)"),
     "scripts/sim-bench fit rows": How(skip="a benchmark, as above"),
+    # 7 pairs of DistilBERT steps: minutes on a loaded 2-core box; one pair of the small MLP's two steps in CI.
+    "scripts/watch-overhead": How(ci="scripts/watch-overhead --model mlp --pairs 1 --steps 2", slow=True),
     "python -m memclaims.gpu.alloc_trace out/vit-h14.trace.json.gz": CUDA,
     "pytest -m gpu --memclaims-summary-json nightly/summary.json --memclaims-html nightly/report.html "
     "--memclaims-artifacts nightly/memclaims-results --junitxml nightly/junit.xml": How(slow=True),

@@ -34,6 +34,12 @@ def test_the_watch_a_loop_script_prints_each_phase(capsys: pytest.CaptureFixture
     assert out[-1] == "optimizer state: 1.04 MiB"  # AdamW's two fp32 moments of 136,714 parameters, and its steps
 
 
+def test_the_watch_a_build_script_prints_the_builds_load_peak(capsys: pytest.CaptureFixture[str]) -> None:
+    runpy.run_path(str(EXAMPLES / "watch_a_build.py"), run_name="__main__")
+    # The fp32 build (136,714 parameters: 546,856 B) and the bf16 copy of its largest weight (262,144 B) at once.
+    assert capsys.readouterr().out.splitlines() == ["load peak: 0.77 MiB", "parameters: 0.26 MiB"]
+
+
 def test_the_plain_loop_example_stores_then_passes_against_its_baseline(pytester: pytest.Pytester) -> None:
     project = _project(pytester, "test_plain_loop.py")
     project.runpytest_inprocess("-p", "no:cacheprovider", "--update-baselines").assert_outcomes(passed=1, skipped=1)

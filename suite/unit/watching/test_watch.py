@@ -200,3 +200,36 @@ def test_evaluation_batches_between_steps_are_one_phase_and_training_resumes() -
     assert sequence[:5] == ["forward", "backward", "optimizer_step", "zero_grad", "evaluation"]
     assert sequence.count("forward") == 3 and sequence.count("evaluation") == 3
     assert watched.record.step_peaks["forward"] and len(watched.record.step_peaks["forward"]) == 3
+
+
+def test_a_model_built_inside_the_watch_is_measured_in_its_load_phase() -> None:
+    """Item 1's "load where the model is built inside it": the build's allocations are the load phase's peak (here a
+    scratch buffer of 1 MB the builder frees again), and the model and optimizer it made train as any."""
+    scratch_bytes = 2**20
+
+    def build() -> nn.Module:
+        scratch = torch.empty(scratch_bytes // 4)  # what a conversion or a checkpoint's read holds for a while
+        model = _model()
+        del scratch
+        return model
+
+    with memclaims.watch(build, lambda model: torch.optim.AdamW(model.parameters()), name="built") as watched:
+        _train(watched.model, watched.optimizer)
+    record = watched.record
+    params = sum(p.numel() * 4 for p in watched.model.parameters())
+    assert isinstance(watched.optimizer, torch.optim.AdamW) and record.memory_steps == STEPS
+    assert record.load_peak_bytes == scratch_bytes + params and record.param_bytes == params
+    assert record.optimizer_state_bytes == 2 * params + 4 * len(list(watched.model.parameters()))
+    assert record.phases["load"]["allocated_bytes"] == scratch_bytes + params
+
+
+def test_a_builder_that_returns_no_model_is_one_line() -> None:
+    with pytest.raises(UsageError, match=r"the function given as model returned int, not a torch.nn.Module"):
+        with memclaims.watch(lambda: 3):
+            pass
+    with pytest.raises(UsageError, match="model must be a torch.nn.Module or a function that builds one, got Tensor"):
+        memclaims.watch(torch.zeros(2))  # type: ignore[arg-type]
+    model = _model()  # the failed open left no watch behind
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with memclaims.watch(model, optimizer):
+        _train(model, optimizer, steps=1)
