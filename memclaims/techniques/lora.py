@@ -253,7 +253,9 @@ CONFLICTS: tuple[tuple[str, str], ...] = (
 )
 WORKLOADS = ("lora_targets", "peft's LoRA adapters go on the attention projections of the text workloads "
              "(distilbert, distilbert-cased, bigbird: q_lin/v_lin, query/value) and of hf: models (peft's "
-             "default target modules for their model type); this workload names no modules to adapt")
+             "default target modules for their model type) and of user workloads that name theirs "
+             "(memclaims.workloads.user.define's lora={'target_modules': [...]}); this workload names no modules to "
+             "adapt")
 
 # peft.get_peft_model(model, LoraConfig(r=8, lora_alpha=16, ...)) right after the model is built: the base
 # weights frozen, rank-8 adapters on the workload's attention projections, its head trained (modules_to_save).

@@ -137,3 +137,26 @@ def test_parameters_without_a_technique_to_take_them_are_refused() -> None:
     with pytest.raises(UsageError, match=re.escape("--lora-r: for -t lora or -t qlora, which the recipe (bf16-true) "
                                                    "does not have")):
         resolve("distilbert", "smoke", ("bf16-true",), parameters=[lora_technique.LoraParameters(r=4)])
+
+
+def test_a_user_workloads_define_states_its_own_defaults() -> None:
+    """``define(lora={...})``: the workload takes lora, its own r (4) is the default its id leaves out, and the run
+    trains what its shapes say: r * (in + out) per adapted layer, and the head in full."""
+    from fixtures import tensor_parallel_user as mlp
+    from memclaims.sim import simulate
+    from memclaims.workloads import user
+
+    user.register(mlp.make())
+    try:
+        assert resolve(mlp.NAME, "smoke", ("lora",)).id == f"{mlp.NAME}-smoke/lora"
+        asked = resolve(mlp.NAME, "smoke", ("lora",), parameters=[lora_technique.LoraParameters(r=8)])
+        assert asked.id == f"{mlp.NAME}-smoke/lora[r=8]"
+        width, depth = mlp.SHAPES["smoke"]
+        head = width * mlp.CLASSES + mlp.CLASSES
+        for recipe, r in ((resolve(mlp.NAME, "smoke", ("lora",)), 4), (asked, 8)):
+            assert simulate(recipe).trainable_parameters == depth * r * (width + 4 * width) + head
+        with pytest.raises(UsageError, match="define\\('x', lora=...\\) needs target_modules"):
+            user.define("x", build_model=mlp.Net, train_data=list, test_data=list, block_class=mlp.Block,
+                        num_classes=4, lora={"r": 4})
+    finally:
+        user.forget(mlp.NAME)
