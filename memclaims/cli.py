@@ -217,6 +217,13 @@ def sizes_from(args: Settings) -> Any:
                  accumulation_steps=args.accumulation_steps)
 
 
+def parameters_from(args: Settings) -> tuple[Any, ...]:
+    """What ``--lora-r`` and the rest ask of the recipe's techniques (``Technique.parameters``' values)."""
+    from memclaims.techniques import lora
+
+    return lora.asked_by(args)
+
+
 def workload_from(args: Settings) -> str:
     """The workload name, with ``--config`` overrides folded into an ``hf:`` name."""
     from memclaims.workloads.hf import with_config
@@ -238,7 +245,7 @@ def cmd_run(args: Settings) -> int:
     from memclaims.run import run_recipe, runs_ranks
 
     names, aliases = techniques_from(args)
-    recipe = resolve(workload_from(args), args.scale, names, sizes_from(args))
+    recipe = resolve(workload_from(args), args.scale, names, sizes_from(args), parameters_from(args))
     if args.download:
         _download_data(args.data_dir)
     print(offline.describe(args.download, "--download")[1], file=sys.stderr)  # how main set the Hub, in one line
@@ -502,6 +509,7 @@ def cmd_fit(args: Settings) -> int:
     profile = library_eras.profile_name(args.sim_profile or INSTALLED_TORCH_PROFILE, args.era)
     result = fit.fit(workload_from(args), budget, profile=profile, scale=args.scale, sizes=sizes_from(args),
                      exact=not args.extrapolate, only=tuple(only), devices=args.devices,
+                     parameters=parameters_from(args),
                      # said once the budget is judged: a refusal stays one line
                      answering=None if args.json else
                      (lambda: print(f"memclaims: fit on the sim, {_profile_words(profile)}", file=sys.stderr)),

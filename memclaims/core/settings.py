@@ -51,8 +51,8 @@ SCALES: tuple[str, ...] = get_args(Scale)
 
 # What a value must look like. Each parses a text (from a command line or an ini file) into the
 # Settings field's type; "list" and "paths" collect a repeated option (or a positional's words).
-Kind = Literal["flag", "count", "choice", "text", "path", "percent", "events", "megabytes", "seconds", "lines",
-               "list", "paths", "eras"]
+Kind = Literal["flag", "count", "choice", "text", "path", "percent", "events", "megabytes", "seconds", "number",
+               "lines", "list", "paths", "eras"]
 # Kinds whose value is a tuple of words: "list" and "paths" a repeated option's, "lines" an ini line list's, "eras"
 # both a repeated option's and comma-separated words' (pytest's option is given once).
 TUPLE_KINDS = ("list", "paths", "lines", "eras")
@@ -252,6 +252,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("config", "text", "config overrides of an hf:<model_type> workload, e.g. hidden_size=4096,"
            "num_hidden_layers=32 (and head=causal-lm|classification, attn_implementation=sdpa|eager), or a "
            "config.json file, read as transformers reads it", metavar="K=V,...|FILE", cli=_SIZE_COMMANDS),
+    # lora's and qlora's parameters (memclaims.techniques.lora): each recipe that asks one has its own id and baselines.
+    Option("lora-r", "count", "the LoRA adapters' rank (peft's LoraConfig r) of -t lora / -t qlora (default: the "
+           "workload's, else 8)", metavar="N", pytest=True, cli=_SIZE_COMMANDS),
+    Option("lora-alpha", "number", "the LoRA adapters' scale numerator (peft's lora_alpha: the output is scaled by "
+           "alpha / r; default: the workload's, else 16)", metavar="ALPHA", pytest=True, cli=_SIZE_COMMANDS),
+    Option("lora-dropout", "number", "the dropout before the LoRA adapters (peft's lora_dropout, in [0, 1); "
+           "default: the workload's, else 0.1)", metavar="P", pytest=True, cli=_SIZE_COMMANDS),
+    Option("lora-targets", "text", "the modules that get LoRA adapters, comma-separated (peft's target_modules, "
+           "matched as suffixes of the model's module names, e.g. q_proj,v_proj; default: the workload's, for an "
+           "hf: model peft's default for its type)", metavar="NAME,...", pytest=True, cli=_SIZE_COMMANDS),
     Option("memory", "text", "the budget: what PyTorch's allocator may take, the card's memory less the CUDA "
            "context (0.3-1 GB); 24GB (decimal, 24e9 B) or 24GiB (binary, 24 x 2^30 B)", metavar="SIZE",
            cli={"fit": Use(required=True)}),
@@ -411,6 +421,11 @@ def item(option: Option, text: str, command: str | None = None) -> Any:
         except UsageError as error:
             raise BadValue(str(error)) from None
         return text.strip()
+    if kind == "number":
+        value = _number(text)
+        if value is None or value < 0:
+            raise BadValue(f"expected a number >= 0, got {text!r}")
+        return value
     if kind in ("percent", "megabytes", "seconds"):
         number = _number(text.removesuffix("%") if kind == "percent" else text)
         if kind == "percent" and (number is None or number < 0):
@@ -481,6 +496,10 @@ class Settings:
     image_size: int | None = None
     accumulation_steps: int | None = None
     config: str | None = None
+    lora_r: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float | None = None
+    lora_targets: str | None = None
     memory: str | None = None
     extrapolate: bool = False
     plot: Path | None = None

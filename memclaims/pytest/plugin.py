@@ -102,10 +102,21 @@ def selection(config: pytest.Config) -> list[tuple[str, ...]]:
     return registry.selection(settings(config).matrix)
 
 
-def resolve(workload: str, scale: str, techniques: tuple[str, ...]) -> Recipe:
+def resolve(workload: str, scale: str, techniques: tuple[str, ...], config: pytest.Config | None = None) -> Recipe:
+    """The recipe; with ``config``, what its options ask of the techniques (``--memclaims-lora-r``: the lora and
+    qlora cases' adapters)."""
+    from memclaims.recipes.recipe import applicable
     from memclaims.recipes.recipe import resolve as resolve_recipe  # imports torch: not at plugin import
 
-    return resolve_recipe(workload, scale, techniques)
+    asked = applicable(asked_parameters(config), techniques) if config is not None else ()
+    return resolve_recipe(workload, scale, techniques, parameters=asked)
+
+
+def asked_parameters(config: pytest.Config) -> tuple[Any, ...]:
+    """What ``--memclaims-lora-r`` and the rest ask (``memclaims.techniques.lora.asked_by``); () where none is given."""
+    from memclaims.techniques import lora
+
+    return lora.asked_by(settings(config))
 
 
 def tier_scale(config: pytest.Config, tier: str, workload: str = "vit") -> str:
@@ -195,7 +206,7 @@ def case_params(config: pytest.Config, workload: str = "vit") -> list[Any]:
     params = []
     for tier in TIERS:
         for techniques in for_workload(workload, selection(config)):
-            recipe = resolve(workload, tier_scale(config, tier, workload), techniques)
+            recipe = resolve(workload, tier_scale(config, tier, workload), techniques, config)
             marks = [getattr(pytest.mark, tier), pytest.mark.requires(case_needs(recipe, tier))]
             params.append(pytest.param(tier, techniques, id=f"{tier}:{recipe.id}", marks=marks))
     return params
@@ -217,6 +228,7 @@ def register_workloads(config: pytest.Config) -> None:
             made = user_workloads.register_spec(spec)
             config.add_cleanup(functools.partial(user_workloads.forget, made.name))
         workload(selected_workload(config))
+        asked_parameters(config)  # a bad --memclaims-lora-* value: one line before anything is collected
     except UsageError as error:
         raise pytest.UsageError(f"memclaims: {error}") from None
 

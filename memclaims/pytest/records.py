@@ -22,9 +22,9 @@ from memclaims.core.errors import MemclaimsError, OutOfMemory
 from memclaims.core.library_eras import profile_name
 from memclaims.core.names import sim_tier_profile, tier_device
 from memclaims.core.record import Record
-from memclaims.pytest.plugin import note_out_of_memory, settings, tier_scale
+from memclaims.pytest.plugin import note_out_of_memory, resolve, settings, tier_scale
 from memclaims.recipes import requirements
-from memclaims.recipes.recipe import Recipe, resolve
+from memclaims.recipes.recipe import Recipe
 from memclaims.recipes.run_options import RunOptions
 from memclaims.run import model_parameters, needs, run_recipe
 
@@ -52,7 +52,7 @@ class RecordCache:
 
     def recipe(self, tier: str, workload: str, techniques: tuple[str, ...], scale: str | None = None) -> Recipe:
         """The recipe at ``scale``, or at the tier's scale (``tier_scale``)."""
-        return resolve(workload, scale or tier_scale(self.config, tier, workload), techniques)
+        return resolve(workload, scale or tier_scale(self.config, tier, workload), techniques, self.config)
 
     def get(self, tier: str, recipe: Recipe, load_only: bool = False) -> Record:
         """The recipe's Record, run on first use. What the machine lacks was decided at collection

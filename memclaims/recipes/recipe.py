@@ -63,10 +63,22 @@ class Recipe:
     # How torch steps the optimizer: "for-loop", "foreach" or "fused" (memclaims.techniques.optimizer_impl);
     # None: torch's own default for the device (for-loop on the CPU, foreach on CUDA), as before the choice existed.
     optimizer_impl: str | None = None
+    # What the recipe asks of its techniques beyond their names (``Technique.parameters``: lora's rank, ...), by
+    # technique name; only what differs from the workload's defaults, so that the id says exactly what was asked.
+    parameters: tuple[tuple[str, Any], ...] = ()
 
     @property
     def id(self) -> str:
-        return f"{self.workload.name}-{self.scale.name}{self.sizes.suffix()}/{'+'.join(self.techniques)}"
+        techniques = "+".join(f"{name}{self._suffix(name)}" for name in self.techniques)
+        return f"{self.workload.name}-{self.scale.name}{self.sizes.suffix()}/{techniques}"
+
+    def _suffix(self, name: str) -> str:
+        asked = self.parameters_of(name)
+        return "" if asked is None else str(asked.suffix())
+
+    def parameters_of(self, name: str) -> Any:
+        """What the recipe asks of its technique ``name`` (its ``Technique.parameters``' value), or None."""
+        return dict(self.parameters).get(name)
 
     @property
     def hooks(self) -> tuple[Hooks, ...]:
@@ -169,9 +181,44 @@ def for_workload(workload_name: str, selection: Iterable[tuple[str, ...]]) -> li
     return [combo for combo in selection if workload_refusal(work, combo) is None]
 
 
-def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str], sizes: Sizes = Sizes()) -> Recipe:
+def _asked(work: Workload, technique_names: Iterable[str], given: Iterable[Any]) -> tuple[list[str], dict[str, Any]]:
+    """The technique names without their parameters (``lora[r=4]`` -> ``lora``) and what is asked of each: in a name
+    (a recipe id), or ``given`` (an option's object, for the technique of the recipe that takes its kind)."""
+    names: list[str] = []
+    asked: dict[str, Any] = {}
+    for text in technique_names:
+        bracketed = _BRACKETED.match(text)
+        name = bracketed.group("name") if bracketed else text
+        names.append(name)
+        if bracketed:
+            kind = registry.technique(name).parameters
+            if kind is None:
+                raise UsageError(f"technique {name!r} takes no parameters; {text!r} gives some")
+            asked[name] = kind.parse(bracketed.group("parameters"))
+    for value in given:
+        takers = [n for n in names if registry.technique(n).parameters is type(value)]
+        if not takers:
+            kinds = [t.name for t in registry.TECHNIQUES if t.parameters is type(value)]
+            raise UsageError(f"{value.options()}: for {' or '.join('-t ' + k for k in kinds)}, which the recipe "
+                             f"({'+'.join(names) or 'the reference'}) does not have")
+        asked.update(dict.fromkeys(takers, value))
+    return names, {name: value.beyond(work) for name, value in asked.items()}
+
+
+def applicable(parameters: Iterable[Any], names: Iterable[str]) -> tuple[Any, ...]:
+    """Those of ``parameters`` a technique of ``names`` takes: what an option asks, given to a matrix's or fit's
+    combinations that have a technique to take it (lora's rank to the lora and qlora ones)."""
+    kinds = {registry.technique(name).parameters for name in names}
+    return tuple(value for value in parameters if type(value) in kinds)
+
+
+def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str], sizes: Sizes = Sizes(),
+            parameters: Iterable[Any] = ()) -> Recipe:
+    """The recipe; ``parameters``: what is asked of its techniques beyond their names (``Technique.parameters``'
+    values, e.g. ``lora.LoraParameters(r=4)``), each for the recipe's technique that takes it."""
     work = find_workload(workload_name)
-    names = registry.canonical(technique_names)
+    plain, asked = _asked(work, technique_names, parameters)
+    names = registry.canonical(plain)
     chosen = [registry.BY_NAME[n] for n in names]
     refused = workload_refusal(work, names)
     if refused:
@@ -201,16 +248,20 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
         stack=next((t.stack for t in chosen if t.stack), FABRIC),
         numerics_neutral=bool(chosen) and all(t.computes_as is not None for t in chosen),
         sizes=sizes,
+        parameters=tuple((name, asked[name]) for name in names if name in asked and asked[name].suffix()),
     )
 
 
 _SIZED_HEAD = re.compile(r"^(?P<head>.*?)\[(?P<sizes>[^\[\]]*)\]$")
+_BRACKETED = re.compile(r"^(?P<name>[^\[\]]+)\[(?P<parameters>[^\[\]]*)\]$")
+# A "+" between techniques, not one inside a technique's brackets (``lora[targets=q_proj+v_proj]``).
+_BETWEEN_TECHNIQUES = re.compile(r"\+(?![^\[]*\])")
 
 
 def parse_id(recipe_id: str) -> Recipe:
     """The inverse of ``Recipe.id``: ``vit-smoke/bf16-true+sgd``, ``vit-smoke[batch=8]/fabric``,
-    ``hf:gpt2(n_layer=2)-smoke/bf16-true``."""
-    head, sep, tail = recipe_id.rpartition("/")
+    ``hf:gpt2(n_layer=2)-smoke/bf16-true``, ``hf:llama-article/bf16-true+lora[r=4,targets=q_proj+v_proj]``."""
+    head, sep, tail = recipe_id.rpartition("/")  # no "/" in a technique's parameters (LoraParameters.checked)
     sizes = Sizes()
     sized = _SIZED_HEAD.match(head)
     if sized:
@@ -218,4 +269,5 @@ def parse_id(recipe_id: str) -> Recipe:
     workload_name, dash, scale_name = head.rpartition("-")
     if not sep or not dash or not tail:
         raise UsageError(f"malformed recipe id {recipe_id!r}; expected WORKLOAD-SCALE[SIZES]/TECHNIQUE[+TECHNIQUE...]")
-    return resolve(workload_name, scale_name, tail.split("+"), sizes)
+    return resolve(workload_name, scale_name, _BETWEEN_TECHNIQUES.split(tail), sizes)
+

@@ -40,7 +40,7 @@ from memclaims.core import progress as progress_bar
 from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
-from memclaims.recipes.recipe import Recipe, Sizes, resolve
+from memclaims.recipes.recipe import Recipe, Sizes, applicable, resolve
 from memclaims.recipes.run_options import RunOptions
 from memclaims.run import check, run_recipe
 from memclaims.techniques import technique_registry as registry
@@ -230,7 +230,7 @@ def _at_depth(recipe: Recipe, layers: int) -> Recipe:
 
     chosen = hf.spec(recipe.workload.name)
     name = hf.name_of(chosen.model_type, {**chosen.overrides, **hf._pseudo(chosen), "num_hidden_layers": layers})
-    return resolve(name, recipe.scale.name, recipe.techniques, recipe.sizes)
+    return resolve(name, recipe.scale.name, recipe.techniques, recipe.sizes, [asked for _, asked in recipe.parameters])
 
 
 def _predicted(recipe: Recipe, profile: str, limit_bytes: int | None = None, devices: int | None = None) -> Record:
@@ -260,8 +260,9 @@ def predict(recipe: Recipe, profile: str, exact: bool, devices: int | None = Non
 def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scale: str = "article",
         sizes: Sizes | None = None, exact: bool = True, only: tuple[str, ...] = (),
         progress: Callable[[str], None] | None = None, devices: int | None = None,
-        answering: Callable[[], None] | None = None) -> FitResult:
-    """``only``: consider combinations of these techniques only (default: every single-process one,
+        answering: Callable[[], None] | None = None, parameters: tuple[Any, ...] = ()) -> FitResult:
+    """``parameters``: what is asked of the techniques beyond their names (``--lora-r``: each combination with lora
+    or qlora takes it); ``only``: consider combinations of these techniques only (default: every single-process one,
     and with ``devices`` N > 1 every technique); ``devices``: the GPUs a strategy spreads the run over;
     ``answering``: called once the question is judged answerable (profile, devices, budget), before any
     replay, so that what a command prints then never precedes a refusal's one line."""
@@ -300,14 +301,14 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
                        input_size=measures(reference.scale) if measures is not None else None)
     if only and asked is None:  # -t named alternatives (fsdp, ddp): each valid combination of them is the answer
         try:
-            resolve(workload_name, scale, only, sizes)
+            resolve(workload_name, scale, only, sizes, applicable(parameters, only))
         except UsageError as reason:
             result.apart = str(reason)
     fitting: list[set[str]] = []
     for combo in progress_bar.steps(combos, f"fit {workload_name}"):
         ratio, risk = cost(combo)
         try:
-            recipe = resolve(workload_name, scale, combo, sizes)
+            recipe = resolve(workload_name, scale, combo, sizes, applicable(parameters, combo))
             check(recipe, RunOptions(device="sim", profile=profile))
         except UsageError as reason:
             result.rows.append(FitRow(list(combo), f"{reference.workload.name}/{'+'.join(combo)}", "not predicted",

@@ -58,17 +58,32 @@ def resolved_lines(recipe: Recipe, record: Record, device_words: str, aliases: S
         f"{record.recipe}",
         f"  workload     {recipe.workload.name}, scale {scale.name}: {scale.summary}",
         f"  techniques   {techniques}",
+        *_parameters_lines(recipe),
         f"  run          {batch}{', ' + ', '.join(sizes) if sizes else ''}, precision {record.precision}, "
         f"stack {recipe.stack}, {record.memory_steps} optimizer steps measured",
         f"  device       {device_words}",
     ]
 
 
+def _parameters_lines(recipe: Recipe) -> list[str]:
+    """What each technique that takes parameters ran with, the defaults included (lora's rank, ...)."""
+    from memclaims.techniques import technique_registry as registry
+
+    lines = []
+    for name in recipe.techniques:
+        kind = registry.technique(name).parameters
+        if kind is not None:
+            asked = recipe.parameters_of(name) or kind()
+            lines.append(f"  {name:<12} {asked.described(recipe.workload)}")
+    return lines
+
+
 def _parameter_line(record: Record) -> str:
     """The parameter count a person means: a 4-bit weight by its original shape, not its packed storage."""
     if record.quantized_parameter_bytes is not None:
         total = f"{record.total_parameters:,} {PARAMETERS}" if record.total_parameters is not None else PARAMETERS
-        return (f"{total} ({record.param_count:,} elements as stored: 4-bit weights packed two to a byte, "
+        trainable = f", {record.trainable_parameters:,} trainable" if record.trainable_parameters is not None else ""
+        return (f"{total}{trainable} ({record.param_count:,} elements as stored: 4-bit weights packed two to a byte, "
                 f"{size(record.quantized_parameter_bytes)} of them)")
     trainable = (f", {record.trainable_parameters:,} trainable" if record.trainable_parameters is not None
                  and record.trainable_parameters != record.param_count else "")

@@ -57,6 +57,7 @@ from memclaims.sim.profiles import Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
+from memclaims.techniques import lora as lora_parameters
 from memclaims.techniques.base import FABRIC, PYTORCH, LoadsReference, PlacesOnDevice, SetsAllocator, merge_observed
 from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
 
@@ -423,7 +424,8 @@ def _adapting(build: Callable[[Any, int | None], nn.Module], workload_name: str)
     def adapted(scale: Any, num_classes: int | None) -> nn.Module:
         model = build(scale, num_classes)
         with naming_the_module(work.name):
-            return adapt(model, work, lambda module, dtype: move(module, dtype))
+            return adapt(model, work.name, lora_parameters.effective(work, None), False,
+                         lambda module, dtype: move(module, dtype))
 
     return adapted
 

@@ -602,6 +602,10 @@ class Technique:
     # The training stacks' own names for it that a user may type for ``-t`` (TrainingArguments' flags, Lightning's
     # precision values): technique_registry.ALIASES gathers them; a name two entries give is refused as ambiguous.
     aliases: tuple[str, ...] = ()
+    # The values it takes beyond its name (lora's rank, ...): a frozen class with ``parse(text)`` (a recipe id's
+    # ``name[k=v,...]``), ``suffix()`` (its inverse) and ``beyond(workload)`` (what differs from the workload's
+    # defaults); ``memclaims.recipes.recipe.Recipe.parameters`` holds a recipe's. None: it takes none.
+    parameters: Any = None
     # What it does to a run (``Hooks``; a multi-device technique's: a ``Strategy``); not part of the entry's identity.
     hooks: Hooks = field(default=NO_HOOKS, compare=False, repr=False)
 

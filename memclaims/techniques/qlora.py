@@ -42,6 +42,8 @@ def _dtype_name(dtype: Any) -> str:
 
 
 class Qlora(lora.Lora):
+    name = NAME  # its parameters are lora's (``lora.LoraParameters``), asked of qlora: ``qlora[r=4]``
+
     def attach(self, engine: Any) -> None:
         from memclaims.techniques.impl import nf4_base as nf4
 
@@ -163,4 +165,4 @@ ENTRY = Technique(NAME, "QLoRA: the base's linear layers in bitsandbytes 4-bit N
                   "computing in the recipe's compute dtype, frozen, under the lora technique's adapters",
                   "peft docs: QLoRA (bitsandbytes 4-bit); the QLoRA paper", group="adapter",
                   in_cover=False, requires=frozenset({"bitsandbytes"}), conflicts=lora.CONFLICTS + _CONFLICTS,
-                  workload_needs=lora.WORKLOADS, hooks=Qlora())
+                  workload_needs=lora.WORKLOADS, parameters=lora.LoraParameters, hooks=Qlora())

@@ -127,7 +127,8 @@ class TensorParallel(Strategy):
         from memclaims.techniques.impl import tensor_parallel_plan as layouts
 
         _, tp = mesh_sizes(self.plan(recipe, world))
-        refused = layouts.refusal(meta_model(recipe), recipe.workload.block_class(), tp)
+        refused = layouts.refusal(meta_model(recipe), recipe.workload.block_class(), tp,
+                                  recipe.workload.tensor_parallel_plan)
         return f"{recipe.id}: {refused}" if refused else None
 
     def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
@@ -163,7 +164,8 @@ class TensorParallel(Strategy):
         helper = next(h for h in engine.helpers if isinstance(h, _Watching))
         plan = engine.recipe.strategy_plan(engine.options.devices)
         _, tp = mesh_sizes(plan)
-        helper.model, helper.layout = model, layouts.layout(model, engine.recipe.workload.block_class())
+        helper.model, helper.layout = model, layouts.layout(model, engine.recipe.workload.block_class(),
+                                                              engine.recipe.workload.tensor_parallel_plan)
         helper.watch = layouts.ForwardWatch()
         helper.watch.install(model, helper.layout, tp)
         engine.notes.append(helper.layout.note())
@@ -232,7 +234,7 @@ class TensorParallel(Strategy):
         from memclaims.techniques.impl import tensor_parallel_plan as layouts
 
         try:
-            layouts.layout(meta_model(recipe), recipe.workload.block_class())
+            layouts.layout(meta_model(recipe), recipe.workload.block_class(), recipe.workload.tensor_parallel_plan)
         except UsageError as error:
             return str(error)
         return None

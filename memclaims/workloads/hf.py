@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -53,6 +53,29 @@ NUM_LABELS = 2
 DRY_LAYERS = 2  # the depth of the fake forward that checks --config values at resolution
 # ``AutoConfig.for_model`` raises this many-line text for an unknown type; our message is one line.
 _FORBIDDEN_IN_VALUES = set("()/[],=+ ")
+# transformers' tensor-parallel plan of a config (module pattern -> style), which the tensor-parallel technique reads:
+# a workload name carries it as one value, ``pattern:style;pattern:style`` (``plan_text``), for a family whose config
+# has none (opt, bert, ...) or to split other layers than its own plan does.
+TP_PLAN = "base_model_tp_plan"
+
+
+def plan_text(plan: Mapping[str, str]) -> str:
+    """A tensor-parallel plan as one ``--config`` value: ``decoder.layers.*.fc1:colwise;decoder.layers.*.fc2:rowwise``."""
+    return ";".join(f"{pattern}:{style}" for pattern, style in plan.items())
+
+
+def plan_of(text: str) -> dict[str, str]:
+    """The inverse of ``plan_text``; UsageError naming the part that is not ``pattern:style``."""
+    plan: dict[str, str] = {}
+    for part in filter(None, text.split(";")):
+        pattern, sep, style = part.rpartition(":")
+        if not sep or not pattern or not style:
+            raise UsageError(f"--config {TP_PLAN}={text}: {part!r} is not MODULE_PATTERN:STYLE (e.g. "
+                             "layers.*.mlp.up_proj:colwise;layers.*.mlp.down_proj:rowwise)")
+        plan[pattern] = style
+    if not plan:
+        raise UsageError(f"--config {TP_PLAN}={text}: name at least one MODULE_PATTERN:STYLE")
+    return plan
 
 
 # --- names -------------------------------------------------------------------------------------
@@ -128,9 +151,14 @@ def config_file(path: Path, model_type: str) -> tuple[dict[str, Any], list[str]]
     defaults = AutoConfig.for_model(model_type).to_dict()
     overrides: dict[str, Any] = {}
     left_out: list[str] = []
-    for key, value in sorted(loaded.to_dict().items()):
+    # to_dict leaves the tensor-parallel plan out (transformers keeps it off the saved file); the file's own is read
+    plan, default_plan = getattr(loaded, TP_PLAN, None), getattr(_default_config(model_type), TP_PLAN, None)
+    given = {TP_PLAN: plan} if plan and plan != default_plan else {}
+    for key, value in sorted({**loaded.to_dict(), **given}.items()):
         if value == defaults.get(key):
             continue
+        if key == TP_PLAN and isinstance(value, dict) and not _FORBIDDEN_IN_VALUES & set(plan_text(value)):
+            value = plan_text(value)  # a plan the name can carry (module patterns have no brackets or commas)
         scalar = isinstance(value, (bool, int, float, str)) and not _FORBIDDEN_IN_VALUES & set(str(value))
         if key in _ABOUT_THE_FILE or not scalar:
             left_out.append(key)
@@ -188,6 +216,8 @@ class HfSpec:
                 if vocab and isinstance(token, int) and token >= vocab and key not in self.overrides:
                     values[key] = vocab - 1
         values.update(self.overrides)
+        if isinstance(values.get(TP_PLAN), str):
+            values[TP_PLAN] = plan_of(values[TP_PLAN])
         if self.head == "classification":
             values.setdefault("num_labels", NUM_LABELS)
             if getattr(default, "pad_token_id", None) is None:
@@ -234,7 +264,10 @@ def spec(name: str) -> HfSpec:
                        if not k.startswith("_"))
         raise UsageError(f"config key {unknown[0]!r} is not an attribute of {type(default).__name__} "
                          f"({model_type!r}); valid keys: {', '.join(valid)}")
+    plan = overrides.pop(TP_PLAN, None)  # one text in the name; a dict in the config (HfSpec.config)
     overrides = hf_values.converted(overrides, type(default), getattr(default, "attribute_map", {}))
+    if plan is not None:
+        overrides[TP_PLAN] = plan_text(plan_of(str(plan)))
     return HfSpec(model_type, overrides, head, attention)
 
 

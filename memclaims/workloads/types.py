@@ -65,6 +65,11 @@ class LoraTargets:
     # Modules trained in full beside the adapters (the freshly initialised classification head);
     # peft matches them by suffix, so DistilBERT's "classifier" also keeps its pre_classifier.
     modules_to_save: tuple[str, ...] = ()
+    # The adapters' rank, scale numerator and dropout (peft's ``LoraConfig`` names) as this workload's defaults
+    # (``memclaims.workloads.user.define``'s ``lora``); None: memclaims' own (``memclaims.techniques.lora.DEFAULTS``).
+    r: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,10 @@ class Workload:
     # takes out of the forward to compute the loss from the hidden states; None: the workload has none
     # (the registry's ``workload_needs`` names this attribute and the reason).
     fused_loss_head: Callable[[nn.Module], nn.Module] | None = None
+    # How the ``tensor-parallel`` technique splits the model's nn.Linear layers (transformers' ``base_model_tp_plan``
+    # format: module name pattern -> "colwise" | "rowwise"), where neither the model's config nor memclaims' layouts
+    # of the built-in blocks say it (a user workload's ``define(tensor_parallel_plan=...)``); None: none given.
+    tensor_parallel_plan: dict[str, str] | None = None
 
     def scale(self, name: str) -> Scale:
         try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from importlib import metadata
 from typing import Any
@@ -25,7 +25,7 @@ from memclaims.core.errors import UsageError
 from memclaims.core.names import BUILT_IN_WORKLOADS
 from memclaims.workloads import data
 from memclaims.workloads.batch_shapes import BatchShapes
-from memclaims.workloads.types import Scale, Workload
+from memclaims.workloads.types import LoraTargets, Scale, Workload
 
 ENTRY_POINT_GROUP = "memclaims.workloads.vit"
 ENV = "MEMCLAIMS_WORKLOADS"  # comma-separated "pkg.mod:factory" specs, for the CLI
@@ -38,13 +38,22 @@ def define(name: str, *, build_model: Callable[[Scale], nn.Module], train_data: 
            test_data: Callable[[Scale], Dataset[Any]], block_class: type[nn.Module], num_classes: int,
            smoke_batch_size: int = 16, article_batch_size: int = 64, learning_rate: float = 1e-3,
            summary: str = "", collate_fn: Callable[[list[Any]], Any] | None = None,
-           fsdp_auto_wrap: bool = True, memory_steps: int = 3, accuracy_epochs: int = 1) -> Workload:
+           fsdp_auto_wrap: bool = True, memory_steps: int = 3, accuracy_epochs: int = 1,
+           lora: Mapping[str, Any] | None = None, tensor_parallel_plan: Mapping[str, str] | None = None) -> Workload:
     """A workload from the pieces a user has: ``build_model(scale)`` returns a randomly initialised
     (or loaded) model whose ``forward(inputs)`` gives (N, num_classes) logits; the data callables
     return map-style datasets of (inputs, label). ``scale.name`` is ``smoke`` (the CPU tier) or
     ``article`` (full size: the gpu tier and the sim). The sim (``--device sim``, ``memclaims fit``)
     builds the same model on fake tensors and shapes its batches from the first batch of
-    ``train_data(scale)``: it needs nothing more."""
+    ``train_data(scale)``: it needs nothing more.
+
+    ``lora``: where ``-t lora`` and ``-t qlora`` put peft's adapters on this model and with what, by peft's
+    ``LoraConfig`` names: ``target_modules`` (required: module names, matched as suffixes), ``modules_to_save``
+    (trained in full beside them, e.g. the head), ``r``, ``lora_alpha``, ``lora_dropout`` (this workload's defaults;
+    ``--lora-r`` and the rest ask others). None: the workload takes neither technique.
+    ``tensor_parallel_plan``: how ``-t tensor-parallel`` splits the model's ``nn.Linear`` layers over the ranks, in
+    transformers' ``base_model_tp_plan`` format: a module name (``*`` for any one part, e.g. ``blocks.*.mlp.0``) ->
+    ``"colwise"`` or ``"rowwise"``. None: the workload does not take it."""
     if not name or any(c in name for c in "/[]+ ") or name.startswith("hf:"):
         raise UsageError(f"workload name {name!r} may not be empty, start with 'hf:' or hold '/', '[', ']', '+' "
                          "or spaces (it is part of every recipe id)")
@@ -68,7 +77,46 @@ def define(name: str, *, build_model: Callable[[Scale], nn.Module], train_data: 
         # theirs already) and shapes its fake batches from one real batch of the training data.
         architecture=lambda s, _classes: build_model(s),
         fake_inputs=BatchShapes(name, train_data, collate_fn),
+        lora_targets=None if lora is None else _lora_targets(name, lora),
+        tensor_parallel_plan=None if tensor_parallel_plan is None else _plan(name, tensor_parallel_plan),
     )
+
+
+_LORA_KEYS = ("target_modules", "modules_to_save", "r", "lora_alpha", "lora_dropout")
+
+
+def _names(name: str, key: str, value: Any) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else tuple(value)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise UsageError(f"define({name!r}, lora=...): {key} {value!r} is not a list of module names")
+    return names
+
+
+def _lora_targets(name: str, lora: Mapping[str, Any]) -> LoraTargets:
+    """``define``'s ``lora`` as the workload's ``LoraTargets`` (its values are checked where a recipe uses them:
+    ``memclaims.techniques.lora.effective``)."""
+    unknown = sorted(set(lora) - set(_LORA_KEYS))
+    if unknown:
+        raise UsageError(f"define({name!r}, lora=...): unknown key {', '.join(unknown)}; it takes peft's LoraConfig "
+                         f"names {', '.join(_LORA_KEYS)}")
+    if "target_modules" not in lora:
+        raise UsageError(f"define({name!r}, lora=...) needs target_modules: the names of the modules that get "
+                         "adapters (peft has no default for a model of your own)")
+    return LoraTargets(_names(name, "target_modules", lora["target_modules"]),
+                       _names(name, "modules_to_save", lora["modules_to_save"]) if lora.get("modules_to_save") else (),
+                       r=lora.get("r"), lora_alpha=lora.get("lora_alpha"), lora_dropout=lora.get("lora_dropout"))
+
+
+def _plan(name: str, plan: Mapping[str, str]) -> dict[str, str]:
+    """``define``'s ``tensor_parallel_plan``, its styles checked (its module names are checked against the model
+    where a recipe splits it: ``memclaims.techniques.impl.tensor_parallel_plan.layout``)."""
+    if not plan:
+        raise UsageError(f"define({name!r}, tensor_parallel_plan=...) is empty: name the nn.Linear layers to split")
+    for pattern, style in plan.items():
+        if style not in ("colwise", "rowwise"):
+            raise UsageError(f"define({name!r}, tensor_parallel_plan=...): {pattern} -> {style!r}; the styles are "
+                             "'colwise' and 'rowwise' (torch's ColwiseParallel and RowwiseParallel)")
+    return dict(plan)
 
 
 def _load(spec: str) -> Workload:

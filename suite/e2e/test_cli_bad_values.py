@@ -58,6 +58,12 @@ def no_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     (["fit", "hf:llama", "--memory", "3GB"], f"nothing can fit: the parameters alone need {LLAMA_7B_PARAMETERS // 2:,} B"),
     (["fit", "hf:llama", "--memory", "10GB", "-t", "bf16-true", "-t", "lora"],
      f"nothing can fit: the parameters alone need {2 * LLAMA_7B_PARAMETERS:,} B"),
+    # lora's parameters (issue #53): the option, the value and what it takes.
+    (["run", "distilbert", "-t", "lora", "--lora-r", "0"], "--lora-r: expected a positive integer, got '0'"),
+    (["fit", "hf:llama", "--memory", "24GB", "-t", "lora", "--lora-dropout", "1"],
+     "--lora-dropout 1: expected a probability in [0, 1)"),
+    (["run", "distilbert", "-t", "bf16-true", "--lora-r", "4"],
+     "--lora-r: for -t lora or -t qlora, which the recipe (bf16-true) does not have"),
     # What the validators pass but the model (its build, its forward) refuses, found at resolution.
     (["run", "hf:llama", "--scale", "smoke", "--config", "hidden_act=foo", "--device", "sim"],
      "--config hidden_act=foo: the llama model at scale 'smoke' refuses it: KeyError"),

@@ -151,6 +151,10 @@ HOW: dict[str, How] = {
     # A 7B on the sim: 16 s of CPU; the same era on the smoke Llama in CI.
     "memclaims run hf:llama --device sim --scale article -t bf16-true -t qlora --era bitsandbytes=0.41 --no-eval":
         How(ci="memclaims run hf:llama --device sim -t bf16-true -t qlora --era bitsandbytes=0.41 --no-eval", slow=True),
+    # A 7B replay (15 CPU s); the small form asks the same parameters of the smoke LLaMA.
+    "memclaims run hf:llama --device sim --scale article -t bf16-true -t lora --lora-r 8 --lora-alpha 16 "
+    "--lora-targets q_proj,v_proj": How(ci="memclaims run hf:llama --device sim --scale smoke -t bf16-true -t lora "
+                                          "--lora-r 8 --lora-alpha 16 --lora-targets q_proj,v_proj", slow=True),
 }
 # Answered by test_the_nightly_flow (one pytest session, then what reads its files) and
 # test_the_own_model_example (the README's example workload in the folder).
@@ -160,6 +164,11 @@ NIGHTLY_FLOW = {NIGHTLY, "memclaims report nightly/summary.json", "memclaims rep
 OWN_MODEL_FLOW = {OWN_MODEL, "memclaims run clusters-mlp --device sim --scale article -t bf16-true",
                   "memclaims run clusters-mlp --device sim --scale article -t fsdp --devices 2",
                   "memclaims fit clusters-mlp --memory 6GB"}
+# docs/own-model.md's split MLP (mywork/split_mlp.py): its plan and its LoRA defaults, answered by
+# test_the_split_mlp_example.
+SPLIT_MLP = "export MEMCLAIMS_WORKLOADS=mywork.split_mlp:make"
+SPLIT_MLP_FLOW = {SPLIT_MLP, "memclaims run split-mlp --device sim --scale article -t tensor-parallel --devices 8",
+                  "memclaims run split-mlp --device sim --scale article -t bf16-true -t lora --lora-r 4 --lora-targets up"}
 
 
 def run(command: str, folder: Path, pytester: pytest.Pytester | None = None) -> tuple[int, str]:
@@ -186,7 +195,7 @@ def run(command: str, folder: Path, pytester: pytest.Pytester | None = None) -> 
 def params() -> list[Any]:
     out = []
     for page, command in COMMANDS:
-        if command in NIGHTLY_FLOW | OWN_MODEL_FLOW:
+        if command in NIGHTLY_FLOW | OWN_MODEL_FLOW | SPLIT_MLP_FLOW:
             continue
         how, name = HOW.get(command, How()), f"{page}:{command[:70]}"
         if how.skip:
@@ -205,6 +214,7 @@ def test_every_command_of_the_docs_is_here() -> None:
     assert NIGHTLY in shown and OWN_MODEL in shown and len(shown) >= 70
     assert not set(HOW) - shown, f"HOW names commands the docs no longer show: {sorted(set(HOW) - shown)}"
     assert (NIGHTLY_FLOW | OWN_MODEL_FLOW) - {OWN_MODEL} <= shown | {"memclaims history nightly-runs/ --plot h.png"}
+    assert SPLIT_MLP_FLOW <= shown
     assert metadata.distribution("memclaims").entry_points  # the installed package (pip install -e), not sys.path
 
 
@@ -236,21 +246,34 @@ def test_the_nightly_flow(pytester: pytest.Pytester) -> None:
     assert (here / "history.png").is_file() and (here / "h.png").is_file()
 
 
-def test_the_own_model_example(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's example workload, as the reader saves it (mywork/workload.py), run as docs/own-model.md
-    shows after its ``export``."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    source = re.search(r"```python\n# mywork/workload.py\n(.*?)```", readme, re.S)
+def _example_flow(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, page: str, module: str,
+                  export: str, flow: set[str]) -> None:
+    """``page``'s python block ``mywork/MODULE.py``, as the reader saves it, and the commands after its ``export``."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    source = re.search(rf"```python\n# mywork/{module}.py\n(.*?)```", text, re.S)
     assert source is not None
     (pytester.path / "mywork").mkdir()
     (pytester.path / "mywork" / "__init__.py").write_text("")
-    (pytester.path / "mywork" / "workload.py").write_text(source.group(1))
+    (pytester.path / "mywork" / f"{module}.py").write_text(source.group(1))
     monkeypatch.syspath_prepend(str(pytester.path))
-    name, value = OWN_MODEL.removeprefix("export ").split("=")
+    name, value = export.removeprefix("export ").split("=")
     monkeypatch.setenv(name, value)
-    for command in sorted(OWN_MODEL_FLOW - {OWN_MODEL}):
-        command = HOW.get(command, How()).ci or command  # fit's small form: one technique
-        status, output = run(command, pytester.path)
-        assert status == 0, f"{command}\n{output[-3000:]}"
-    sys.modules.pop("mywork.workload", None)
-    sys.modules.pop("mywork", None)
+    try:
+        for command in sorted(flow - {export}):
+            command = HOW.get(command, How()).ci or command  # fit's small form: one technique
+            status, output = run(command, pytester.path)
+            assert status == 0, f"{command}\n{output[-3000:]}"
+    finally:
+        sys.modules.pop(f"mywork.{module}", None)
+        sys.modules.pop("mywork", None)
+
+
+def test_the_own_model_example(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's example workload, as the reader saves it (mywork/workload.py), run as docs/own-model.md
+    shows after its ``export``."""
+    _example_flow(pytester, monkeypatch, "README.md", "workload", OWN_MODEL, OWN_MODEL_FLOW)
+
+
+def test_the_split_mlp_example(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/own-model.md's split MLP (its tensor-parallel plan and LoRA defaults through define) on the sim."""
+    _example_flow(pytester, monkeypatch, "docs/own-model.md", "split_mlp", SPLIT_MLP, SPLIT_MLP_FLOW)

@@ -31,6 +31,19 @@ def test_ids_are_readable_and_carry_the_tier(suite: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*test_case?cpu:vit-smoke/bf16-true?*", "*test_case?gpu:vit-article/sgd?*"])
 
 
+def test_lora_options_give_the_lora_and_qlora_cases_their_own_ids(suite: pytest.Pytester) -> None:
+    """--memclaims-lora-* (issue #53): the adapters' cases ask them, in their ids (their own baselines); the other
+    cases keep theirs; a bad value stops the run with one line naming the option."""
+    result = suite.runpytest("--collect-only", "-q", "--memclaims-matrix", "singles", "--memclaims-workload",
+                             "distilbert", "--memclaims-lora-r", "4", "--memclaims-lora-targets", "q_lin,k_lin")
+    result.stdout.fnmatch_lines(["*test_case?cpu:distilbert-smoke/bf16-true?*",  # in the matrix's order
+                                 "*test_case?cpu:distilbert-smoke/lora?r=4,targets=q_lin+k_lin??*",
+                                 "*test_case?gpu:distilbert-article/qlora?r=4,targets=q_lin+k_lin??*"])
+    refused = suite.runpytest("--collect-only", "--memclaims-lora-dropout", "1")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--lora-dropout 1: expected a probability in [[]0, 1)*"])
+
+
 def test_markers_select_tiers(suite: pytest.Pytester) -> None:
     result = suite.runpytest("-m", "cpu", "--memclaims-matrix", "singles", "-q")
     outcomes = result.parseoutcomes()

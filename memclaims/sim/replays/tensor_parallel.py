@@ -249,7 +249,7 @@ def replay(recipe: Recipe, request: ReplayRequest) -> Record:
             with session.host(), default_dtype(true_dtype) if true_dtype else nullcontext():
                 model = build(recipe.scale, recipe.workload.num_classes)  # Fabric converts true precisions on the host
             counts = model_counts(model)  # the whole model's, as the real ranks count
-            found = find_layout(model, recipe.workload.block_class())
+            found = find_layout(model, recipe.workload.block_class(), recipe.workload.tensor_parallel_plan)
             with session.host():
                 done = split(model, found, tp)
             move(model, placed=load_split(done))  # then model.to(device): the rest

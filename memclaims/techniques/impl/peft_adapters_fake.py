@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from memclaims.techniques.impl import peft_adapters as lora
-
-if TYPE_CHECKING:
-    from memclaims.workloads.types import Workload
 
 
 @contextmanager
@@ -41,7 +38,9 @@ def _fake_to(move: Callable[[nn.Module, torch.dtype], None]) -> Iterator[None]:
         nn.Module.to = original  # type: ignore[method-assign]
 
 
-def apply(model: nn.Module, workload: Workload, move: Callable[[nn.Module, torch.dtype], None]) -> nn.Module:
-    """``model`` with its LoRA adapters, built on fake tensors; ``move``: the sim's dtype conversion."""
+def apply(model: nn.Module, workload: str, chosen: dict[str, Any], asked: bool,
+          move: Callable[[nn.Module, torch.dtype], None]) -> nn.Module:
+    """``model`` with its LoRA adapters (``peft_adapters.apply``'s arguments), built on fake tensors; ``move``: the
+    sim's dtype conversion."""
     with _fake_to(move):
-        return lora.apply(model, workload)
+        return lora.apply(model, workload, chosen, asked)

@@ -29,7 +29,7 @@ biases) is replicated on every rank.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from typing import Any
@@ -100,8 +100,11 @@ class Layout:
         return f"{text}; whole too: {self.whole}" if self.whole else text
 
 
-def layout(model: nn.Module, block: type[nn.Module] | None) -> Layout:
-    """The layout of ``model`` (``block``: the workload's block class), or UsageError with the reason there is none."""
+def layout(model: nn.Module, block: type[nn.Module] | None, plan: Mapping[str, str] | None = None) -> Layout:
+    """The layout of ``model`` (``block``: the workload's block class; ``plan``: the workload's own tensor-parallel
+    plan, ``Workload.tensor_parallel_plan``), or UsageError with the reason there is none."""
+    if plan:
+        return _own_layout(model, plan)
     config = getattr(model, "config", None)
     plan = getattr(config, "base_model_tp_plan", None)
     if plan:
@@ -117,7 +120,29 @@ def layout(model: nn.Module, block: type[nn.Module] | None) -> Layout:
                          "distilbert, bigbird, vit")
     raise UsageError(f"tensor-parallel does not cover this model ({type(model).__name__}, block "
                      f"{block.__name__ if block is not None else None}): memclaims has no layout of its linear layers; "
-                     "covered: vit, vit-h14, distilbert, bigbird and hf: models with transformers' tensor-parallel plan")
+                     "covered: vit, vit-h14, distilbert, bigbird, hf: models with transformers' tensor-parallel plan "
+                     "and workloads that give one (memclaims.workloads.user.define's tensor_parallel_plan)")
+
+
+def _own_layout(model: nn.Module, plan: Mapping[str, str]) -> Layout:
+    """The workload's own plan (transformers' ``base_model_tp_plan`` format, names relative to the model): every
+    pattern must name at least one module, each an ``nn.Linear``."""
+    modules = [(name, module) for name, module in model.named_modules() if name]
+    linears: list[tuple[str, str]] = []
+    for pattern, style in plan.items():
+        matched = [(name, module) for name, module in modules if fnmatch(name, pattern)]
+        if not matched:
+            names = [name for name, module in modules if isinstance(module, nn.Linear)]
+            shown = ", ".join(names[:12]) + (f" (and {len(names) - 12} more)" if len(names) > 12 else "")
+            raise UsageError(f"tensor-parallel: the workload's tensor_parallel_plan names {pattern}, which matches no "
+                             f"module of the model; its nn.Linear layers: {shown or 'none'}")
+        for name, module in matched:
+            if style not in STYLES or not isinstance(module, nn.Linear):
+                raise UsageError(f"tensor-parallel: the workload's tensor_parallel_plan splits {name} "
+                                 f"({type(module).__name__}) as {style!r}; memclaims splits nn.Linear layers "
+                                 "'colwise' or 'rowwise' only")
+            linears.append((name, style))
+    return Layout(tuple(linears), source="the workload's tensor_parallel_plan")
 
 
 def _transformers_layout(model: nn.Module, config: Any, plan: dict[str, str]) -> Layout:
@@ -154,10 +179,11 @@ def _block_layout(model: nn.Module, block: type[nn.Module], spec: BlockLayout) -
     return Layout(tuple(linears), tuple(heads), source=f"memclaims' layout of {block.__name__}", whole=spec.whole)
 
 
-def refusal(model: nn.Module, block: type[nn.Module] | None, size: int) -> str | None:
+def refusal(model: nn.Module, block: type[nn.Module] | None, size: int,
+            plan: Mapping[str, str] | None = None) -> str | None:
     """Why ``model``'s layout cannot split over ``size`` ranks (a UsageError's text), or None."""
     try:
-        found = layout(model, block)
+        found = layout(model, block, plan)
     except UsageError as error:
         return str(error)
     if not found.linears:
@@ -296,7 +322,7 @@ class TensorParallelize:
     def __call__(self, model: nn.Module, device_mesh: Any) -> nn.Module:
         tp_mesh = device_mesh[TP_DIM]
         block = self.workload.block_class()
-        parallelize(model, tp_mesh, layout(model, block))
+        parallelize(model, tp_mesh, layout(model, block, self.workload.tensor_parallel_plan))
         model.to(tp_mesh.device_type)  # the replicated rest; DTensor shards are already there
         if self.fsdp2_reshard is not None:
             from memclaims.techniques.impl.fully_shard import fully_shard_blocks

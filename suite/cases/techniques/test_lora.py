@@ -57,3 +57,37 @@ def test_sim_peft_that_puts_no_adapters_on_is_caught(record_cache, monkeypatch) 
                   "optimizer_state_bytes", "phases.optimizer_step.above_start_bytes"):
         assert named in message, message
     assert "optimizer_state_bytes" in {r.metric for r in comparison.failures}, message
+
+
+# --- parameters asked (issue #53) -----------------------------------------------------------------
+
+# A 2-layer LLaMA: peft's LoRA on its q_proj and v_proj as many published runs adapt it, at rank 4.
+SMALL_LLAMA = ("hf:llama(hidden_size=256,intermediate_size=512,num_attention_heads=4,num_hidden_layers=2,"
+               "num_key_value_heads=2,vocab_size=1000)")
+ASKED = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+
+
+def _peft_trainable(model_type: str, overrides: dict[str, int]) -> int:
+    """What peft reports for ``ASKED`` on the same config, built on the meta device apart from memclaims."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **overrides))
+    trainable, _ = get_peft_model(model, LoraConfig(**ASKED)).get_nb_trainable_parameters()
+    return int(trainable)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("adapter", ["lora", pytest.param("qlora", marks=pytest.mark.requires(bitsandbytes="cpu"))])
+def test_asked_parameters_train_what_peft_reports_and_the_record_says_them(adapter: str) -> None:
+    from memclaims.techniques.lora import LoraParameters
+
+    asked = LoraParameters(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=("q_proj", "v_proj"))
+    record = simulate(resolve(SMALL_LLAMA, "article", ("bf16-true", adapter), parameters=[asked]))
+    assert record.recipe == f"{SMALL_LLAMA}-article/bf16-true+{adapter}[r=4,alpha=8,dropout=0.05,targets=q_proj+v_proj]"
+    overrides = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_hidden_layers=2,
+                     num_key_value_heads=2, vocab_size=1000)
+    # From the shapes too: per layer q_proj 256 -> 256 and v_proj 256 -> 128 (2 of 4 heads), r * (in + out) each.
+    assert record.trainable_parameters == _peft_trainable("llama", overrides) == 2 * 4 * ((256 + 256) + (256 + 128))

@@ -14,6 +14,7 @@ ranks; the catalogue's check (memclaims.claims.catalogue) asserts them on the si
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -290,3 +291,57 @@ def test_ranks_whose_plan_is_silently_not_applied_are_named(two_ranks) -> None:
         for text in (f"dist-cpu:{recipe.id}@2/rank{rank}", "param_bytes", f"rank {rank} of 2 holds 0 of the layout's",
                      "after phase load", "phase forward"):
             assert text in message, message
+
+
+# --- a user's own model with its plan (issue #53: define(tensor_parallel_plan=...)) ------------------------------
+
+
+@pytest.fixture
+def user_workload(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``fixtures.tensor_parallel_user``'s residual MLP registered as a user workload, here and (through
+    ``$MEMCLAIMS_WORKLOADS``) in the CPU ranks' processes."""
+    from fixtures import tensor_parallel_user
+    from memclaims.workloads import user
+
+    monkeypatch.setenv(user.ENV, "fixtures.tensor_parallel_user:make")
+    user.register(tensor_parallel_user.make())
+    yield tensor_parallel_user.NAME
+    user.forget(tensor_parallel_user.NAME)
+
+
+def _user_rank_bytes(tp: int) -> int:
+    """A rank's parameter bytes (fp32) of the smoke MLP, from its layer shapes and the plan: each block's up
+    projection (width -> 4 width, column-wise: weight rows and bias split) and down projection (4 width -> width,
+    row-wise: weight columns split, bias whole) hold 1/tp; the embedding, head, norms and down biases are whole."""
+    from fixtures.tensor_parallel_user import CLASSES, INPUTS, SHAPES
+
+    width, depth = SHAPES["smoke"]
+    whole = (INPUTS * width + width) + (width * CLASSES + CLASSES) + depth * (2 * width + width)
+    split = depth * ((4 * width * width + 4 * width) + 4 * width * width)
+    return 4 * (whole + split // tp)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("world", SIM_RANKS)
+def test_a_user_workloads_plan_splits_its_model_on_the_sims_ranks(user_workload: str, world: int) -> None:
+    recipe = resolve(user_workload, "smoke", TP)
+    record = simulate(recipe, devices=world)
+    assert active.problems(recipe, record) == []
+    assert (record.param_bytes, record.grad_bytes) == (_user_rank_bytes(world), _user_rank_bytes(world)), who(record)
+    assert "tensor-parallel layout from the workload's tensor_parallel_plan" in " ".join(record.notes)
+
+
+@pytest.mark.dist
+@pytest.mark.cpu
+@pytest.mark.slow  # two CPU ranks importing torch and Lightning: 18.5 CPU s (getrusage of the children) on 2 cores,
+# past what CI's budget leaves; CI keeps the same plan on the sim at 2, 4, 8 ranks (above) and its refusals
+def test_a_user_workloads_plan_splits_its_model_on_two_cpu_ranks(user_workload: str) -> None:
+    """Each CPU rank holds exactly its shards (real DTensors over gloo), visibly split, as the plan says."""
+    recipe = resolve(user_workload, "smoke", TP)
+    (result,) = run_distributed_many([recipe], RunOptions(device="cpu", evaluate=False), TWO_RANKS, timeout_s=600)
+    for record in result.records:
+        assert active.problems(recipe, record) == []
+        expected = {"param_bytes": _user_rank_bytes(TWO_RANKS), "grad_bytes": _user_rank_bytes(TWO_RANKS),
+                    "optimizer_state_bytes": 2 * _user_rank_bytes(TWO_RANKS) + 4 * record.param_tensor_count}
+        measured = {key: getattr(record, key) for key in expected}
+        assert measured == expected, f"{who(record)}: model state {measured} is not its shards' {expected} (bytes)"

@@ -80,3 +80,40 @@ def test_the_split_must_divide_features_and_heads(size, said) -> None:
     recipe = resolve("hf:llama", "smoke", [])
     text = refusal(meta_model(recipe), recipe.workload.block_class(), size)
     assert text == said if said is None else said in (text or "")
+
+
+# --- a workload's own plan (issue #53: define(tensor_parallel_plan=...)) ------------------------------
+
+
+def test_a_workloads_own_plan_splits_the_modules_it_names() -> None:
+    from fixtures.tensor_parallel_user import PLAN, Block, Net
+
+    found = layout(Net(32, 2), Block, PLAN)
+    assert found.linears == (("blocks.0.up", COLWISE), ("blocks.1.up", COLWISE), ("blocks.0.down", ROWWISE),
+                             ("blocks.1.down", ROWWISE))  # the plan's order, then the model's
+    assert found.source == "the workload's tensor_parallel_plan"
+    assert refusal(Net(32, 2), Block, 8, PLAN) is None  # 128 up features, 128 down inputs: 8 ranks divide them
+    assert "blocks.0.up (colwise) has 96 output features, not divisible by 64" in (refusal(Net(24, 2), Block, 64, PLAN)
+                                                                                  or "")
+
+
+@pytest.mark.parametrize(("plan", "said"), [
+    ({"blocks.*.gate": "colwise"}, "tensor-parallel: the workload's tensor_parallel_plan names blocks.*.gate, which "
+                                   "matches no module of the model; its nn.Linear layers: embed, head, blocks.0.up, "
+                                   "blocks.0.down, blocks.1.up, blocks.1.down"),
+    ({"blocks.*.norm": "colwise"}, "splits blocks.0.norm (LayerNorm) as 'colwise'; memclaims splits nn.Linear layers"),
+])
+def test_a_plan_naming_what_the_model_lacks_is_one_line_naming_it(plan: dict[str, str], said: str) -> None:
+    from fixtures.tensor_parallel_user import Block, Net
+
+    with pytest.raises(UsageError) as refused:
+        layout(Net(32, 2), Block, plan)
+    assert said in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+
+
+def test_define_refuses_a_style_torch_has_no_plain_class_for() -> None:
+    from fixtures.tensor_parallel_user import make
+
+    with pytest.raises(UsageError, match=r"tensor_parallel_plan=...\): blocks.\*.up -> 'colwise_gather_output'; the "
+                                         "styles are 'colwise' and 'rowwise'"):
+        make({"blocks.*.up": "colwise_gather_output"})

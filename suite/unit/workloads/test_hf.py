@@ -164,3 +164,33 @@ def test_hf_gpt2_trains_on_the_cpu_in_bf16_with_adam8bit() -> None:
     # 8-bit states: under 2 x 4 bytes per parameter (fp32 Adam), over 2 x 1 byte.
     assert 2 * record.param_count <= record.optimizer_state_bytes < 8 * record.param_count
     assert record.memory_losses and all(loss is not None for loss in record.memory_losses)
+
+
+# --- a tensor-parallel plan through the config (issue #53) ----------------------------------------
+
+OPT_PLAN = {"decoder.layers.*.fc1": "colwise", "decoder.layers.*.fc2": "rowwise"}
+
+
+def test_a_config_json_plan_reaches_the_tensor_parallel_layout(tmp_path) -> None:
+    """opt's config has no base_model_tp_plan: one given in a config.json, as transformers reads it, goes into the
+    workload name and from there into the model's config, where the tensor-parallel technique finds it."""
+    import json
+
+    from memclaims.techniques.impl.tensor_parallel_plan import layout
+    from memclaims.techniques.tensor_parallel import meta_model
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "opt", "num_hidden_layers": 2, "base_model_tp_plan": OPT_PLAN}))
+    name = hf.with_config("hf:opt", str(path))
+    assert name == "hf:opt(base_model_tp_plan=decoder.layers.*.fc1:colwise;decoder.layers.*.fc2:rowwise," \
+                   "num_hidden_layers=2)"
+    recipe = resolve(name, "smoke", ["tensor-parallel"])
+    assert parse_id(recipe.id).id == recipe.id
+    found = layout(meta_model(recipe), recipe.workload.block_class())
+    assert found.linears == (("model.decoder.layers.0.fc1", "colwise"), ("model.decoder.layers.1.fc1", "colwise"),
+                             ("model.decoder.layers.0.fc2", "rowwise"), ("model.decoder.layers.1.fc2", "rowwise"))
+
+
+def test_a_malformed_plan_value_is_one_line() -> None:
+    with pytest.raises(UsageError, match="--config base_model_tp_plan=fc1: 'fc1' is not MODULE_PATTERN:STYLE"):
+        hf.spec("hf:opt(base_model_tp_plan=fc1)")
