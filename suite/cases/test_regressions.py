@@ -23,6 +23,7 @@ must stay green.
 | peft's ``get_peft_model`` returns the model unchanged: no adapters, every base weight trained | a LoRA target-module rule that matches nothing where the model is left as it was | optimizer_state_bytes, grad_bytes, active (trainable_parameters, phase load; optimizer_state_bytes, phase optimizer_step) |
 | 3,000 small objects kept per optimizer step | FSDP2/DTensor and foreach paths leaking Python objects per step (pytorch#178276, #181761, #188174) | host_steady.leak on python_blocks, phase optimizer_step |
 | a 4 MiB C buffer kept per optimizer step | host RAM growing by tens of GB over long runs (the same issues) | host_steady.leak on malloc_bytes, phase optimizer_step |
+| a copy of the model kept alive from set-up (a wrapper's ``setup`` that holds an extra copy) | the shape of an Accelerate ``prepare`` that keeps the module it replaced; pytorch#120123-style wrappers that clone the weights | load_peak_bytes, every training phase's allocated_bytes (the cpu tier counts set-up's survivors from set-up on, as a GPU's allocated bytes hold them) |
 | the Trainer's default optimizer path changes: the default ``optim`` builds AdamW keeping a third state (``amsgrad``) | a transformers release that changes TrainingArguments' default ``optim`` or what its handler builds (``adamw_torch`` became ``adamw_torch_fused`` with torch 2.8) | optimizer_state_bytes, phases.optimizer_step.* (against the Trainer's own default path's clean Record; the sim replays the same answer) |
 | Accelerate steps the optimizer on every micro-batch under ``accumulate`` | a wrapper whose step stops asking ``sync_gradients`` (accelerate's ``AcceleratedOptimizer.step``) | active (optimizer steps counted by torch's step hook against micro-batches / accumulation steps, phase train) |
 """
@@ -311,6 +312,22 @@ def inject_accelerate_steps_every_batch(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(AcceleratedOptimizer, "step", step)
 
 
+def inject_model_copy_kept_from_setup(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """``Fabric.setup`` keeping a copy of the model's weights alive (not parameters, not the optimizer's): what a
+    wrapper that holds the module it replaced keeps on the device through every phase."""
+    from lightning.fabric import Fabric
+
+    kept: list[torch.Tensor] = []
+    original = Fabric.setup
+
+    def setup(self: Any, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        kept.extend(p.detach().clone() for p in module.parameters())
+        return original(self, module, *args, **kwargs)
+
+    monkeypatch.setattr(Fabric, "setup", setup)
+    return kept
+
+
 def inject_version_string(monkeypatch: pytest.MonkeyPatch) -> None:
     """Control: only the recorded torch version changes (a rebuild, a local tag)."""
     from memclaims.core import tested_versions
@@ -396,6 +413,20 @@ def test_peft_that_puts_no_adapters_on_is_caught(clean, monkeypatch) -> None:
     assert any("lora is not active" in line for line in verdict.inactive), verdict.inactive
     _assert_named(verdict, "distilbert-smoke/lora", "trainable_parameters", "load")
     _assert_named(verdict, "distilbert-smoke/lora", "optimizer_state_bytes", "phases.optimizer_step.allocated_bytes")
+
+
+def test_a_model_copy_kept_from_setup_fails_every_training_phase(clean, monkeypatch) -> None:
+    """Not only load: the copy is alive in every phase of training, and a GPU's allocated bytes would hold it there."""
+    kept = inject_model_copy_kept_from_setup(monkeypatch)
+    verdict = _judge("reference", clean)
+    assert kept, "the injection never ran"
+    training = {f"phases.{phase}.allocated_bytes" for phase in ("forward", "backward", "optimizer_step", "zero_grad")}
+    assert {"load_peak_bytes", "peak_allocated_bytes", *training} <= verdict.failing_metrics, verdict.message
+    copy = sum(t.untyped_storage().nbytes() for t in kept)
+    for phase in ("forward", "optimizer_step", "zero_grad"):  # the copy's bytes, to the byte, in each
+        grew = verdict.record.phases[phase]["allocated_bytes"] - clean["reference"].phases[phase]["allocated_bytes"]
+        assert grew == copy, (phase, grew, copy)
+    _assert_named(verdict, "vit-smoke/fabric", "phases.optimizer_step.allocated_bytes", "optimizer_step")
 
 
 def test_the_trainers_default_optimizer_keeping_more_state_is_caught(clean, monkeypatch) -> None:
