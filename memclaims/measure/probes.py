@@ -343,7 +343,13 @@ def _frozen_aware_tracker() -> type[Any]:
 
 
 class CpuProbe:
-    """Counts every tensor storage alive on the CPU, exactly; deterministic run to run."""
+    """Counts every tensor storage alive on the CPU, exactly; deterministic run to run.
+
+    What a GPU's allocated bytes hold from set-up on: a phase after ``track`` counts the model's and the optimizer's
+    tensors and every other tensor made by a phase before ``track`` (set-up: ``load``) and still alive (a copy of the
+    model a wrapper keeps, a buffer a stack made at set-up), as the CUDA allocator would; what is created inside it is
+    counted as it is made. MemTracker counts only what it is given or sees made, so the set-up phase's survivors are
+    handed to each later tracker (``_carry``)."""
 
     name = "cpu-exact"
 
@@ -354,6 +360,8 @@ class CpuProbe:
         self.phases: dict[str, PhasePeak] = self._recorder.phases
         self.step_peaks: dict[str, list[int]] = self._recorder.step_peaks
         self.step_growth: dict[str, list[dict[str, int]]] = self._recorder.step_growth
+        # The storages a set-up phase made, held weakly (a storage freed since counts no more).
+        self._set_up: list[weakref.ref[torch.UntypedStorage]] = []
 
     def prepare(self) -> None:
         gc.collect()
@@ -361,17 +369,34 @@ class CpuProbe:
     def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self._tracker = self._tracker_class()
         self._tracker.track_external(*(x for x in (model, optimizer) if x is not None))
+        self._carry(self._tracker)
+
+    def _carry(self, tracker: Any) -> None:
+        """The set-up's surviving storages that are neither the model's nor the optimizer's, counted by ``tracker``
+        as ``Other`` (activations and temporaries in the breakdown: what the model states do not explain)."""
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
+        gc.collect()  # what only a reference cycle kept is gone
+        alive = [storage for ref in self._set_up if (storage := ref()) is not None]
+        for storage in alive:
+            if storage.nbytes() and storage not in tracker._WINFO:
+                # A tensor over the storage (MemTracker tracks tensors): the view goes, the storage stays tracked.
+                view = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+                tracker._update_and_maybe_create_winfos(view, _MemRefType.OTH)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        # A phase after ``track`` counts the tracked model states from the start; a phase before
-        # it (loading) counts what is created inside it.
+        # A phase after ``track`` counts the tracked model states, and the set-up's survivors, from the start; a
+        # phase before it (loading) counts what is created inside it, and hands what survives to the later phases.
+        tracked = self._tracker is not None
         tracker = self._tracker = self._tracker or self._tracker_class()
         try:
             with tracker, self._recorder.measure(name):
                 yield
         finally:
             self._tracker = None
+            if not tracked:
+                self._set_up += [weakref.ref(storage) for storage in list(tracker._WINFO.keys())]
 
     def step_phase(self, name: str) -> Any:
         """A phase of a training step, inside ``phase("train")`` (outside a phase nothing is tracked)."""

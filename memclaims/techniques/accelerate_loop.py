@@ -64,9 +64,12 @@ class AccelerateLoop(Stack):
         for key in ("mixed_precision", "gradient_accumulation_steps"):
             if seen.get(key) != expected[key]:
                 say(f"the Accelerator ran {key}={seen.get(key)!r} after phase load, the recipe asks {expected[key]!r}")
-        if seen.get("optimizer_steps") != record.memory_steps:
-            say(f"the optimizer stepped {seen.get('optimizer_steps')} times in phase train, expected {record.memory_steps} "
-                f"(one per {recipe.accumulation_steps} micro-batch(es) under accelerator.accumulate)")
+        # The optimizer's real steps (torch's step hook) against the micro-batches the loop trained: one per window of
+        # gradient_accumulation_steps, not what the stack reports as synced.
+        steps, micro_batches = seen.get("optimizer_steps"), seen.get("micro_batches")
+        if not isinstance(steps, int) or steps != record.memory_steps or micro_batches != steps * recipe.accumulation_steps:
+            say(f"the optimizer stepped {steps} times over {micro_batches} micro-batches in phase train, expected "
+                f"{record.memory_steps} (one per {recipe.accumulation_steps} micro-batch(es) under accelerator.accumulate)")
 
 
 ENTRY = Technique(NAME, "Accelerate runs the course's loop: Accelerator(mixed_precision, gradient_accumulation_steps), "

@@ -3,11 +3,13 @@
 The recipe's core fields are the Trainer's own switches (``trainer_arguments``): ``per_device_train_batch_size``,
 ``gradient_accumulation_steps``, ``bf16`` / ``fp16`` (accelerate's autocast), the checkpointing flag
 (``activation_checkpointing``, ``gradient_checkpointing`` before transformers 5.2x), and the optimizer
-(``trainer_optimizer``): torch's through ``optim`` (the Trainer's default ``adamw_torch_fused``), bitsandbytes' 8-bit
-ones built as the course builds them and passed as ``optimizers=(optimizer, None)``. The driver
+(``trainer_optimizer``): the Trainer's own default where the recipe names none (TrainingArguments' ``optim``
+default), torch's through ``optim``, bitsandbytes' 8-bit ones built as the course builds them and passed as
+``optimizers=(optimizer, None)``; what the Trainer builds of each is its own ``get_optimizer_cls_and_kwargs``'
+answer (``trainer_built``). The driver
 (``memclaims.measure.stacks.hf_trainer_driver``) drives the probes from the Trainer's callbacks and its own calls; the
 sim replays the Trainer's order (``loop_order``: gradients zeroed right after the step, the gradient norm clipped
-before it, a step's micro-batches fetched before its first forward) and its fused step.
+before it, a step's micro-batches fetched before its first forward) and the optimizer the Trainer would build.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memclaims.core.errors import UsageError
 from memclaims.techniques.base import (
     ZERO_AFTER_STEP,
     LoopOrder,
@@ -55,35 +58,62 @@ CONFLICTS: tuple[tuple[str, str], ...] = (
 class TrainerOptimizer:
     """The recipe's optimizer as the Trainer gets it."""
 
-    optim: str | None  # TrainingArguments.optim; None: built as the course builds it, passed as optimizers=(opt, None)
+    optim: str | None  # TrainingArguments.optim the recipe sets; None: TrainingArguments' own default, or ``given``
+    given: str | None  # the class built as the course builds it, passed as optimizers=(optimizer, None); None: the Trainer's
     weight_decay: float  # TrainingArguments.weight_decay (the Trainer's decay group: not LayerNorm, not biases)
-    optimizer_class: str  # the class the Trainer steps (``type(optimizer).__name__``)
-    implementation: str  # "fused" (no parameter-sized temporaries), "bitsandbytes", "per-parameter", "single"
     lr_scheduler_type: str  # TrainingArguments.lr_scheduler_type: the recipe's schedule
 
 
-def trainer_optimizer(recipe: Recipe) -> TrainerOptimizer:
-    """The recipe's optimizer in the Trainer's terms, for the installed transformers 5.x.
+@dataclass(frozen=True)
+class TrainerBuilt:
+    """What the Trainer's ``create_optimizer`` builds: the class and its keyword arguments."""
 
-    What it assumes (one place, for when optimizer implementations become a recipe choice): the recipe's ``adam`` (no
-    optimizer technique) is the Trainer's default ``adamw_torch_fused``, AdamW with TrainingArguments' weight decay
-    0.0, which is Adam, stepped by torch's fused kernel; ``adamw`` the same with the course's weight decay; ``sgd``
-    torch's SGD (no momentum: no state, no temporaries, whatever the implementation) with a cosine schedule as
-    script 06. bitsandbytes' 8-bit optimizers are not the Trainer's ``adamw_bnb_8bit``: that one keeps every
-    ``nn.Embedding``'s states in 32 bits (``register_module_override``), so the recipe's are built as the course builds
-    its Adam8bit (memclaims.measure.optimizers: the course's two weight-decay groups) and passed in.
+    optimizer_class: str  # ``type(optimizer).__name__``, as the real run observes it
+    kwargs: dict[str, Any]  # the optimizer's arguments (``fused``, ``foreach``, ``betas``, ...), without the groups
+    lineage: tuple[str, ...] = ()  # the class's bases by name (AdamW's: AdamW, Adam, Optimizer, object)
+
+    @property
+    def fused(self) -> bool:
+        return self.kwargs.get("fused") is True
+
+
+def trainer_optimizer(recipe: Recipe) -> TrainerOptimizer:
+    """The recipe's optimizer in the Trainer's terms.
+
+    The recipe's ``adam`` (no optimizer technique) is the Trainer's own choice: no ``optim`` given, TrainingArguments'
+    default (``adamw_torch_fused`` in the locked transformers, where torch >= 2.8) with its default weight decay 0.0;
+    ``adamw`` is torch's fused AdamW by name with the course's weight decay; ``sgd`` torch's SGD (no momentum: no state,
+    no temporaries) with a cosine schedule as script 06. What each builds is the Trainer's own answer
+    (``trainer_built``), never restated here. bitsandbytes' 8-bit optimizers are not the Trainer's ``adamw_bnb_8bit``:
+    that one keeps every ``nn.Embedding``'s states in 32 bits (``register_module_override``), so the recipe's are built
+    as the course builds its Adam8bit (memclaims.measure.optimizers: the course's two weight-decay groups) and passed in.
     """
     schedule = "cosine" if recipe.optimizer == "sgd" or recipe.scale.anneal else "constant"
     if recipe.optimizer == "adam":
-        return TrainerOptimizer("adamw_torch_fused", 0.0, "AdamW", "fused", schedule)
+        return TrainerOptimizer(None, None, 0.0, schedule)
     if recipe.optimizer == "adamw":
-        return TrainerOptimizer("adamw_torch_fused", WEIGHT_DECAY, "AdamW", "fused", schedule)
-    if recipe.optimizer == "sgd":
-        return TrainerOptimizer("sgd", 0.0, "SGD", "single", schedule)
-    if recipe.optimizer == "adafactor":
-        return TrainerOptimizer("adafactor", 0.0, "Adafactor", "per-parameter", schedule)
+        return TrainerOptimizer("adamw_torch_fused", None, WEIGHT_DECAY, schedule)
+    if recipe.optimizer in ("sgd", "adafactor"):
+        return TrainerOptimizer(recipe.optimizer, None, 0.0, schedule)
     eight_bit = {"adam8bit": "Adam8bit", "adamw8bit": "AdamW8bit", "paged_adamw8bit": "PagedAdamW8bit"}
-    return TrainerOptimizer(None, WEIGHT_DECAY, eight_bit[recipe.optimizer], "bitsandbytes", schedule)
+    return TrainerOptimizer(None, eight_bit[recipe.optimizer], WEIGHT_DECAY, schedule)
+
+
+def trainer_built(recipe: Recipe) -> TrainerBuilt:
+    """The optimizer the Trainer builds for the recipe: the class given (the course's), or the answer of
+    ``Trainer.get_optimizer_cls_and_kwargs`` (the function ``create_optimizer`` calls) for the recipe's
+    ``TrainingArguments``, so that a transformers release that changes its default or what an ``optim`` builds moves
+    the real run's check and the sim's replay together. Imports transformers (only the Trainer's runs and replays ask)."""
+    chosen = trainer_optimizer(recipe)
+    if chosen.given is not None:
+        return TrainerBuilt(chosen.given, {})
+    from transformers import Trainer, TrainingArguments
+
+    arguments: dict[str, Any] = {"optim": chosen.optim} if chosen.optim is not None else {}
+    args = TrainingArguments(report_to="none", learning_rate=recipe.learning_rate, weight_decay=chosen.weight_decay,
+                             use_cpu=True, **arguments)  # the device does not enter the choice; nothing is written
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+    return TrainerBuilt(cls.__name__, dict(kwargs), tuple(base.__name__ for base in cls.__mro__))
 
 
 def trainer_arguments(recipe: Recipe) -> dict[str, Any]:
@@ -141,22 +171,34 @@ class HfTrainer(Stack):
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         super().check(recipe, record, without, say)
         seen = record.by_technique.get(NAME, {})
-        expected = trainer_optimizer(recipe)
-        if record.device != "sim" and seen.get("optimizer_class") != expected.optimizer_class:
+        chosen, built = trainer_optimizer(recipe), trainer_built(recipe)
+        asked = f"optim={chosen.optim}" if chosen.optim else "optimizers=(...)" if chosen.given else "its default optim"
+        if record.device != "sim" and seen.get("optimizer_class") != built.optimizer_class:
             say(f"the Trainer stepped {seen.get('optimizer_class')} after phase optimizer_step, expected "
-                f"{expected.optimizer_class} ({'optim=' + expected.optim if expected.optim else 'optimizers=(...)'})")
-        if expected.implementation == "fused" and seen.get("fused") is not True:  # the sim replays it fused too
-            say(f"the Trainer's {expected.optim} stepped with fused={seen.get('fused')} after phase optimizer_step")
+                f"{built.optimizer_class} ({asked})")
+        if built.fused and seen.get("fused") is not True:  # the sim replays it fused too
+            say(f"the Trainer's {built.optimizer_class} ({asked}) stepped with fused={seen.get('fused')} after phase "
+                "optimizer_step")
         requested = trainer_arguments(recipe)["checkpointing"]
         if seen.get("checkpointing") != requested:
             say(f"the model's activation checkpointing is {seen.get('checkpointing')} after phase load, the Trainer "
                 f"was asked for {requested}")
 
     def sim_before_train(self, loop: Any, optimizer: Any) -> None:
-        """The Trainer's torch AdamW is fused (its default optim): no parameter-sized temporaries in the step."""
-        if trainer_optimizer(loop.recipe).implementation == "fused":
-            for group in optimizer.param_groups:
-                group["foreach"], group["fused"] = False, True
+        """The replay steps what the Trainer would build (``trainer_built``): its arguments set on the replay's groups
+        (the default optim's ``fused=True``: no parameter-sized temporaries in the step), not a choice of memclaims'.
+        The learning rate stays the schedule's; a class of another family than the replay's is refused by name."""
+        built = trainer_built(loop.recipe)
+        if not built.kwargs:  # passed in: the course's own optimizer, replayed as it is
+            return
+        replayed = [base.__name__ for base in type(optimizer).__mro__]
+        if type(optimizer).__name__ not in built.lineage and built.optimizer_class not in replayed:
+            raise UsageError(f"{loop.recipe.id}: the Trainer builds {built.optimizer_class}, which the sim does not "
+                             f"replay (it steps {type(optimizer).__name__}); run it on the cpu tier")
+        for group in optimizer.param_groups:
+            group.update({key: value for key, value in built.kwargs.items() if key != "lr" and key in group})
+            if built.fused:  # fused and foreach exclude each other; the replay's groups default to foreach on CUDA
+                group["foreach"] = False
 
     def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
         # What the replay stepped (memclaims' optimizer on fake tensors, bitsandbytes' by its state layout): whether
@@ -167,6 +209,6 @@ class HfTrainer(Stack):
 
 
 ENTRY = Technique(NAME, "transformers' Trainer runs the loop (the course's code path): TrainingArguments' switches, "
-                  "its default fused AdamW, zero_grad after the step", "course: 8-bit Adam lesson (Trainer)",
+                  "its own default optimizer, zero_grad after the step", "course: 8-bit Adam lesson (Trainer)",
                   group="loop", stack=NAME, conflicts=CONFLICTS, in_cover=False,
                   in_default=False, hooks=HfTrainer())

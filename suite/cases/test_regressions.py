@@ -23,6 +23,9 @@ must stay green.
 | peft's ``get_peft_model`` returns the model unchanged: no adapters, every base weight trained | a LoRA target-module rule that matches nothing where the model is left as it was | optimizer_state_bytes, grad_bytes, active (trainable_parameters, phase load; optimizer_state_bytes, phase optimizer_step) |
 | 3,000 small objects kept per optimizer step | FSDP2/DTensor and foreach paths leaking Python objects per step (pytorch#178276, #181761, #188174) | host_steady.leak on python_blocks, phase optimizer_step |
 | a 4 MiB C buffer kept per optimizer step | host RAM growing by tens of GB over long runs (the same issues) | host_steady.leak on malloc_bytes, phase optimizer_step |
+| a copy of the model kept alive from set-up (a wrapper's ``setup`` that holds an extra copy) | the shape of an Accelerate ``prepare`` that keeps the module it replaced; pytorch#120123-style wrappers that clone the weights | load_peak_bytes, every training phase's allocated_bytes (the cpu tier counts set-up's survivors from set-up on, as a GPU's allocated bytes hold them) |
+| the Trainer's default optimizer path changes: the default ``optim`` builds AdamW keeping a third state (``amsgrad``) | a transformers release that changes TrainingArguments' default ``optim`` or what its handler builds (``adamw_torch`` became ``adamw_torch_fused`` with torch 2.8) | optimizer_state_bytes, phases.optimizer_step.* (against the Trainer's own default path's clean Record; the sim replays the same answer) |
+| Accelerate steps the optimizer on every micro-batch under ``accumulate`` | a wrapper whose step stops asking ``sync_gradients`` (accelerate's ``AcceleratedOptimizer.step``) | active (optimizer steps counted by torch's step hook against micro-batches / accumulation steps, phase train) |
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from memclaims.pytest.records import RecordCache
 from memclaims.recipes import requirements
 from memclaims.recipes.recipe import Recipe, resolve
 from memclaims.recipes.run_options import RunOptions
+from memclaims.run import run_recipe
 
 # One worker under -n (--dist loadgroup): the module-scoped clean Records are measured once.
 pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("regressions-clean")]
@@ -59,10 +63,15 @@ RECIPES: dict[str, tuple[tuple[str, ...], str]] = {
     "optimizer-in-backward": (("optimizer-in-backward",), "smoke"),
     "lora": (("lora",), "smoke"),
     "converged": (("fabric",), CONVERGED),
+    "hf-trainer": (("hf-trainer",), "smoke"),
+    "accelerate-accumulate": (("accelerate", "grad-accum"), "smoke"),
 }
 WITH_ACCURACY = {"converged"}
-# The recipes of another workload than the ViT (lora runs on the text models only).
-WORKLOADS = {"lora": "distilbert"}
+# The recipes of another workload than the ViT (lora runs on the text models only, the Trainer on a transformers one).
+WORKLOADS = {"lora": "distilbert", "hf-trainer": "distilbert-cased"}
+# The stacks' clean Records are the session's measured steps of the stacks' own CI cases
+# (suite/cases/techniques/test_hf_trainer.py, test_accelerate.py: ``record_cache.memory``), measured once for both.
+STACKS = {"hf-trainer", "accelerate-accumulate"}
 
 
 def _recipe(name: str) -> Recipe:
@@ -71,6 +80,8 @@ def _recipe(name: str) -> Recipe:
 
 
 def _measure(name: str) -> Record:
+    if name in STACKS:  # a stack's own engine (its driver), through the door
+        return run_recipe(_recipe(name), RunOptions(device="cpu", evaluate=False))[0]
     return run(_recipe(name), RunOptions(device="cpu", evaluate=name in WITH_ACCURACY))
 
 
@@ -80,12 +91,16 @@ NO_BITSANDBYTES = requirements.reason(requirements.needs(bitsandbytes="cpu"))
 
 
 # Measured on first use by a selected injection, not up front: the nightly's ones (lora) cost CI nothing.
-LAZY = {"lora"}
+LAZY = {"lora", *STACKS}
 
 
 class _Clean(dict[str, Record]):
+    def __init__(self, records: dict[str, Record], record_cache: RecordCache) -> None:
+        super().__init__(records)
+        self.record_cache = record_cache
+
     def __missing__(self, name: str) -> Record:
-        self[name] = _measure(name)
+        self[name] = self.record_cache.memory("cpu", _recipe(name)) if name in STACKS else _measure(name)
         return self[name]
 
 
@@ -95,7 +110,8 @@ def clean(record_cache: RecordCache) -> dict[str, Record]:
     session's Record of that recipe (``record_cache``: the same run, ``RunOptions(device="cpu")`` at a plateau
     scale, that test_accuracy.py's case and the accuracy claims read), measured once for all of them."""
     return _Clean({name: record_cache.get("cpu", _recipe(name)) if name in WITH_ACCURACY else _measure(name)
-                   for name in RECIPES if name not in LAZY and not (name == "adam8bit" and NO_BITSANDBYTES)})
+                   for name in RECIPES if name not in LAZY and not (name == "adam8bit" and NO_BITSANDBYTES)},
+                  record_cache)
 
 
 class Verdict:
@@ -265,6 +281,53 @@ def inject_buffers_kept(monkeypatch: pytest.MonkeyPatch, size: int = 4 * 2**20) 
     return kept
 
 
+def inject_trainer_default_with_more_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transformers release whose default ``optim`` builds another optimizer: the handler of TrainingArguments'
+    default now builds AdamW with ``amsgrad`` (a third parameter-sized state, the running maximum). Patched where the
+    Trainer looks its handlers up (``transformers.trainer_optimizer._OPTIMIZER_HANDLERS``), so the real run and the
+    sim's replay (``memclaims.techniques.hf_trainer.trainer_built``) both see it, as both would see a release."""
+    import dataclasses
+
+    from transformers import TrainingArguments, trainer_optimizer
+    from transformers.training_args import OptimizerNames
+
+    default = OptimizerNames(next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "optim"))
+    original = trainer_optimizer._OPTIMIZER_HANDLERS[default]
+
+    def handler(ctx: Any) -> tuple[Any, dict[str, Any]]:
+        cls, kwargs = original(ctx)
+        return cls, {**kwargs, "amsgrad": True}
+
+    monkeypatch.setitem(trainer_optimizer._OPTIMIZER_HANDLERS, default, handler)
+
+
+def inject_accelerate_steps_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerate's prepared optimizer stepping on every micro-batch under ``accumulate``: the wrapper's step no
+    longer asks ``sync_gradients`` (the loop, and what the stack reports as synced, unchanged)."""
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    def step(self: AcceleratedOptimizer, closure: Any = None) -> None:
+        self.optimizer.step(closure)
+
+    monkeypatch.setattr(AcceleratedOptimizer, "step", step)
+
+
+def inject_model_copy_kept_from_setup(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """``Fabric.setup`` keeping a copy of the model's weights alive (not parameters, not the optimizer's): what a
+    wrapper that holds the module it replaced keeps on the device through every phase."""
+    from lightning.fabric import Fabric
+
+    kept: list[torch.Tensor] = []
+    original = Fabric.setup
+
+    def setup(self: Any, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        kept.extend(p.detach().clone() for p in module.parameters())
+        return original(self, module, *args, **kwargs)
+
+    monkeypatch.setattr(Fabric, "setup", setup)
+    return kept
+
+
 def inject_version_string(monkeypatch: pytest.MonkeyPatch) -> None:
     """Control: only the recorded torch version changes (a rebuild, a local tag)."""
     from memclaims.core import tested_versions
@@ -350,6 +413,48 @@ def test_peft_that_puts_no_adapters_on_is_caught(clean, monkeypatch) -> None:
     assert any("lora is not active" in line for line in verdict.inactive), verdict.inactive
     _assert_named(verdict, "distilbert-smoke/lora", "trainable_parameters", "load")
     _assert_named(verdict, "distilbert-smoke/lora", "optimizer_state_bytes", "phases.optimizer_step.allocated_bytes")
+
+
+def test_a_model_copy_kept_from_setup_fails_every_training_phase(clean, monkeypatch) -> None:
+    """Not only load: the copy is alive in every phase of training, and a GPU's allocated bytes would hold it there."""
+    kept = inject_model_copy_kept_from_setup(monkeypatch)
+    verdict = _judge("reference", clean)
+    assert kept, "the injection never ran"
+    training = {f"phases.{phase}.allocated_bytes" for phase in ("forward", "backward", "optimizer_step", "zero_grad")}
+    assert {"load_peak_bytes", "peak_allocated_bytes", *training} <= verdict.failing_metrics, verdict.message
+    copy = sum(t.untyped_storage().nbytes() for t in kept)
+    for phase in ("forward", "optimizer_step", "zero_grad"):  # the copy's bytes, to the byte, in each
+        grew = verdict.record.phases[phase]["allocated_bytes"] - clean["reference"].phases[phase]["allocated_bytes"]
+        assert grew == copy, (phase, grew, copy)
+    _assert_named(verdict, "vit-smoke/fabric", "phases.optimizer_step.allocated_bytes", "optimizer_step")
+
+
+def test_the_trainers_default_optimizer_keeping_more_state_is_caught(clean, monkeypatch) -> None:
+    """CI's Trainer case on its own default path (no optim given): a release that changes what the default builds
+    fails it, where the case that passes the course's Adam8bit in cannot see it."""
+    assert clean["hf-trainer"].optimizer_state_bytes  # the clean run (LAZY: measured here), before the injection
+    inject_trainer_default_with_more_state(monkeypatch)
+    verdict = _judge("hf-trainer", clean)
+    assert {"optimizer_state_bytes", "phases.optimizer_step.allocated_bytes"} <= verdict.failing_metrics, verdict.message
+    _assert_named(verdict, "distilbert-cased-smoke/hf-trainer", "optimizer_state_bytes", "optimizer_step")
+    assert verdict.record.optimizer_state_bytes >= 1.4 * clean["hf-trainer"].optimizer_state_bytes  # 3 states, not 2
+    # The sim replays the Trainer's own answer, not a choice of memclaims': the same third state, to the byte (the
+    # clean replay's two states equal the cpu tier's too, suite/cases/techniques/test_hf_trainer.py).
+    from memclaims import sim
+
+    assert sim.simulate(_recipe("hf-trainer")).optimizer_state_bytes == verdict.record.optimizer_state_bytes
+
+
+def test_accelerate_stepping_every_micro_batch_under_accumulation_is_caught(clean, monkeypatch) -> None:
+    """The optimizer's real steps (torch's step hook), against the micro-batches over the accumulation steps: the
+    stack's own view (sync_gradients, the loop's phases) still says one step per window."""
+    assert not active.problems(_recipe("accelerate-accumulate"), clean["accelerate-accumulate"])  # before the injection
+    inject_accelerate_steps_every_batch(monkeypatch)
+    verdict = _judge("accelerate-accumulate", clean)
+    steps = _recipe("accelerate-accumulate").accumulation_steps * verdict.record.memory_steps
+    assert any(f"the optimizer stepped {steps} times over {steps} micro-batches in phase train" in line
+               for line in verdict.inactive), verdict.message
+    _assert_named(verdict, "vit-smoke/accelerate+grad-accum", "accelerate is not active", "phase train")
 
 
 def test_loss_kept_every_step_is_caught_as_a_leak(clean, monkeypatch) -> None:

@@ -59,6 +59,7 @@ class AccelerateDriver(StackDriver):
         self.outputs: Any = None  # the course's ``outputs``, bound until the next forward
         self._scheduler: Any = None
         self._model_loss = False
+        self._raw_steps: int | None = None  # the optimizer's real steps, counted in the measured steps' train call
         self.observed.update(mixed_precision=str(self.accelerator.mixed_precision),
                              gradient_accumulation_steps=self.accelerator.gradient_accumulation_steps)
 
@@ -72,14 +73,14 @@ class AccelerateDriver(StackDriver):
     def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
         self._model_loss = transformers_model(model) and self.recipe.workload.logits_fn is None
         model, optimizer = self.accelerator.prepare(model, optimizer)
-        # The optimizer really stepping (under accumulate the wrapper's step reaches it once per window).
+        # The optimizer really stepping, wherever the loop is (under accumulate the wrapper's step reaches it once per
+        # window): torch's own step hook on the optimizer inside accelerate's wrapper, not the stack's sync_gradients.
         optimizer.optimizer.register_step_post_hook(lambda *args: self._raw_step())
-        self.observed["optimizer_steps"] = 0
         return model, optimizer
 
     def _raw_step(self) -> None:
-        if self.driver.current == "optimizer_step":  # the measured steps' (the accuracy phase's are not counted)
-            self.observed["optimizer_steps"] += 1
+        if self._raw_steps is not None:  # the measured steps' call (the accuracy phase's are not counted)
+            self._raw_steps += 1
 
     def batches(self, loader: Any) -> Iterator[tuple[Any, torch.Tensor]]:
         return iter(loader)  # the prepared loader places each batch on the device itself
@@ -97,18 +98,25 @@ class AccelerateDriver(StackDriver):
               on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
         if scheduler is not None and self._scheduler is None:
             self._scheduler = self.accelerator.prepare(scheduler)
-        self._train(model, optimizer, batches, optimizer_steps, on_step, phase)
+        measured = "optimizer_steps" not in self.observed  # the pipeline's first call: the measured steps
+        self._raw_steps = 0 if measured else None
+        micro_batches = self._train(model, optimizer, batches, optimizer_steps, on_step, phase)
+        if measured:
+            self.observed.update(optimizer_steps=self._raw_steps, micro_batches=micro_batches)
+        self._raw_steps = None
         self.observed.update(course_optimizer_size(optimizer))  # over accelerator.prepare's optimizer, as the course
 
     def _train(self, model: nn.Module, optimizer: Any, batches: Iterator[Any], optimizer_steps: int,
-               on_step: Callable[[], None] | None, phase: PhaseCallback) -> None:
+               on_step: Callable[[], None] | None, phase: PhaseCallback) -> int:
+        """The loop; returns the micro-batches it trained."""
         accelerator, accumulation = self.accelerator, self.recipe.accumulation_steps
-        done = 0
+        done = micro_batches = 0
         with self.measuring(optimizer_steps, on_step, phase), warnings.catch_warnings():
             # torch's ModTracker (under the cpu probe's MemTracker) warns once when a module's weak reference is gone
             # by its backward hook; nothing is lost.
             warnings.filterwarnings("ignore", message="Module is None")
             for inputs, targets in batches:
+                micro_batches += 1
                 with accelerator.accumulate(model):
                     model.train()
                     self.micro_batch(inputs, targets)
@@ -135,4 +143,5 @@ class AccelerateDriver(StackDriver):
                         self.step_done()
                         done += 1
                         if done == optimizer_steps:
-                            return
+                            return micro_batches
+        return micro_batches

@@ -1,8 +1,8 @@
 """transformers' ``Trainer`` as the pipeline's engine: the course's Trainer code path, measured per phase.
 
 The Trainer is built in the load phase, once the model is (``make_optimizer``): ``TrainingArguments`` from the
-recipe's switches (``memclaims.techniques.hf_trainer.trainer_arguments``), the optimizer its ``optim`` builds
-(``create_optimizer``, the Trainer's default ``adamw_torch_fused``) or the one passed as ``optimizers=(optimizer,
+recipe's switches (``memclaims.techniques.hf_trainer.trainer_arguments``), the optimizer it builds itself
+(``create_optimizer``: its own default where the recipe names no optimizer, else the recipe's ``optim``) or the one passed as ``optimizers=(optimizer,
 None)`` (bitsandbytes' 8-bit ones, as the course passes its Adam8bit), the course's ``compute_metrics``. Each of the
 pipeline's ``train`` calls is one ``trainer.train()`` of that many optimizer steps (the Trainer keeps its model,
 optimizer and scheduler between calls); ``accuracy`` and ``evaluation`` are ``trainer.evaluate()``.
@@ -123,7 +123,7 @@ class HfTrainerDriver(StackDriver):
     def make_optimizer(self, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[Any, Any]:
         chosen = hf_trainer.trainer_optimizer(self.recipe)
         given = None
-        if chosen.optim is None:  # the course's way: built by hand, passed in
+        if chosen.given is not None:  # the course's way: built by hand, passed in
             given, _ = super().make_optimizer(model, steps_per_epoch, memory_steps)
         self.trainer = self._make_trainer(model, given)
         if given is None:
@@ -157,7 +157,7 @@ class HfTrainerDriver(StackDriver):
 
     def _arguments_seen(self, model: nn.Module, given: bool) -> dict[str, Any]:
         args = self.trainer.args
-        return {"optim": None if given else str(getattr(args.optim, "value", args.optim)),
+        return {"optim": None if given else str(getattr(args.optim, "value", args.optim)),  # the default's, if none asked
                 "per_device_train_batch_size": args.per_device_train_batch_size,
                 "gradient_accumulation_steps": args.gradient_accumulation_steps,
                 "bf16": bool(args.bf16), "fp16": bool(args.fp16), "max_grad_norm": args.max_grad_norm}

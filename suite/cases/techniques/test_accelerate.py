@@ -5,6 +5,9 @@ lr_scheduler)``, ``accelerator.backward(loss)`` inside ``accelerator.accumulate(
   bitsandbytes' Adam8bit (``distilbert-cased-smoke/accelerate+bf16-mixed+adam8bit``), visibly at work, the course's
   optimizer-size count over the prepared optimizer's state equal to memclaims' arithmetic, against its baseline;
   its Record is also what the course's claims read (the xdist group shares it);
+- cpu: gradient accumulation (``vit-smoke/accelerate+grad-accum``): the optimizer's real steps (torch's step hook on
+  the optimizer inside accelerate's wrapper) one per window of micro-batches, not the steps the stack reports, against
+  its stored baseline; a wrapper that steps on every micro-batch is injected in suite/cases/test_regressions.py;
 - sim: the same recipe at the course's scale against its baseline; the loop zeroes after the step, so the previous
   step's gradients are not alive in the next forward as they are in the Fabric recipe's (the scripts' order);
 - injected: Accelerate's mixed precision silently off (the forward no longer under autocast), named by recipe, metric
@@ -31,6 +34,7 @@ from memclaims.run import model_parameters, run_recipe
 WORKLOAD = "distilbert-cased"
 COURSE = ("accelerate", "bf16-mixed", "adam8bit")  # the course's Accelerate loop, its mixed precision in bf16
 COURSE_GROUP = "course-stacks"  # shared with the course's claims (suite/conftest.py)
+ACCUMULATING = ("accelerate", "grad-accum")  # on the ViT (any workload's loss: the loop's own cross-entropy)
 
 
 def _course(record_cache: RecordCache) -> Record:
@@ -51,6 +55,20 @@ def test_the_courses_accelerate_loop_is_active_and_matches_its_baseline(record_c
     assert seen["course_optimizer_size_bytes"] == adam8bit_bytes(model_parameters(WORKLOAD, "smoke"))
     assert seen["step_phases"] == ["forward", "backward", "optimizer_step", "zero_grad"]
     assert record.accuracy is not None and record.accuracy > 0.75, f"{record.recipe} did not learn: {record.accuracy}"
+    baseline_check.check(f"cpu:{record.recipe}", record, record_property)
+
+
+@pytest.mark.cpu
+def test_accumulation_steps_the_optimizer_once_per_window_and_matches_its_baseline(record_cache, baseline_check,
+                                                                                   record_property) -> None:
+    """The measured steps only (the Record suite/cases/test_regressions.py's clean run of the recipe shares)."""
+    recipe = resolve("vit", "smoke", ACCUMULATING)
+    record = record_cache.memory("cpu", recipe)
+    assert active.problems(recipe, record) == []
+    seen = record.by_technique["accelerate"]
+    assert recipe.accumulation_steps > 1
+    assert (seen["gradient_accumulation_steps"], seen["optimizer_steps"], seen["micro_batches"]) == (
+        recipe.accumulation_steps, record.memory_steps, recipe.accumulation_steps * record.memory_steps), seen
     baseline_check.check(f"cpu:{record.recipe}", record, record_property)
 
 

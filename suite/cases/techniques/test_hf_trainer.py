@@ -6,6 +6,9 @@
   work, the course's optimizer-size count over ``trainer.optimizer.state.values()`` equal to memclaims' arithmetic of
   bitsandbytes' layout, against its stored baseline. Its Record is also what the course's claims read
   (``course-adam8bit-128``, ``course-adam8bit-elements``: the xdist group shares it);
+- cpu: the Trainer's own default path (``distilbert-cased-smoke/hf-trainer``: no optimizer given, TrainingArguments'
+  default ``optim``, what ``Trainer.get_optimizer_cls_and_kwargs`` builds of it), its measured steps against their
+  stored baseline: a release that changes the default path moves them (injected in suite/cases/test_regressions.py);
 - sim: ``memclaims run distilbert -t hf-trainer -t adam8bit --device sim --scale article`` against its baseline; the
   Trainer's default optimizer (``adamw_torch_fused``) replayed fused, no parameter-sized temporaries where the
   Fabric recipe's foreach Adam keeps them;
@@ -28,9 +31,11 @@ from memclaims.pytest.records import RecordCache
 from memclaims.recipes.recipe import resolve
 from memclaims.recipes.run_options import RunOptions
 from memclaims.run import model_parameters, run_recipe
+from memclaims.techniques import hf_trainer
 
 WORKLOAD = "distilbert-cased"
 COURSE = ("hf-trainer", "adam8bit")  # the course's Trainer path
+DEFAULT = ("hf-trainer",)  # no optimizer technique: the Trainer builds its own default
 # The xdist group of the course's stack cases and the course claims that read their Records (suite/conftest.py).
 COURSE_GROUP = "course-stacks"
 
@@ -66,6 +71,25 @@ def test_the_courses_trainer_path_is_active_and_matches_its_baseline(record_cach
     assert seen["step_phases"] == ["forward", "backward", "clip_grad_norm", "optimizer_step", "zero_grad"]
     assert record.breakdown["gradients"] == 0, "the previous step's gradients are freed before the next forward"
     assert record.accuracy is not None and record.accuracy > 0.75, f"{record.recipe} did not learn: {record.accuracy}"
+    baseline_check.check(f"cpu:{record.recipe}", record, record_property)
+
+
+@pytest.mark.cpu
+def test_the_trainers_own_default_optimizer_is_active_and_matches_its_baseline(record_cache, baseline_check,
+                                                                              record_property) -> None:
+    """The measured steps only (the Record suite/cases/test_regressions.py's clean run of the recipe shares): 3 s."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    recipe = resolve(WORKLOAD, "smoke", DEFAULT)
+    record = record_cache.memory("cpu", recipe)
+    assert active.problems(recipe, record) == []
+    seen, built = record.by_technique["hf-trainer"], hf_trainer.trainer_built(recipe)
+    default = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "optim")
+    assert seen["optim"] == str(getattr(default, "value", default))  # nothing asked: TrainingArguments' own
+    assert (seen["optimizer_class"], seen["fused"] is True) == (built.optimizer_class, built.fused), seen
+    assert record.optimizer_state_bytes > 0 and seen["step_phases"][-2:] == ["optimizer_step", "zero_grad"]
     baseline_check.check(f"cpu:{record.recipe}", record, record_property)
 
 

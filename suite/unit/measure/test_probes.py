@@ -95,6 +95,33 @@ def test_cpu_probe_counts_exact_bytes_of_a_phase() -> None:
     del b, c
 
 
+def test_cpu_probe_counts_what_set_up_keeps_alive_in_every_later_phase() -> None:
+    """A tensor made at set-up (the load phase) and kept alive, neither the model's nor the optimizer's, is in every
+    later phase from its start, as on a GPU; what set-up freed, or what is freed later, is not."""
+    def phases(keep: bool, free_in_train: bool = False) -> dict[str, int]:
+        probe, kept = CpuProbe(), []
+        with probe.phase("load"):
+            model = nn.Linear(64, 64)
+            if keep:
+                kept.append(torch.empty(1000, dtype=torch.float32))
+            scratch = torch.empty(5000, dtype=torch.float32)  # freed at set-up: never counted again
+            del scratch
+        probe.track(model, None)
+        with probe.phase("train"):
+            if free_in_train:
+                kept.clear()
+            with probe.step_phase("forward"):
+                model(torch.ones(1, 64))
+        with probe.phase("evaluation"):  # a phase without a new track counts what it makes, as load does
+            pass
+        return {name: peak.allocated_bytes for name, peak in probe.phases.items()}
+
+    clean, kept, freed = phases(False), phases(True), phases(True, free_in_train=True)
+    assert {name: kept[name] - clean[name] for name in clean} == {"load": 4000, "train": 4000, "forward": 4000,
+                                                                  "evaluation": 0}
+    assert freed["forward"] == clean["forward"]  # freed before the step: no longer counted
+
+
 def test_cpu_probe_is_deterministic() -> None:
     def measure() -> int:
         probe = CpuProbe()
