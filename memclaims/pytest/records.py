@@ -77,7 +77,7 @@ class RecordCache:
         """The recipe's measured steps only (no accuracy phase): the session's full Record where one
         ran, else a run without evaluation, kept for the session. For comparisons of memory phases
         (activation checkpointing against the same recipe without it) at a fraction of a case's time."""
-        full = self.records.get((tier, recipe.id))
+        full = self.records.get((tier, recipe.id)) or self._measured_by_another_worker((tier, recipe.id))
         if full is not None or tier == "sim":
             return full or self.get(tier, recipe)
         key = (tier, f"{recipe.id} (memory only)")
@@ -85,14 +85,27 @@ class RecordCache:
             self.records[key] = self._once(key, lambda: run_recipe(recipe, replace(self.options(tier), evaluate=False))[0])
         return self.records[key]
 
+    def _shared_path(self, key: tuple[str, str]) -> Path | None:
+        return None if self.shared is None else self.shared / hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+
+    def _measured_by_another_worker(self, key: tuple[str, str]) -> Record | None:
+        """The Record another worker of this session has already stored for ``key`` (``_once``), or None: a
+        memory-only reader takes the full Record a worker measured instead of training the recipe again."""
+        path = self._shared_path(key)
+        if path is None or not path.exists():  # whole or absent (``_once`` renames it into place)
+            return None
+        record: Record = pickle.loads(path.read_bytes())
+        self.records[key] = record
+        return record
+
     def _once(self, key: tuple[str, str], measure: Callable[[], Record]) -> Record:
         """``measure()``, or, under xdist, the Record another worker of this session measured for ``key``: the
         first worker to ask measures it, holding the key's lock, and stores it; a worker asking meanwhile waits
         for it instead of measuring the same recipe on the other core (a session measures each Record once, as
         without xdist). A measurement that raises stores nothing: the next worker to ask measures it itself."""
-        if self.shared is None:
+        path = self._shared_path(key)
+        if path is None:
             return measure()
-        path = self.shared / hashlib.sha256(repr(key).encode()).hexdigest()[:32]
         with open(path.with_suffix(".lock"), "a+") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
             if path.exists():

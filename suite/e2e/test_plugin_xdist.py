@@ -171,3 +171,19 @@ def test_a_measurement_that_raises_stores_nothing_and_no_xdist_shares_nothing(tm
         config = object()
 
     assert shared_folder(Request()) is None  # type: ignore[arg-type]
+
+
+def test_a_memory_only_reader_takes_the_full_record_another_worker_stored(tmp_path, monkeypatch) -> None:
+    """``memory`` reads the full Record another worker measured (issue #51: the same recipe trained again on the
+    other core was CI's waste) instead of training the recipe without evaluation."""
+    from types import SimpleNamespace
+
+    import memclaims.pytest.records as records
+    from memclaims.pytest.records import RecordCache
+    from memclaims.pytest.testing import fake_record
+
+    recipe = SimpleNamespace(id="vit-smoke/fabric")
+    RecordCache(None, shared=tmp_path)._once(("cpu", recipe.id), lambda: fake_record(recipe.id))  # type: ignore[arg-type]
+    monkeypatch.setattr(records, "run_recipe", lambda *args: pytest.fail("measured again"))
+    other = RecordCache(None, shared=tmp_path)  # type: ignore[arg-type]
+    assert other.memory("cpu", recipe).recipe == recipe.id  # type: ignore[arg-type]
