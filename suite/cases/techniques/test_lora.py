@@ -39,8 +39,9 @@ def test_lora_is_active_and_matches_its_baseline(tier, record_cache, baseline_ch
     record = _get(record_cache, tier, LORA)
     assert active.problems(recipe, record) == []
     # Gradients for the trainable parameters only; the frozen base weights keep none, and no optimizer state.
-    assert record.grad_bytes == 4 * record.trainable_parameters
-    assert record.total_parameters == record.param_count
+    seen = record.by_technique["lora"]
+    assert record.grad_bytes == 4 * seen["trainable_parameters"]
+    assert seen["total_parameters"] == record.param_count
     baseline_check.check(f"{tier}:{record.recipe}", record, record_property)
 
 
