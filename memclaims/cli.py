@@ -407,7 +407,7 @@ def _reproduce_all(args: Settings) -> int:
 def cmd_calibrate(args: Settings) -> int:
     from memclaims.baselines.store import BaselineStore
     from memclaims.recipes.recipe import parse_id
-    from memclaims.report.reproduce import calibrate
+    from memclaims.report.calibration import calibrate
 
     if parse_id(args.recipe).distributed:  # ranks launched here, one baseline key per rank
         from memclaims.report.calibration import calibrate_ranks
@@ -482,7 +482,7 @@ def cmd_spread(args: Settings) -> int:
         reuse = read_tolerances(out)
         if not reuse.get("accuracy", {}).get("recipes"):
             raise UsageError(f"--reuse-seeds: {out} holds no measured seeds to reuse; run without it first")
-    data = spread.run(Path(args.baselines_dir), out, classes, changes, seeds, reuse=reuse)
+    data = spread.measure_noise(Path(args.baselines_dir), out, classes, changes, seeds, reuse=reuse)
     for recipe_id, entry in data["accuracy"]["recipes"].items():
         print(f"{recipe_id:<48} same {entry['same'] * 100:5.2f} points, after a change {entry['change'] * 100:5.2f} "
               f"points ({len(entry['by_change'])} changes measured)")

@@ -96,7 +96,7 @@ def run_recipes(recipes: Sequence[Recipe], options: RunOptions) -> list[list[Rec
     return [groups[r.id] if r.id in groups else run_recipe(r, options) for r in recipes]
 
 
-def check(recipe: Recipe, options: RunOptions) -> None:
+def refuse(recipe: Recipe, options: RunOptions) -> None:
     """Raise UsageError, with the reason, for a recipe the options' engine cannot run at all (today
     only the sim refuses recipes before running them: those it has no replay of)."""
     if options.device == "sim":

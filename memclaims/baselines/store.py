@@ -4,8 +4,14 @@ A rank of a multi-device run is stored under ``recipe@devices/rankN`` (``Record.
 
 One file per environment, ``<root>/measured/<environment>.json``::
 
-    {"schema": 1, "environment": "cpu-x86_64",
+    {"schema": 2, "environment": "cpu-x86_64",
      "records": {"vit-smoke/bf16-true": {"record": {...Record...}, "tolerances": {...}}}}
+
+Schema 2 (issue #51): what a technique observed lives in its part of the Record, ``by_technique``; schema 1 kept
+some of it in flat fields (``memclaims.core.record.RETIRED_FIELDS``). A schema 1 file is read through the Record's
+migration (``memclaims.core.record.migrate``: each flat field moved into its technique's part), so every stored
+baseline stays comparable; the first update of the file writes it whole as schema 2, its other records moved the
+same way and otherwise as stored. memclaims before schema 2 refuses a schema 2 file ("newer than this memclaims reads").
 
 Library versions live inside each record (``Record.versions``), not in the key: an upgrade must
 compare against the numbers measured before it, and the message says which versions changed.
@@ -31,14 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 from memclaims.core.environment import environment_id, family
 from memclaims.core.errors import MemclaimsError
-from memclaims.core.record import Record
+from memclaims.core.record import Record, migrate
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
     from memclaims.baselines.noise import Noise
 
-SCHEMA = 1
+SCHEMA = 2
+TOLERANCE_SCHEMA = 1  # the tolerance file's own (memclaims.report.spread writes it)
 OBTAINED = ".obtained"  # <environment>.obtained.json: a first run's Records, waiting for `baselines accept`
 
 # Record fields a baseline must hold, with the JSON types they may take (bool is rejected for ints).
@@ -254,8 +261,10 @@ class BaselineStore:
             # The records not measured now stay as the file stored them (not re-serialized through today's
             # Record, which would add every field it has since gained, as null): an update changes what it
             # measured and nothing else.
-            stored: dict[str, Baseline | dict[str, Any]] = dict(
-                json.loads(path.read_text())["records"] if path.is_file() else {})
+            # A schema 1 file's records are moved to schema 2's form as they are (``migrate``), nothing else.
+            stored: dict[str, Baseline | dict[str, Any]] = {
+                key: {**entry, "record": migrate(entry["record"])}
+                for key, entry in (json.loads(path.read_text())["records"] if path.is_file() else {}).items()}
             stored.update(updates)
             text = dumps(environment, stored)
             # The name is chosen before the file exists, so a Ctrl-C at any point after it is
@@ -361,8 +370,8 @@ def read_tolerances(path: Traversable) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BaselineError(f"tolerance file {path}: cannot be read ({error}); fix it or "
                             f"measure it again with `memclaims baselines spread`") from None
-    if not isinstance(data, dict) or data.get("schema", SCHEMA) != SCHEMA:
-        raise BaselineError(f"tolerance file {path}: expected an object with schema {SCHEMA}")
+    if not isinstance(data, dict) or data.get("schema", TOLERANCE_SCHEMA) != TOLERANCE_SCHEMA:
+        raise BaselineError(f"tolerance file {path}: expected an object with schema {TOLERANCE_SCHEMA}")
     return data
 
 

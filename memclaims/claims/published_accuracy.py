@@ -185,7 +185,7 @@ class Verdict:
     detail: str
 
 
-def check(target: Target, record: Record) -> Verdict:
+def judge(target: Target, record: Record) -> Verdict:
     """The run's test accuracy against the published one, within the chain's spread (both sides).
 
     A Record that is not what the needs promised (another data set, random weights, a budgeted

@@ -143,19 +143,6 @@ class Record:
     step_micro_batches: int | None = None
     compute_dtypes: list[str] = field(default_factory=list)
     recomputed_linear_calls: int | None = None
-    # activation-offload: bytes of the tensors saved for backward that save_on_cpu's pack hook held in
-    # host memory during the first measured forward pass (on the cpu tier they were there already).
-    offloaded_activation_bytes: int | None = None
-    # optimizer-in-backward: per-parameter optimizer steps taken inside backward over the measured
-    # steps, and the most gradient bytes alive at once when one of them began.
-    backward_optimizer_steps: int | None = None
-    backward_grad_peak_bytes: int | None = None
-    # expandable-segments: bytes mapped in expandable segments after the measured steps (the CUDA
-    # allocator's snapshot, the sim's allocator model); None on the CPU, which has no caching allocator.
-    expandable_segment_bytes: int | None = None
-    # paged-adamw8bit: optimizer state bytes in CUDA unified memory (bitsandbytes' paged buffers),
-    # outside the caching allocator's figures; 0 on the CPU, where bitsandbytes does not page.
-    paged_state_bytes: int | None = None
     # FSDP ranks: parameter elements the rank held unsharded (all-gathered, not yet resharded) right
     # after the first measured forward pass: every parameter under SHARD_GRAD_OP, only the root's (which
     # FSDP keeps for the backward) under FULL_SHARD. None: not a sharded run, or made before the field.
@@ -167,21 +154,6 @@ class Record:
     # The sim's timeline (memclaims.sim.timeline): seconds per optimizer step predicted on the profile's GPU
     # (the last measured step, synchronised after it). None off the sim, or with fewer than two steps.
     predicted_step_s: float | None = None
-    # lora: parameter elements that require a gradient (the adapters and the trained head) and all of
-    # them (frozen base weights included), counted on the model as the load phase left it.
-    trainable_parameters: int | None = None
-    total_parameters: int | None = None
-    # qlora: bytes of the parameters stored quantized (bitsandbytes' 4-bit weights, packed in uint8).
-    quantized_parameter_bytes: int | None = None
-    # fused-linear-ce: calls of the chunked linear + cross-entropy over the measured steps, the tokens of
-    # the last call, its classes (the vocabulary) and the rows of one chunk of the tokens (the op's resolved
-    # batch_chunk_size: the logits buffer is chunk x vocabulary), and calls in which the op ignored its
-    # options and materialized the logits whole (its fallback warning).
-    fused_loss_calls: int | None = None
-    fused_loss_rows: int | None = None
-    fused_loss_classes: int | None = None
-    fused_loss_chunk_rows: int | None = None
-    fused_loss_fallbacks: int | None = None
     optimizer_state_by_dtype: dict[str, int] = field(default_factory=dict)
     param_bytes_by_device: dict[str, int] = field(default_factory=dict)
     # Model state kept on the host while the model trains on a device (CPU offload), by category of
@@ -206,10 +178,11 @@ class Record:
     # (memclaims.core.tested_versions): "inside", "newer", "older" or "unknown". Empty in Records made
     # before the field existed (baseline files load as they are).
     versions_tested: dict[str, str] = field(default_factory=dict)
-    # What a technique observes of itself beyond the flat fields above, by technique name (its module's
-    # ``observe`` / ``sim_observe`` return ``{"by_technique": {name: {...}}}``: memclaims.techniques.base). The
-    # flat fields stay as baseline files store them; a technique added from now on puts what it newly observes
-    # here, and adds no field to this class. Left out of the JSON while empty, so such Records read as before.
+    # What a technique observes of itself, by technique name (its module's ``observe`` / ``sim_observe`` and its
+    # loop helper return ``{"by_technique": {name: {...}}}``: memclaims.techniques.base), e.g.
+    # ``{"fused-linear-ce": {"fused_loss_calls": 3, ...}}``; the fields a technique observed before issue #51 kept
+    # flat move here when a Record is read (``migrate``, ``RETIRED_FIELDS``). A technique adds no field to this
+    # class. Left out of the JSON while empty, so a Record no technique observed reads as before.
     by_technique: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -219,6 +192,10 @@ class Record:
         if self.devices == 1:
             return self.recipe
         return f"{self.recipe}@{self.devices}/rank{self.rank}"
+
+    def observed(self, technique: str, key: str) -> Any:
+        """What ``technique`` observed under ``key`` (its ``by_technique`` part); None where it observed nothing."""
+        return self.by_technique.get(technique, {}).get(key)
 
     def to_dict(self) -> dict[str, Any]:
         fields_ = asdict(self)
@@ -231,5 +208,40 @@ class Record:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Record:
+        """The Record of ``raw``, in either form (``migrate``); keys no field has are left out."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        return cls(**{k: v for k, v in migrate(raw).items() if k in known})
+
+
+# Observations of a technique the Record kept as flat fields until issue #51 (schema 1 of the baseline files), and the
+# technique whose ``by_technique`` part holds each now, under the same key. A frozen table of the old form, not a
+# registry: a technique added since keeps its observations in its part and is never listed here.
+RETIRED_FIELDS: dict[str, str] = {
+    **dict.fromkeys(("fused_loss_calls", "fused_loss_rows", "fused_loss_classes", "fused_loss_chunk_rows",
+                     "fused_loss_fallbacks"), "fused-linear-ce"),
+    "paged_state_bytes": "paged-adamw8bit",
+    "expandable_segment_bytes": "expandable-segments",
+    "trainable_parameters": "lora",
+    "total_parameters": "lora",
+    "quantized_parameter_bytes": "qlora",
+    "offloaded_activation_bytes": "activation-offload",
+    "backward_optimizer_steps": "optimizer-in-backward",
+    "backward_grad_peak_bytes": "optimizer-in-backward",
+}
+
+
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """A Record's dict in today's form: each retired flat field (``RETIRED_FIELDS``) moved, under its own key, into
+    its technique's ``by_technique`` part, or dropped where it is null (the old form's "not observed": every Record
+    carried every field). A value the part holds already stays. A dict in today's form comes back equal; ``raw`` is
+    left unchanged."""
+    if not RETIRED_FIELDS.keys() & raw.keys():
+        return raw
+    out = {k: v for k, v in raw.items() if k not in RETIRED_FIELDS}
+    parts = {name: dict(part) for name, part in (raw.get("by_technique") or {}).items()}
+    for key, technique in RETIRED_FIELDS.items():
+        if raw.get(key) is not None:
+            parts.setdefault(technique, {}).setdefault(key, raw[key])
+    if parts:
+        out["by_technique"] = parts
+    return out

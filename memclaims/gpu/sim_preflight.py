@@ -29,7 +29,7 @@ from memclaims.claims.lookup import Key, Lookup, load_only, options_for, recipe_
 from memclaims.core.errors import UsageError
 from memclaims.core.record import Record
 from memclaims.recipes.run_options import RunOptions
-from memclaims.run import check, run_recipe
+from memclaims.run import refuse, run_recipe
 from memclaims.sim.profiles import GPU_TIER_PROFILES, Profile
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.workloads.registry import gpu_tier_scale
@@ -97,7 +97,7 @@ class Preflight:
         if key not in self._records:
             options = options_for(wanted, RunOptions(device="sim", profile=chosen.name, memory_steps=self.memory_steps))
             try:
-                check(recipe, options)
+                refuse(recipe, options)
                 self._records[key] = run_recipe(recipe, options)[0]
                 self.simulations += 1
             except UsageError as reason:

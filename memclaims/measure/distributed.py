@@ -179,7 +179,7 @@ def rank_main(rank: int, world: int, recipe_ids: list[str], options: RunOptions)
             record.fsdp_api = plan.fsdp_api
             record.notes.extend(strategy.rank_notes(plan, rank, options.device))
         else:
-            record = pipeline.run(CpuShardedEngine(recipe, options, rank, world), CpuProbe(),
+            record = pipeline.measure(CpuShardedEngine(recipe, options, rank, world), CpuProbe(),
                                   resolve_memory_steps(recipe, options))
         record.devices, record.rank = world, rank
         results.append(record.to_dict())

@@ -32,6 +32,7 @@ from memclaims.techniques.base import (
     ZERO_AT_WINDOW_START,
     LoopHelper,
     LoopOrder,
+    merge_observed,
 )
 
 # The phases of a training step, in the order of scripts 01-04 and 06 (05 zeroes after the step).
@@ -201,8 +202,8 @@ class TrainingLoop:
         fields: dict[str, Any] = dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
                                       compute_dtypes=list(self.compute_dtypes), grad_digest=self.grad_digest,
                                       recomputed_linear_calls=self.recomputed_linear_calls)
-        for helper in self.helpers:
-            fields.update(helper.measured_fields())
+        for helper in self.helpers:  # each technique's part of the Record (by_technique)
+            merge_observed(fields, helper.measured_fields())
         return fields
 
     def loss_fields(self, memory_losses: list[float]) -> dict[str, Any]:

@@ -187,7 +187,7 @@ def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memo
                             implementation=recipe.optimizer_impl, owner=recipe.optimizer_owner)
 
 
-def run(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
+def measure(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Record:
     """Run the engine's recipe once and return what was measured."""
     recipe, options = engine.recipe, engine.options
     host = probe_module.HostMemory()

@@ -228,7 +228,7 @@ def run(recipe: Recipe, options: RunOptions, probe: probe_module.Probe | None = 
                 context = hooks.run_context(recipe, options, getattr(probe, "cuda", None))
                 if context is not None:
                     around.enter_context(context)
-            record = pipeline.run((engine or FabricEngine)(recipe, options), probe, memory_steps)
+            record = pipeline.measure((engine or FabricEngine)(recipe, options), probe, memory_steps)
         record.notes.extend(determinism_notes)
         return record
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:

@@ -10,6 +10,7 @@ Imports pytest lazily: the library itself never needs it.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,3 +65,9 @@ def fake_record(recipe: str = "vit-smoke/fake-a", **changes: Any) -> Record:
         data="sklearn-digits", versions=dict(FAKE_VERSIONS))
     values.update(changes)
     return Record(**values)
+
+
+def with_observed(record: Record, technique: str, **values: Any) -> Record:
+    """``record`` with ``values`` in ``technique``'s part of it (``Record.by_technique``), the rest as it was."""
+    parts = {**record.by_technique, technique: {**record.by_technique.get(technique, {}), **values}}
+    return dataclasses.replace(record, by_technique=parts)

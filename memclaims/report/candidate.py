@@ -104,7 +104,7 @@ def measure_case(tier: str, recipe: Recipe, options: RunOptions) -> list[dict[st
     return [{"tier": tier, "recipe": recipe.id, "record": record.to_dict()} for record in records]
 
 
-def run(tiers: Sequence[str], out: Path, only: Sequence[str] = (), seed: int | None = None) -> int:
+def measure_candidate(tiers: Sequence[str], out: Path, only: Sequence[str] = (), seed: int | None = None) -> int:
     """Measure every case of ``tiers`` (or only the recipe ids ``only``) not yet in ``out``, at
     ``seed`` (default: the article's); returns how many failed."""
     finished, failed = done(out), 0
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Offline as every memclaims command (memclaims.core.offline): started by memclaims upgrade it inherits
     # the setting; started by hand it sets it here, before a case imports a Hub client.
     with offline.hub_mode(False, "memclaims upgrade's worker: no download option"):
-        return 1 if run(tiers, args.out, args.only, args.seed) else 0
+        return 1 if measure_candidate(tiers, args.out, args.only, args.seed) else 0
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from memclaims.core.precision import PRECISIONS
 from memclaims.core.record import Record
 from memclaims.recipes.recipe import Recipe, Sizes, applicable, resolve
 from memclaims.recipes.run_options import RunOptions
-from memclaims.run import check, run_recipe
+from memclaims.run import refuse, run_recipe
 from memclaims.techniques import technique_registry as registry
 from memclaims.techniques.base import Stack
 
@@ -309,7 +309,7 @@ def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scal
         ratio, risk = cost(combo)
         try:
             recipe = resolve(workload_name, scale, combo, sizes, applicable(parameters, combo))
-            check(recipe, RunOptions(device="sim", profile=profile))
+            refuse(recipe, RunOptions(device="sim", profile=profile))
         except UsageError as reason:
             result.rows.append(FitRow(list(combo), f"{reference.workload.name}/{'+'.join(combo)}", "not predicted",
                                       time_ratio=ratio, risk=risk, note=str(reason), asked=combo == asked))

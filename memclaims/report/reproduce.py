@@ -3,7 +3,6 @@
 Absolute numbers are not comparable across scales (smoke on the CPU counts live tensor bytes; the
 article printed CUDA reserved memory at full scale), so every row also carries its ratio to the
 fp32 Fabric reference (01-2): ratios are what a claim asserts, and those can be compared.
-Also ``calibrate``: tolerances from the spread of repeated runs, with a floor.
 """
 
 from __future__ import annotations
@@ -15,13 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memclaims.baselines.compare import MIB
-from memclaims.baselines.store import Baseline, BaselineStore, overrides
+from memclaims.baselines.store import BaselineStore
 from memclaims.core import progress, published
 from memclaims.core.environment import environment_id
 from memclaims.core.errors import OutOfMemory, UsageError
 from memclaims.core.names import device_tier
 from memclaims.core.record import Record
-from memclaims.recipes.recipe import Recipe, parse_id, resolve
+from memclaims.recipes.recipe import Recipe, resolve
+from memclaims.report.calibration import RunFn, run_once
 from memclaims.report.series import MeasureFn
 from memclaims.techniques import technique_registry as registry
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from memclaims.claims.check import Check
     from memclaims.claims.lookup import Lookup
 
-RunFn = Callable[[Recipe, str, bool], Record]  # (recipe, device, evaluate) -> Record
 LoadFn = Callable[[Recipe, str], Record]  # (recipe, device) -> the Record of its load only (the sim's 07 replay)
 
 # (row, published script, techniques, the claim that judges the row's size against the row before).
@@ -71,13 +70,6 @@ class Row:
     # The environment (CPU class, GPU) whose baseline the row's baseline column holds: this machine's, or the
     # sibling class pytest falls back to too (BaselineStore.find); "" where no baseline was found.
     baseline_environment: str = ""
-
-
-def _default_run(recipe: Recipe, device: str, evaluate: bool) -> Record:
-    from memclaims.recipes.run_options import RunOptions
-    from memclaims.run import run_recipe
-
-    return run_recipe(recipe, RunOptions(device=device, evaluate=evaluate))[0]
 
 
 def _default_load(recipe: Recipe, device: str) -> Record:
@@ -121,7 +113,7 @@ def _default_measure(recipes: Sequence[Recipe], device: str) -> list[list[Record
 
     def single(recipe: Recipe) -> list[Record]:
         try:
-            return [_default_run(recipe, device, False)]
+            return [run_once(recipe, device, False)]
         except OutOfMemory:  # bonus_bigbird-before on a GPU: the article's "not possible"
             return []
 
@@ -141,7 +133,7 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
     from memclaims.claims.sources import article
     from memclaims.run import model_parameters
 
-    run_fn = run_fn or _default_run
+    run_fn = run_fn or run_once
     scale = scale or ("smoke" if device == "cpu" else "article")
     records: dict[Key, Record] = {}
     recipes: dict[tuple[str, ...], Recipe] = {}
@@ -494,22 +486,3 @@ def _plot_series(axis: Any, rows: list[Row], device: str, scale: str, measured_n
     axis.set_title(f"series {rows[0].series}: ratio to its first bar", fontsize=9)
     axis.axhline(1.0, color="black", linewidth=0.5)
     axis.legend(fontsize=7)
-
-
-def calibrate(recipe_id: str, runs: int, store: BaselineStore, *, device: str = "cpu",
-              run_fn: RunFn | None = None, factor: float = 3.0) -> dict[str, float | None]:
-    """Run a recipe ``runs`` times; tolerance = max(floor, factor x relative spread), stored with its baseline.
-
-    The floor is the tier's default tolerance: a deterministic tier must not get a zero tolerance.
-    """
-    from memclaims.baselines.compare import spread_tolerances
-
-    run_fn = run_fn or _default_run
-    recipe = parse_id(recipe_id)
-    records = [run_fn(recipe, device, True) for _ in range(runs)]
-    tolerances = spread_tolerances(records, factor)
-    environment = environment_id(records[0])
-    existing = store.load(environment, fresh=True).get(recipe.id)
-    record = existing.record if existing else records[0]
-    store.update(environment, {recipe.id: Baseline(record=record, tolerances=overrides(record, tolerances))})
-    return tolerances

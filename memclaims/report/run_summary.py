@@ -80,14 +80,16 @@ def _parameters_lines(recipe: Recipe) -> list[str]:
 
 def _parameter_line(record: Record) -> str:
     """The parameter count a person means: a 4-bit weight by its original shape, not its packed storage."""
-    if record.quantized_parameter_bytes is not None:
-        total = f"{record.total_parameters:,} {PARAMETERS}" if record.total_parameters is not None else PARAMETERS
-        trainable = f", {record.trainable_parameters:,} trainable" if record.trainable_parameters is not None else ""
-        return (f"{total}{trainable} ({record.param_count:,} elements as stored: 4-bit weights packed two to a byte, "
-                f"{size(record.quantized_parameter_bytes)} of them)")
-    trainable = (f", {record.trainable_parameters:,} trainable" if record.trainable_parameters is not None
-                 and record.trainable_parameters != record.param_count else "")
-    return f"{record.param_count:,} parameters in {record.param_tensor_count} tensors{trainable}"
+    # What peft's adapted model showed (lora's part of the Record; qlora's: its 4-bit weights).
+    packed, counted = record.observed("qlora", "quantized_parameter_bytes"), record.by_technique.get("lora", {})
+    trainable = counted.get("trainable_parameters")
+    if packed is not None:
+        total = f"{counted['total_parameters']:,} {PARAMETERS}" if "total_parameters" in counted else PARAMETERS
+        shown = f", {trainable:,} trainable" if trainable is not None else ""
+        return (f"{total}{shown} ({record.param_count:,} elements as stored: 4-bit weights packed two to a byte, "
+                f"{size(packed)} of them)")
+    shown = f", {trainable:,} trainable" if trainable is not None and trainable != record.param_count else ""
+    return f"{record.param_count:,} parameters in {record.param_tensor_count} tensors{shown}"
 
 
 def memory_lines(record: Record) -> list[str]:

@@ -232,7 +232,7 @@ def baselines_by_key(root: Path) -> dict[str, Record]:
     return found
 
 
-def run(baselines_root: Path, out: Path, classes: Sequence[str], change_files: Sequence[Path],
+def measure_noise(baselines_root: Path, out: Path, classes: Sequence[str], change_files: Sequence[Path],
         seeds: Sequence[int] = SEEDS, reuse: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Measure everything and write the tolerance file ``out`` atomically. ``reuse``: an earlier tolerance
     file of this stack whose seeds and mutations are kept (only the changes are read again)."""

@@ -58,7 +58,7 @@ class Timing:
     """The CPU side of the clock, and how its figures were obtained."""
 
     # CPU seconds per launched kernel: eager dispatch (Python modules, autograd, the dispatcher) as measured
-    # on this development machine (``calibrate``: an AMD EPYC with AVX512-bf16, torch 2.14.1, one thread, a
+    # on this development machine (``dispatch_seconds``: an AMD EPYC with AVX512-bf16, torch 2.14.1, one thread, a
     # tiny ViT's training step: 4.4 us per aten op, median of 5 x 50 steps of 537 ops), plus a CUDA kernel
     # launch (cudaLaunchKernel: about 5 us, an assumption; not measurable without a GPU).
     dispatch_s: float = 9.4e-6
@@ -71,11 +71,11 @@ class Timing:
     # Host memory bandwidth for CPU offload's optimizer step (torch's foreach Adam on the host, one
     # process per GPU): decimal GB/s, an assumption for a 2023 server's one process (not logged).
     host_bandwidth_gb_s: float = 10.0
-    source: str = ("dispatch_s: calibrate() on this machine + 5 us launch; queue_depth calibrated on the article's "
+    source: str = ("dispatch_s: dispatch_seconds() on this machine + 5 us launch; queue_depth calibrated on the article's "
                    "sharded rows; host bandwidth assumed")
 
 
-def calibrate(repeats: int = 5, steps: int = 50) -> float:
+def dispatch_seconds(repeats: int = 5, steps: int = 50) -> float:
     """CPU seconds per aten op of an eager training step on this machine: a tiny torchvision ViT (4 blocks of
     width 8, one 16 x 16 image, one thread: compute negligible) forward and backward, its aten ops counted by
     a dispatch mode; the median of ``repeats`` loops of ``steps``. The dispatch part of ``Timing.dispatch_s``."""

@@ -2,7 +2,7 @@
 (``torch.autograd.graph.save_on_cpu``, pinned where CUDA is), copied back in backward (issue #27).
 
 The loop enters the helper's hooks around each forward pass and counts what the first measured one packed
-(the Record's ``offloaded_activation_bytes``): ``memclaims.techniques.impl.saved_tensor_offload`` on a real device,
+(``offloaded_activation_bytes`` in the technique's part of the Record, ``by_technique``): ``memclaims.techniques.impl.saved_tensor_offload`` on a real device,
 ``memclaims.techniques.impl.saved_tensor_offload_fake`` on the sim's fake tensors.
 """
 
@@ -17,17 +17,19 @@ if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
 
+NAME = "activation-offload"  # the technique's registry name, and its part of the Record (``by_technique``)
+
 
 class ActivationOffload(Hooks):
     def attach(self, engine: Any) -> None:
         from memclaims.techniques.impl.saved_tensor_offload import ActivationOffload as Offload
 
-        engine.helpers.append(Offload(engine.options.device))
+        engine.helpers.append(Offload(engine.options.device, NAME))
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         # On the cpu tier the saved tensors are on the host already (save_on_cpu copies nothing): what
         # went through its pack hook is all there is to see. Elsewhere the bytes left the device.
-        moved = record.offloaded_activation_bytes
+        moved = record.observed(NAME, "offloaded_activation_bytes")
         if not moved:
             say(f"offloaded_activation_bytes is {moved} B: no tensor saved for backward in phase forward went "
                 "through save_on_cpu's pack hook to host memory")
@@ -35,7 +37,7 @@ class ActivationOffload(Hooks):
     def sim_attach(self, loop: Any, session: Any) -> None:
         from memclaims.techniques.impl.saved_tensor_offload_fake import SimulatedOffload
 
-        loop.helpers.append(SimulatedOffload(session.memory))
+        loop.helpers.append(SimulatedOffload(session.memory, NAME))
 
 
 # A memclaims limitation, not torch's: the ranks' engines (memclaims.measure.distributed,
@@ -43,7 +45,7 @@ class ActivationOffload(Hooks):
 _RANKS_DO_NOT_OFFLOAD = "the multi-rank engines of memclaims do not wrap their forward pass in save_on_cpu"
 
 # torch.autograd.graph.save_on_cpu around the forward pass (pinned host memory where CUDA is).
-ENTRY = Technique("activation-offload", "tensors saved for backward moved to host memory during the forward pass "
+ENTRY = Technique(NAME, "tensors saved for backward moved to host memory during the forward pass "
                   "(torch.autograd.graph.save_on_cpu), copied back in backward", "torch docs: save_on_cpu",
                   in_cover=False, conflicts=tuple((s, _RANKS_DO_NOT_OFFLOAD) for s in STRATEGIES),
                   hooks=ActivationOffload())

@@ -98,8 +98,8 @@ class Hooks:
         """The model and optimizer before ``setup`` (Fabric's wrappers are no optimizer to copy)."""
 
     def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
-        """The Record's fields of what the technique did, read right after the measured steps: the flat fields
-        the techniques before issue #41 fill, or ``{"by_technique": {ENTRY.name: {...}}}`` for a new one."""
+        """What the technique did, read right after the measured steps: its part of the Record,
+        ``{"by_technique": {ENTRY.name: {...}}}`` (``observations``); never a flat field (issue #51)."""
         return {}
 
     # --- the active check and the case test -----------------------------------------------------------
@@ -526,11 +526,22 @@ class Stack(Hooks):
                 f"phase forward, expected {'alive' if alive else 'freed'} (zero_grad {order.zero_grad})")
 
 
+def observations(technique: str, **values: Any) -> dict[str, Any]:
+    """An ``observe`` result (or a loop helper's ``measured_fields``): ``values`` as ``technique``'s part of the Record,
+    ``{"by_technique": {technique: {...}}}``, a value it did not observe (None) left out, as the Record's migration
+    reads the old form's nulls (``memclaims.core.record.migrate``); nothing at all where it observed nothing."""
+    seen = {key: value for key, value in values.items() if value is not None}
+    return {"by_technique": {technique: seen}} if seen else {}
+
+
 def merge_observed(into: dict[str, Any], observed: dict[str, Any]) -> None:
-    """Add a hook's ``observe`` fields to the Record's: flat fields by name, ``by_technique`` by technique."""
+    """Add a hook's ``observe`` fields to the Record's: flat fields by name, ``by_technique`` by technique (two parts
+    of one technique, e.g. lora's and qlora's own observe, merged key by key)."""
     for key, value in observed.items():
         if key == "by_technique":
-            into.setdefault("by_technique", {}).update(value)
+            parts = into.setdefault("by_technique", {})
+            for technique, part in value.items():
+                parts[technique] = {**parts.get(technique, {}), **part}
         else:
             into[key] = value
 

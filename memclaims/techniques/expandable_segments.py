@@ -12,12 +12,14 @@ import dataclasses
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique, observations
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
+
+NAME = "expandable-segments"  # the technique's registry name, and its part of the Record (``by_technique``)
 
 
 class ExpandableSegments(Hooks):
@@ -40,12 +42,12 @@ class ExpandableSegments(Hooks):
         cuda = getattr(probe, "cuda", None)  # a CUDA probe's (real or injected) torch.cuda; the CPU's has none
         if cuda is None:
             return {}
-        return {"expandable_segment_bytes": allocator_setting.expandable_segment_bytes(cuda)}
+        return observations(NAME, expandable_segment_bytes=allocator_setting.expandable_segment_bytes(cuda))
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         # The setting applies to segments created after it: a run whose segments all came from the
         # default allocator shows none mapped in expandable segments.
-        mapped = record.expandable_segment_bytes
+        mapped = record.observed(NAME, "expandable_segment_bytes")
         if not mapped:
             say(f"expandable_segment_bytes is {mapped} B after phase train: no segment of the run was expandable "
                 "(the allocator made a segment per request as by default)")
@@ -54,12 +56,12 @@ class ExpandableSegments(Hooks):
         return dataclasses.replace(allocator, expandable_segments=True)
 
     def sim_observe_run(self, session: Any) -> dict[str, Any]:
-        return {"expandable_segment_bytes": session.allocator.expandable_bytes}
+        return observations(NAME, expandable_segment_bytes=session.allocator.expandable_bytes)
 
 
 # A setting of the CUDA caching allocator: there is no caching allocator on the CPU; the sim
 # replays it (memclaims.sim.allocator).
-ENTRY = Technique("expandable-segments", "the CUDA caching allocator's expandable_segments:True: one segment per "
+ENTRY = Technique(NAME, "the CUDA caching allocator's expandable_segments:True: one segment per "
                   "stream and pool that grows by mapping pages, instead of a segment per large request",
                   "torch docs: CUDA semantics, expandable_segments", in_cover=False,
                   requires=frozenset({"cuda"}), computes_as="fabric", hooks=ExpandableSegments())

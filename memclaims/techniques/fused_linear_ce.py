@@ -50,7 +50,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
-from memclaims.techniques.base import Hooks, LoopHelper, Say, Technique
+from memclaims.techniques.base import Hooks, LoopHelper, Say, Technique, observations
 from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+
+NAME = "fused-linear-ce"  # the technique's registry name, and its part of the Record (``by_technique``)
 
 # The op's one warning when it ignores ``options`` and runs the reference path (torch/nn/functional.py:
 # "linear_cross_entropy: ``options`` ignored; chunked path needs ..."): a fused loss that silently
@@ -174,9 +176,12 @@ class FusedLoss(LoopHelper):
         return sorted({*seen, str(self.compute_dtype).removeprefix("torch.")})
 
     def measured_fields(self) -> dict[str, Any]:
-        """The Record's fused-loss fields."""
-        return {"fused_loss_calls": self.calls, "fused_loss_rows": self.rows, "fused_loss_classes": self.classes,
-                "fused_loss_chunk_rows": self.chunk_rows, "fused_loss_fallbacks": len(self.fallbacks)}
+        """The technique's part of the Record: the op's calls, the tokens of the last call, its classes (the
+        vocabulary), the rows of one chunk of the tokens (the op's resolved batch_chunk_size: the logits buffer is
+        chunk x vocabulary), and calls in which the op ignored its options and materialized the logits whole."""
+        return observations(NAME, fused_loss_calls=self.calls, fused_loss_rows=self.rows,
+                            fused_loss_classes=self.classes, fused_loss_chunk_rows=self.chunk_rows,
+                            fused_loss_fallbacks=len(self.fallbacks))
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -236,13 +241,15 @@ class FusedLinearCrossEntropy(Hooks):
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         """The chunked op ran for every micro-batch, on its chunked path, in chunks smaller than the tokens
         (one chunk of all of them would be the reference's logits buffer again)."""
-        calls, rows, chunk = record.fused_loss_calls, record.fused_loss_rows, record.fused_loss_chunk_rows
+        calls, rows, chunk = (record.observed(NAME, key) for key in
+                              ("fused_loss_calls", "fused_loss_rows", "fused_loss_chunk_rows"))
+        fallbacks = record.observed(NAME, "fused_loss_fallbacks")
         micro_batches = (record.step_micro_batches or 1) * record.memory_steps
         if not calls or calls < micro_batches:
             say(f"fused_loss_calls is {calls} after phase train for {micro_batches} micro-batches: the loss was "
                 "computed from materialized logits (F.cross_entropy), not by linear_cross_entropy")
-        elif record.fused_loss_fallbacks:
-            say(f"fused_loss_fallbacks is {record.fused_loss_fallbacks} after phase train: linear_cross_entropy "
+        elif fallbacks:
+            say(f"fused_loss_fallbacks is {fallbacks} after phase train: linear_cross_entropy "
                 "ignored its options and ran the reference path, logits whole")
         elif rows is None or chunk is None or chunk >= rows:
             say(f"fused_loss_chunk_rows is {chunk} for {rows} tokens after phase train: one chunk of every token "
@@ -266,7 +273,7 @@ _WORKLOADS = ("fused_loss_head", "the fused linear + cross-entropy replaces a ca
               "its loss (hf: workloads with the causal-lm head whose logits are the plain projection, without "
               "soft-capping or scaling); this workload has none")
 
-ENTRY = Technique("fused-linear-ce", "the causal LM's vocabulary projection and cross-entropy fused and chunked over "
+ENTRY = Technique(NAME, "the causal LM's vocabulary projection and cross-entropy fused and chunked over "
                   "the tokens (torch.nn.functional.linear_cross_entropy with LinearCrossEntropyOptions): the logits "
                   "are never materialized whole", "torch docs: linear_cross_entropy", in_cover=False,
                   requires=frozenset({"linear_cross_entropy"}), conflicts=_CONFLICTS, workload_needs=_WORKLOADS,

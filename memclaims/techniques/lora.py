@@ -9,8 +9,8 @@ baselines of its own; what equals the workload's default is left out of the id, 
 
 ``peft.get_peft_model`` runs right after the model is built (``memclaims.techniques.impl.peft_adapters``; on the sim's fake
 tensors ``memclaims.techniques.impl.peft_adapters_fake``), before the optimizer sees the parameters. What shows it: the
-trainable share of the parameters and an optimizer state only the trainable ones can hold (the Record's
-``trainable_parameters`` and ``total_parameters``).
+trainable share of the parameters and an optimizer state only the trainable ones can hold (``trainable_parameters``
+and ``total_parameters`` in the technique's part of the Record, ``by_technique["lora"]``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from memclaims.core.errors import UsageError
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique, observations
 from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from memclaims.core.settings import Settings
     from memclaims.recipes.recipe import Recipe
     from memclaims.workloads.types import Workload
+
+NAME = "lora"  # the technique's registry name, and its part of the Record (``by_technique``)
 
 # At most this fraction of the parameters trainable (rank-8 adapters on two projections per layer and the
 # head: 5.6 % of the 2-layer, 64-wide smoke DistilBERT, whose head is a large share of it; 1.1 % of the
@@ -203,11 +205,18 @@ class Lora(Hooks):
     def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
         from memclaims.techniques.impl import peft_adapters as lora
 
-        return lora.parameter_fields(model)
+        return self.adapted(lora.parameter_fields(model))
+
+    def adapted(self, counts: dict[str, Any]) -> dict[str, Any]:
+        """The adapted model's counts (``peft_adapters.parameter_fields``) as the Record's parts: lora's parameter
+        elements that require a gradient (the adapters and the trained head) and all of them (frozen base weights
+        included), counted on the model as the load phase left it."""
+        return observations(NAME, trainable_parameters=counts["trainable_parameters"],
+                            total_parameters=counts["total_parameters"])
 
     def expected_grad_bytes(self, record: Record, bytes_per_param: int, expected: int) -> int:
         # Gradients for the trainable parameters only: the frozen base weights get none.
-        trainable = record.trainable_parameters
+        trainable = record.observed(NAME, "trainable_parameters")
         return trainable * bytes_per_param if trainable is not None else expected
 
     def accuracy_reported_only(self, record: Record) -> bool:
@@ -216,7 +225,7 @@ class Lora(Hooks):
         return record.weights == "random"
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
-        trainable, total = record.trainable_parameters, record.total_parameters
+        trainable, total = record.observed(NAME, "trainable_parameters"), record.observed(NAME, "total_parameters")
         if trainable is None or not total:
             say(f"trainable_parameters is {trainable}, total_parameters {total} after phase load: the run saw no "
                 "adapted model")
@@ -240,7 +249,7 @@ class Lora(Hooks):
     def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
         from memclaims.techniques.impl.peft_adapters import parameter_fields
 
-        return parameter_fields(model)
+        return self.adapted(parameter_fields(model))
 
 
 # memclaims' own: the adapters are put on the model in the one-device load (memclaims.measure.pipeline,
@@ -259,7 +268,7 @@ WORKLOADS = ("lora_targets", "peft's LoRA adapters go on the attention projectio
 
 # peft.get_peft_model(model, LoraConfig(r=8, lora_alpha=16, ...)) right after the model is built: the base
 # weights frozen, rank-8 adapters on the workload's attention projections, its head trained (modules_to_save).
-ENTRY = Technique("lora", "peft LoRA: base weights frozen, rank-8 adapters (lora_alpha 16, dropout 0.1) on the "
+ENTRY = Technique(NAME, "peft LoRA: base weights frozen, rank-8 adapters (lora_alpha 16, dropout 0.1) on the "
                   "attention's query and value projections, the classification head trained (--lora-r, --lora-alpha, "
                   "--lora-dropout, --lora-targets)", "peft docs: LoRA", group="adapter",
                   in_cover=False, conflicts=CONFLICTS, workload_needs=WORKLOADS, parameters=LoraParameters,

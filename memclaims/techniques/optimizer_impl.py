@@ -27,6 +27,7 @@ from memclaims.core.errors import UsageError
 from memclaims.core.optimizer_choices import IMPLEMENTATIONS as IMPLEMENTATIONS
 from memclaims.core.optimizer_choices import TORCH_IMPLEMENTED as TORCH_IMPLEMENTED
 from memclaims.core.optimizer_choices import torch_flags as torch_flags
+from memclaims.techniques import optimizer_in_backward
 from memclaims.techniques.base import Hooks, Say, Technique
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ class OptimizerImplementation(Hooks):
         if (seen.get("foreach"), seen.get("fused")) != (expected["foreach"], expected["fused"]):
             say(f"the optimizer's param groups say foreach={seen.get('foreach')}, fused={seen.get('fused')} in phase "
                 f"{OPTIMIZER_STEP}; {self.name} is foreach={expected['foreach']}, fused={expected['fused']}")
-        if record.backward_optimizer_steps or recipe.optimizer not in _SHAPED:
+        if record.observed(optimizer_in_backward.NAME, "backward_optimizer_steps") or recipe.optimizer not in _SHAPED:
             # Stepped inside backward (optimizer-in-backward), or SGD: no temporaries tell the implementations apart.
             return
         temporaries = seen.get("step_temporary_bytes")

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
 
+NAME = "optimizer-in-backward"  # the technique's registry name, and its part of the Record (``by_technique``)
+
 
 class OptimizerInBackward(Hooks):
     def before_setup(self, engine: Any, model: Any, optimizer: Any) -> None:
@@ -24,13 +26,15 @@ class OptimizerInBackward(Hooks):
         # hooks stay on them.
         from memclaims.techniques.impl.per_parameter_optimizers import OptimizerInBackward as PerParameter
 
-        engine.helpers.append(PerParameter(optimizer, engine.step))  # stepping as the loop's step does
+        engine.helpers.append(PerParameter(optimizer, engine.step, NAME))  # stepping as the loop's step does
 
     def expected_grad_bytes(self, record: Record, bytes_per_param: int, expected: int) -> int:
         return 0  # each gradient applied and freed in the backward
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
-        steps, peak = record.backward_optimizer_steps, record.backward_grad_peak_bytes
+        # Per-parameter steps taken inside backward over the measured steps, and the most gradient bytes alive at
+        # once when one of them began.
+        steps, peak = record.observed(NAME, "backward_optimizer_steps"), record.observed(NAME, "backward_grad_peak_bytes")
         expected = record.param_tensor_count * record.memory_steps  # one step per parameter per backward
         if steps != expected:
             say(f"backward_optimizer_steps is {steps}, expected {expected} ({record.param_tensor_count} parameters "
@@ -45,7 +49,7 @@ class OptimizerInBackward(Hooks):
     def sim_before_train(self, loop: Any, optimizer: Any) -> None:
         from memclaims.techniques.impl.per_parameter_optimizers import OptimizerInBackward as PerParameter
 
-        loop.helpers.append(PerParameter(optimizer, loop.step))  # after the tagging hooks: tagged before freed
+        loop.helpers.append(PerParameter(optimizer, loop.step, NAME))  # after the tagging hooks: tagged before freed
 
 
 # Why the optimizer step cannot move into backward alongside these (PyTorch's tutorial names grad-accum and
@@ -71,7 +75,7 @@ _CONFLICTS: tuple[tuple[str, str], ...] = (
 )
 
 # One optimizer per parameter, stepped and zeroed in Tensor.register_post_accumulate_grad_hook.
-ENTRY = Technique("optimizer-in-backward", "each parameter's optimizer step and zero_grad inside backward, as its "
+ENTRY = Technique(NAME, "each parameter's optimizer step and zero_grad inside backward, as its "
                   "gradient is ready: gradients freed as soon as they are applied",
                   "torch tutorial: optimizer step in backward", in_cover=False, conflicts=_CONFLICTS,
                   hooks=OptimizerInBackward())

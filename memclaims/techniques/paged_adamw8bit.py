@@ -12,13 +12,13 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from memclaims.core.optimizer_choices import PAGED_MIN_NUMEL
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique, observations
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
 
-
+NAME = "paged-adamw8bit"  # the technique's registry name, and its part of the Record (``by_technique``)
 
 
 def state_tensors(optimizer: Any) -> Iterator[Any]:
@@ -44,19 +44,20 @@ class PagedAdamW8bit(Hooks):
                                 f"{engine.options.device} (bitsandbytes pages the states of CUDA parameters only: "
                                 "'Paged optimizers are not supported on CPU. Falling back to non-paged optimizer "
                                 "behavior.')")
-        return {"paged_state_bytes": paged}
+        return observations(NAME, paged_state_bytes=paged)
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
-        if record.device != "cpu" and not record.paged_state_bytes:
-            say(f"paged_state_bytes is {record.paged_state_bytes} B after phase optimizer_step: no optimizer state in "
+        paged = record.observed(NAME, "paged_state_bytes")
+        if record.device != "cpu" and not paged:
+            say(f"paged_state_bytes is {paged} B after phase optimizer_step: no optimizer state in "
                 f"unified memory (bitsandbytes pages states of {PAGED_MIN_NUMEL:,} elements or more)")
 
     def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
         # Unified memory: the state tensors the device does not hold.
-        return {"paged_state_bytes": session.memory.host_bytes(state_tensors(optimizer))}
+        return observations(NAME, paged_state_bytes=session.memory.host_bytes(state_tensors(optimizer)))
 
 
-ENTRY = Technique("paged-adamw8bit", "bitsandbytes PagedAdamW8bit: AdamW8bit whose large states live in CUDA unified "
+ENTRY = Technique(NAME, "bitsandbytes PagedAdamW8bit: AdamW8bit whose large states live in CUDA unified "
                   "memory, paged to the host when the GPU runs out (on the CPU: unpaged, as bitsandbytes falls back)",
                   "bitsandbytes docs: paged optimizers", group="optimizer", optimizer="paged_adamw8bit",
                   requires=frozenset({"bitsandbytes"}), in_cover=False, in_default=False, computes_as="adamw8bit",

@@ -10,9 +10,9 @@ code tables, each layer quantized on the device as it moves there (``sim_before_
 forward and backward, and the scratch of the forward's ``gemm_4bit`` (the weight dequantized into the compute
 dtype), which the dispatch cannot see inside the custom op.
 
-What shows it, beyond lora's: the Record's ``quantized_parameter_bytes`` and ``by_technique["qlora"]`` (the
-storage of the 4-bit layers, the dtypes they were quantized from and compute in, and what the first forward's
-4-bit GEMMs ran with: their input dtype and whether the absmax came in 8 bits).
+What shows it, beyond lora's: ``by_technique["qlora"]`` (``quantized_parameter_bytes``, the storage of the 4-bit
+layers, the dtypes they were quantized from and compute in, and what the first forward's 4-bit GEMMs ran with: their
+input dtype and whether the absmax came in 8 bits).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from memclaims.techniques import lora
 from memclaims.techniques import qlora_no_double_quant as no_double_quant
-from memclaims.techniques.base import Say, Technique
+from memclaims.techniques.base import Say, Technique, merge_observed, observations
 
 if TYPE_CHECKING:
     from torch import nn
@@ -68,20 +68,28 @@ class Qlora(lora.Lora):
         from memclaims.techniques.impl import nf4_base as nf4
 
         seen = next(h for h in engine.helpers if isinstance(h, nf4.FourBitCompute)).seen
-        return {**super().observe(engine, model, optimizer, probe),
-                "by_technique": {NAME: {**nf4.storage(model), **seen.fields()}}}
+        observed = super().observe(engine, model, optimizer, probe)
+        merge_observed(observed, {"by_technique": {NAME: {**nf4.storage(model), **seen.fields()}}})
+        return observed
+
+    def adapted(self, counts: dict[str, Any]) -> dict[str, Any]:
+        """lora's parts, and qlora's ``quantized_parameter_bytes``: the bytes of the parameters stored quantized
+        (bitsandbytes' 4-bit weights, packed in uint8)."""
+        observed = super().adapted(counts)
+        merge_observed(observed, observations(NAME, quantized_parameter_bytes=counts["quantized_parameter_bytes"]))
+        return observed
 
     def expected_param_bytes(self, record: Record, bytes_per_param: int, expected: int) -> int:
         # A packed 4-bit weight is one stored uint8 element a byte (param_count counts its bytes), and bitsandbytes'
         # forward casts each 4-bit layer's bias to the compute dtype in place; the rest in the precision's dtype.
-        seen, packed = record.by_technique.get(NAME), record.quantized_parameter_bytes or 0
+        seen, packed = record.by_technique.get(NAME), record.observed(NAME, "quantized_parameter_bytes") or 0
         if not seen:
             return expected
         return int(expected - (packed + seen["bias_elements"]) * bytes_per_param + packed + seen["bias_bytes"])
 
     def judges_parameter_bytes(self, record: Record) -> bool:
         """4-bit base weights among the precision's (``JudgesParameterBytes``): ``check`` counts them."""
-        return bool(record.quantized_parameter_bytes)
+        return bool(record.observed(NAME, "quantized_parameter_bytes"))
 
     def stored_bits(self) -> int:
         return 4
@@ -90,11 +98,12 @@ class Qlora(lora.Lora):
         from memclaims.core.precision import PRECISIONS
 
         super().check(recipe, record, without, say)
-        if not record.quantized_parameter_bytes:
-            say(f"quantized_parameter_bytes is {record.quantized_parameter_bytes} after phase load: no base weight "
+        packed = record.observed(NAME, "quantized_parameter_bytes")
+        if not packed:
+            say(f"quantized_parameter_bytes is {packed} after phase load: no base weight "
                 "was stored in 4 bits (bitsandbytes' Linear4bit)")
         seen = record.by_technique.get(NAME)
-        if not seen:
+        if not seen or "packed_dtype" not in seen:
             say("by_technique.qlora is missing: the run observed no 4-bit layer")
             return
         if seen["packed_dtype"] != ["uint8"] or 2 * seen["packed_bytes"] != seen["quantized_elements"]:
@@ -149,8 +158,9 @@ class Qlora(lora.Lora):
         from memclaims.techniques.impl import nf4_base as nf4
 
         scratch = session.memory.op_scratch[nf4.gemm_op()]
-        return {**super().sim_observe(model, optimizer, session),
-                "by_technique": {NAME: {**nf4.storage(model), **scratch.fields()}}}
+        observed = super().sim_observe(model, optimizer, session)
+        merge_observed(observed, {"by_technique": {NAME: {**nf4.storage(model), **scratch.fields()}}})
+        return observed
 
 
 # memclaims' own: it quantizes the base as it is built on the host, layer by layer as each moves to the device

@@ -59,6 +59,6 @@ def _measure(target: Target, record_cache: RecordCache) -> Record:
 
 
 def test_published_accuracy(target: Target, record_cache: RecordCache, record_property: Any) -> None:
-    verdict = published_accuracy.check(target, _measure(target, record_cache))
+    verdict = published_accuracy.judge(target, _measure(target, record_cache))
     record_property("detail", verdict.detail)
     assert verdict.passed, verdict.detail

@@ -405,7 +405,7 @@ def test_step_in_backward_whose_hooks_are_lost_is_caught(clean, monkeypatch) -> 
 
 @pytest.mark.slow  # 7 s on CI's 2 cores (a clean and an injected DistilBERT run); suite/cases/techniques/test_lora.py's sim injection runs in CI
 def test_peft_that_puts_no_adapters_on_is_caught(clean, monkeypatch) -> None:
-    assert clean["lora"].trainable_parameters  # the clean run (LAZY: measured here), before the injection
+    assert clean["lora"].observed("lora", "trainable_parameters")  # the clean run (LAZY: measured here), before the injection
     inject_lora_not_applied(monkeypatch)
     verdict = _judge("lora", clean)
     # Every parameter trains: Adam keeps state for the base weights and their gradients return.

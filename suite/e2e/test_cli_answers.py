@@ -54,8 +54,8 @@ def test_sharded_summary_is_a_row_per_rank_and_the_largest(capsys: pytest.Captur
 
 
 def test_a_4bit_model_is_counted_by_its_original_shape_not_its_packed_storage() -> None:
-    record = fake_record(param_count=4_544_008_192, total_parameters=8_030_261_248,
-                         quantized_parameter_bytes=3_500_000_000)
+    record = fake_record(param_count=4_544_008_192, by_technique={"lora": {"total_parameters": 8_030_261_248},
+                                                                  "qlora": {"quantized_parameter_bytes": 3_500_000_000}})
     line = next(line for line in run_summary.memory_lines(record) if line.startswith("model"))
     assert line.startswith("model           8,030,261,248 parameters (4,544,008,192 elements as stored: 4-bit"), line
 

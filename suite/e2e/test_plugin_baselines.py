@@ -223,7 +223,7 @@ def _good_file(tmp_path: Path) -> tuple[BaselineStore, Path]:
 
 def _corruptions(text: str) -> dict[str, tuple[str, str]]:
     data = json.loads(text)
-    newer = dict(data, schema=2)
+    newer = dict(data, schema=3)
     wrong_bytes = json.loads(text)
     wrong_bytes["records"]["vit-smoke/fake-a"]["record"]["peak_allocated_bytes"] = "10 MiB"
     wrong_records = dict(data, records=[])
@@ -232,7 +232,7 @@ def _corruptions(text: str) -> dict[str, tuple[str, str]]:
     return {
         "truncated": (text[: len(text) // 2], "not valid JSON"),
         "not-json": ("<<<<<<< HEAD\n", "not valid JSON"),
-        "newer-schema": (json.dumps(newer), "schema 2 is newer than this memclaims reads (schema 1)"),
+        "newer-schema": (json.dumps(newer), "schema 3 is newer than this memclaims reads (schema 2)"),
         "wrong-bytes": (json.dumps(wrong_bytes),
                         "records['vit-smoke/fake-a'].record.peak_allocated_bytes must be int, found str"),
         "wrong-records": (json.dumps(wrong_records), "'records' must be an object, found list"),

@@ -17,7 +17,7 @@ PAGED_SHARE = (0.9, 1.1)
 
 def _paged_outside_allocator(tier: str, get: Lookup) -> Verdict:
     eight, paged = get(EIGHT_BIT_ADAMW), get(PAGED)
-    moved = paged.paged_state_bytes or 0
+    moved = paged.observed(PAGED[0], "paged_state_bytes") or 0
     fall = eight.peak_allocated_bytes - paged.peak_allocated_bytes
     low, high = PAGED_SHARE
     return Verdict(moved > 0 and low * moved <= fall <= high * moved,

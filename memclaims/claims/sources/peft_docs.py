@@ -19,7 +19,7 @@ LORA_SHARE = 0.10
 
 def _lora_state(tier: str, get: Lookup) -> Verdict:
     plain, adapted = get(("fabric",)), get(LORA)
-    trainable, total = adapted.trainable_parameters or 0, adapted.total_parameters or 0
+    trainable, total = (adapted.observed(LORA[0], key) or 0 for key in ("trainable_parameters", "total_parameters"))
     fraction = trainable / total if total else float("nan")
     state = adapted.optimizer_state_bytes / plain.optimizer_state_bytes if plain.optimizer_state_bytes else float("nan")
     return Verdict(total > 0 and fraction <= LORA_SHARE and state <= LORA_SHARE,

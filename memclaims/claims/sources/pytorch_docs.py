@@ -28,7 +28,7 @@ def _saved_on_host(tier: str, get: Lookup) -> Verdict:
     plain, offload = get(("fabric",)), get(OFFLOAD)
     kept = plain.phases["forward"]["above_start_bytes"], offload.phases["forward"]["above_start_bytes"]
     left = kept[0] - kept[1]
-    packed = offload.offloaded_activation_bytes or 0
+    packed = offload.observed(OFFLOAD[0], "offloaded_activation_bytes") or 0
     activations = packed - offload.param_bytes
     return Verdict(activations > 0 and OFFLOAD_SHARE * activations <= left <= packed,
                    f"the forward pass keeps {in_mib(kept[0])} -> {in_mib(kept[1])} on the device under save_on_cpu: "
@@ -55,7 +55,7 @@ def _no_copy_on_cpu(tier: str, get: Lookup) -> Verdict:
     peaks = {name: (entry["allocated_bytes"], offload.phases.get(name, {}).get("allocated_bytes"))
              for name, entry in plain.phases.items()}
     differ = {name: pair for name, pair in peaks.items() if pair[0] != pair[1]}
-    packed = offload.offloaded_activation_bytes or 0
+    packed = offload.observed(OFFLOAD[0], "offloaded_activation_bytes") or 0
     return Verdict(packed > 0 and not differ,
                    f"{packed:,} B of saved tensors went through save_on_cpu's pack hook; phases whose peak differs from "
                    f"the recipe without it: {differ or 'none'}")
@@ -136,7 +136,8 @@ FUSED_LOSS_WORKLOAD = "hf:gpt2"
 
 def _logits_never_whole(tier: str, get: Lookup) -> Verdict:
     plain, fused = get(("fabric",)), get(FUSED_LOSS)
-    rows, classes, chunk = fused.fused_loss_rows or 0, fused.fused_loss_classes or 0, fused.fused_loss_chunk_rows or 0
+    rows, classes, chunk = (fused.observed(FUSED_LOSS[0], key) or 0 for key in
+                            ("fused_loss_rows", "fused_loss_classes", "fused_loss_chunk_rows"))
     logits = 4 * rows * classes
     fall = plain.peak_allocated_bytes - fused.peak_allocated_bytes
     return Verdict(0 < chunk < rows and logits > 0 and fall >= logits,

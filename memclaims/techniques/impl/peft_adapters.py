@@ -5,8 +5,9 @@
 query and value projections, or peft's default for an ``hf:`` model's type; ``memclaims.techniques.lora.effective``);
 the classification head is trained in full (``modules_to_save``: peft keeps the original frozen and trains a copy). The optimizer is built
 over all parameters, as peft's examples do; a frozen parameter never gets a gradient, so Adam keeps no
-state for it. ``parameter_fields`` says what the run saw: the Record's ``trainable_parameters`` and
-``total_parameters`` (``memclaims.measure.active`` checks the fraction and the optimizer state against them).
+state for it. ``parameter_fields`` says what the run saw: lora's ``trainable_parameters`` and ``total_parameters``
+(``memclaims.measure.active`` checks the fraction and the optimizer state against them), qlora's
+``quantized_parameter_bytes`` (their parts of the Record, ``by_technique``).
 
 The real engines call ``apply`` in the load phase (``memclaims.measure.pipeline``); the sim calls it on its
 fake model (``memclaims.techniques.impl.peft_adapters_fake``), so both count the same parameters.
@@ -75,7 +76,7 @@ def _elements(param: nn.Parameter) -> int:
 
 
 def parameter_fields(model: nn.Module) -> dict[str, Any]:
-    """The Record's ``trainable_parameters`` (elements that require a gradient) and ``total_parameters``
+    """The adapted model's ``trainable_parameters`` (elements that require a gradient) and ``total_parameters``
     (every element, the head's frozen original and its trained copy included; a 4-bit weight by its
     original shape), and ``quantized_parameter_bytes`` (the 4-bit weights' packed storage, None without)."""
     params = list(model.parameters())

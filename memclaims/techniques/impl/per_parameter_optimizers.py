@@ -20,15 +20,16 @@ from typing import Any
 
 import torch
 
-from memclaims.techniques.base import LoopHelper
+from memclaims.techniques.base import LoopHelper, observations
 
 
 class OptimizerInBackward(LoopHelper):
     """Per-parameter optimizers for every parameter of ``optimizer``, stepped in backward by ``step``
     (the loop's: the sim attributes the step's temporaries)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, step: Callable[[Any], None]) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, step: Callable[[Any], None], technique: str) -> None:
         self.step = step
+        self.technique = technique  # whose part of the Record holds what it counts
         self.steps = 0  # per-parameter steps taken inside backward
         self.grad_peak_bytes = 0  # the most gradient bytes alive at once at a hook
         self._live: dict[torch.Tensor, int] = {}  # parameter -> its gradient's bytes, while alive
@@ -57,5 +58,6 @@ class OptimizerInBackward(LoopHelper):
         if param.grad is None:
             self._live.pop(param, None)
 
-    def measured_fields(self) -> dict[str, int]:
-        return dict(backward_optimizer_steps=self.steps, backward_grad_peak_bytes=self.grad_peak_bytes)
+    def measured_fields(self) -> dict[str, Any]:
+        return observations(self.technique, backward_optimizer_steps=self.steps,
+                            backward_grad_peak_bytes=self.grad_peak_bytes)

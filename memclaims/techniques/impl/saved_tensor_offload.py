@@ -18,7 +18,7 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_leaves
 
-from memclaims.techniques.base import LoopHelper
+from memclaims.techniques.base import LoopHelper, observations
 
 
 def host_bytes(packed: Any) -> int:
@@ -29,10 +29,12 @@ def host_bytes(packed: Any) -> int:
 
 class ActivationOffload(LoopHelper):
     """Makes the hooks for each forward pass and counts what their pack function put on the host
-    in the passes it is asked to count (the first measured one: ``offloaded_activation_bytes``)."""
+    in the passes it is asked to count (the first measured one: ``offloaded_activation_bytes`` of ``technique``'s
+    part of the Record)."""
 
-    def __init__(self, device_type: str) -> None:
+    def __init__(self, device_type: str, technique: str) -> None:
         self.pin_memory = device_type == "cuda"
+        self.technique = technique
         self.host_bytes: int | None = None
 
     def hooks(self) -> saved_tensors_hooks:
@@ -64,4 +66,4 @@ class ActivationOffload(LoopHelper):
         return self.forward(count=self.host_bytes is None)
 
     def measured_fields(self) -> dict[str, Any]:
-        return {"offloaded_activation_bytes": self.host_bytes}
+        return observations(self.technique, offloaded_activation_bytes=self.host_bytes)

@@ -31,8 +31,8 @@ class DeviceAccounting(Protocol):
 
 
 class SimulatedOffload(ActivationOffload):
-    def __init__(self, memory: DeviceAccounting) -> None:
-        super().__init__("cuda")
+    def __init__(self, memory: DeviceAccounting, technique: str) -> None:
+        super().__init__("cuda", technique)
         self.memory = memory
 
     def hooks(self) -> saved_tensors_hooks:

@@ -53,9 +53,10 @@ def test_fused_loss_is_active_and_matches_its_baseline(tier, record_cache, basel
     record = _get(record_cache, tier, FUSED)
     assert active.problems(recipe, record) == []
     # One call per micro-batch of the measured steps, every token of the batch, chunked, never falling back.
-    assert record.fused_loss_calls == record.memory_steps * recipe.accumulation_steps
-    assert record.fused_loss_rows == recipe.batch_size * hf.SEQ[recipe.scale.name]
-    assert record.fused_loss_fallbacks == 0
+    seen = record.by_technique["fused-linear-ce"]
+    assert seen["fused_loss_calls"] == record.memory_steps * recipe.accumulation_steps
+    assert seen["fused_loss_rows"] == recipe.batch_size * hf.SEQ[recipe.scale.name]
+    assert seen["fused_loss_fallbacks"] == 0
     baseline_check.check(f"{tier}:{record.recipe}", record, record_property)
 
 
@@ -102,7 +103,7 @@ def test_an_op_that_falls_back_is_caught() -> None:
     loss.run = lambda hidden, weight, targets, bias, options: F.linear_cross_entropy(  # type: ignore[method-assign]
         hidden, weight, targets, linear_bias=bias, options=options, label_smoothing=0.1)
     loss(model, model(torch.randn(8, 4)), torch.randint(0, 16, (8,)))
-    assert loss.measured_fields()["fused_loss_fallbacks"] == 1
+    assert loss.measured_fields()["by_technique"]["fused-linear-ce"]["fused_loss_fallbacks"] == 1
 
 
 def inject_head_not_bypassed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,8 +39,9 @@ def test_lora_is_active_and_matches_its_baseline(tier, record_cache, baseline_ch
     record = _get(record_cache, tier, LORA)
     assert active.problems(recipe, record) == []
     # Gradients for the trainable parameters only; the frozen base weights keep none, and no optimizer state.
-    assert record.grad_bytes == 4 * record.trainable_parameters
-    assert record.total_parameters == record.param_count
+    seen = record.by_technique["lora"]
+    assert record.grad_bytes == 4 * seen["trainable_parameters"]
+    assert seen["total_parameters"] == record.param_count
     baseline_check.check(f"{tier}:{record.recipe}", record, record_property)
 
 
@@ -90,4 +91,5 @@ def test_asked_parameters_train_what_peft_reports_and_the_record_says_them(adapt
     overrides = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_hidden_layers=2,
                      num_key_value_heads=2, vocab_size=1000)
     # From the shapes too: per layer q_proj 256 -> 256 and v_proj 256 -> 128 (2 of 4 heads), r * (in + out) each.
-    assert record.trainable_parameters == _peft_trainable("llama", overrides) == 2 * 4 * ((256 + 256) + (256 + 128))
+    trainable = record.observed("lora", "trainable_parameters")
+    assert trainable == _peft_trainable("llama", overrides) == 2 * 4 * ((256 + 256) + (256 + 128))

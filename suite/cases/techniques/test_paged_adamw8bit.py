@@ -33,7 +33,8 @@ def test_replay_is_active_and_matches_its_baseline(record_cache: RecordCache, ba
     eight = record_cache.get("sim", resolve("vit", "article", ("adamw8bit",)))
     # The same states as AdamW8bit's; the large ones (uint8, 1 B per parameter each) out of the allocator.
     assert record.optimizer_state_bytes == eight.optimizer_state_bytes
-    assert 0.9 * eight.optimizer_state_bytes < (record.paged_state_bytes or 0) < eight.optimizer_state_bytes
+    assert 0.9 * eight.optimizer_state_bytes < (record.observed("paged-adamw8bit", "paged_state_bytes") or 0) < \
+        eight.optimizer_state_bytes
     assert record.peak_allocated_bytes < eight.peak_allocated_bytes
     baseline_check.check(f"sim:{record.recipe}", record, record_property)
 
@@ -54,6 +55,6 @@ def test_states_that_stay_in_the_allocator_are_caught(record_cache: RecordCache,
 def test_on_the_cpu_bitsandbytes_does_not_page_and_the_record_says_so() -> None:
     recipe = resolve("vit", "smoke", PAGED)
     record = run_recipe(recipe, RunOptions(device="cpu", evaluate=False, memory_steps=1))[0]
-    assert record.paged_state_bytes == 0 and record.optimizer_state_by_dtype.get("uint8", 0) > 0
+    assert record.observed("paged-adamw8bit", "paged_state_bytes") == 0 and record.optimizer_state_by_dtype.get("uint8", 0) > 0
     assert active.problems(recipe, record) == []
     assert any("Paged optimizers are not supported on CPU" in note for note in record.notes)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from memclaims.baselines import store as b
 from memclaims.baselines.store import SCHEMA, Baseline, BaselineError, BaselineStore
+from memclaims.core.record import Record
 from memclaims.pytest.testing import fake_record
 
 AVX2 = {"machine": "x86_64", "capability": "avx2", "half_features": [], "torch_build": "cu130"}
@@ -161,7 +162,7 @@ def test_measured_noise_and_a_tolerance_file_that_cannot_be_trusted(tmp_path: Pa
     file = tmp_path / "tolerances.json"
     store = BaselineStore(tmp_path, tolerances=file)
     assert store.tolerances() == {} and store.noise().accuracy == {}
-    file.write_text(json.dumps({"schema": b.SCHEMA, "accuracy": {"recipes": {
+    file.write_text(json.dumps({"schema": b.TOLERANCE_SCHEMA, "accuracy": {"recipes": {
         "vit-converged/sgd": {"same": 0.005, "change": 0.02, "by_seed": {"123": 0.95, "1": 0.96}}}},
         "losses": {"per_step": [0.001, 0.002]}}))
     noise = BaselineStore(tmp_path, tolerances=file).noise()
@@ -260,7 +261,7 @@ def _file(**changes: object) -> str:
     (json.dumps({"schema": 0, "environment": "env", "records": {}}), "unknown schema 0"),
     ("[1, 2]", "top level must be an object, found list [1, 2]"),
     (json.dumps({"schema": True, "environment": "env", "records": {}}), "'schema' must be an integer, found bool true"),
-    (json.dumps({"schema": 2, "environment": "env", "records": {}}), "schema 2 is newer than this memclaims reads"),
+    (json.dumps({"schema": 3, "environment": "env", "records": {}}), "schema 3 is newer than this memclaims reads"),
     (json.dumps({"schema": 1, "environment": 3, "records": {}}), "'environment' must be a string, found int 3"),
     (json.dumps({"schema": 1, "environment": "other", "records": {}}), "'environment' is 'other' but the file name"),
     (json.dumps({"schema": 1, "environment": "env", "records": []}), "'records' must be an object, found list []"),
@@ -454,3 +455,41 @@ def test_an_update_rewrites_only_the_records_it_measured(tmp_path: Path) -> None
     assert after["vit-smoke/a"] == old and "notes" not in after["vit-smoke/a"]["record"]
     assert after["vit-smoke/b"]["record"]["recipe"] == "vit-smoke/b"
     assert store.get("cpu-x86_64", "vit-smoke/a").record.recipe == "vit-smoke/a"  # still read as today's Record
+
+
+@pytest.mark.parametrize("environment", ["cpu-x86_64-avx512-bf16-cu130", "sim-article"])
+def test_a_schema_1_file_reads_through_the_migration_and_its_first_update_writes_schema_2(
+        tmp_path: Path, environment: str) -> None:
+    """A copy of a committed baseline file of the old form (schema 1, the flat technique fields): every observation
+    reads from its technique's part, as the judged numbers read as stored; an update writes the file whole as
+    schema 2, each record moved and nothing else changed."""
+    import shutil
+
+    from fixtures.paths import ROOT
+    from memclaims.baselines.compare import measured_metrics
+    from memclaims.core.record import RETIRED_FIELDS, migrate
+
+    store = BaselineStore(tmp_path)
+    store.measured.mkdir()
+    shutil.copy(ROOT / "baselines" / "measured" / f"{environment}.json", store.path(environment))
+    old = json.loads(store.path(environment).read_text())
+    assert old["schema"] == 1
+    moved = [(key, field, value) for key, entry in old["records"].items()
+             for field, value in entry["record"].items() if field in RETIRED_FIELDS and value is not None]
+    assert moved  # the file holds observations of the old form
+    loaded = store.load(environment)
+    for key, field, value in moved:
+        assert loaded[key].record.observed(RETIRED_FIELDS[field], field) == value
+    for key, entry in old["records"].items():  # every compared number as the file stores it
+        raw = entry["record"]
+        assert measured_metrics(loaded[key].record) == measured_metrics(Record.from_dict(
+            {k: v for k, v in raw.items() if k not in RETIRED_FIELDS}))
+    first = sorted(old["records"])[0]
+    store.update(environment, {first: loaded[first]})
+    new = json.loads(store.path(environment).read_text())
+    assert new["schema"] == SCHEMA == 2
+    for key, entry in old["records"].items():
+        assert not RETIRED_FIELDS.keys() & new["records"][key]["record"].keys()
+        if key != first:
+            assert new["records"][key] == {**entry, "record": migrate(entry["record"])}
+    assert store.load(environment, fresh=True) == loaded

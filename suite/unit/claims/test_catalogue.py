@@ -41,6 +41,7 @@ from memclaims.claims.sources import stacks_docs as stacks_docs_source
 from memclaims.claims.sources import torchao_docs as torchao_docs_source
 from memclaims.core import published
 from memclaims.core.record import Record
+from memclaims.pytest.testing import with_observed
 
 
 def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,12 +84,14 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
                                                           peak_allocated_bytes=plain.peak_allocated_bytes)
     elif name == "lora-few-trainable-parameters":  # adapters silently not applied: everything trains
         adapted = records[peft_docs_source.LORA]
-        records[peft_docs_source.LORA] = dataclasses.replace(adapted, trainable_parameters=adapted.total_parameters,
-                                                   optimizer_state_bytes=records[("fabric",)].optimizer_state_bytes)
+        records[peft_docs_source.LORA] = with_observed(
+            dataclasses.replace(adapted, optimizer_state_bytes=records[("fabric",)].optimizer_state_bytes),
+            "lora", trainable_parameters=adapted.observed("lora", "total_parameters"))
     elif name == "fused-linear-ce-logits-never-whole":  # one chunk of every token: the whole logits buffer again
         fused = records[pytorch_docs_source.FUSED_LOSS]
-        records[pytorch_docs_source.FUSED_LOSS] = dataclasses.replace(fused, fused_loss_chunk_rows=fused.fused_loss_rows,
-                                                         peak_allocated_bytes=records[("fabric",)].peak_allocated_bytes)
+        records[pytorch_docs_source.FUSED_LOSS] = with_observed(
+            dataclasses.replace(fused, peak_allocated_bytes=records[("fabric",)].peak_allocated_bytes),
+            "fused-linear-ce", fused_loss_chunk_rows=fused.observed("fused-linear-ce", "fused_loss_rows"))
     elif name == "optimizer-foreach-sizeof-params-more":  # a foreach that holds one parameter's tensor at a time
         records[pytorch_docs_source.FOREACH] = _observed(records[pytorch_docs_source.FOREACH], "foreach", records[pytorch_docs_source.FOR_LOOP], "for-loop")
     elif name == "optimizer-fused-no-intermediates":  # fused=True running the foreach step
@@ -120,9 +123,11 @@ def break_world(name: str, tier: str, records: dict[Key, Record], monkeypatch: p
     elif name == "activation-offload-saved-on-host":  # packed, but the device copies stay
         records[pytorch_docs_source.OFFLOAD] = dataclasses.replace(records[pytorch_docs_source.OFFLOAD], phases=records[("fabric",)].phases)
     elif name == "paged-optimizer-unified-memory":  # the states stayed in the caching allocator
-        records[bitsandbytes_docs_source.PAGED] = dataclasses.replace(records[bitsandbytes_docs_source.EIGHT_BIT_ADAMW], paged_state_bytes=0)
+        records[bitsandbytes_docs_source.PAGED] = with_observed(records[bitsandbytes_docs_source.EIGHT_BIT_ADAMW],
+                                                                "paged-adamw8bit", paged_state_bytes=0)
     elif name == "expandable-segments-fewer-slivers":  # the setting did not take: the default's segments
-        records[pytorch_docs_source.EXPANDABLE] = dataclasses.replace(records[("fabric",)], expandable_segment_bytes=0)
+        records[pytorch_docs_source.EXPANDABLE] = with_observed(records[("fabric",)], "expandable-segments",
+                                                                expandable_segment_bytes=0)
     elif name == "activation-offload-no-copy-on-cpu":  # a host copy of every saved tensor (pinned on the CPU)
         offload = records[pytorch_docs_source.OFFLOAD]
         forward = offload.phases["forward"]

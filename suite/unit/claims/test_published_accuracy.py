@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from memclaims.claims import published_accuracy
-from memclaims.claims.published_accuracy import Facts, Target, check, unmet
+from memclaims.claims.published_accuracy import Facts, Target, judge, unmet
 from memclaims.core.record import Record
 from memclaims.measure.runner import RunOptions
 from memclaims.pytest.testing import fake_record
@@ -81,20 +81,20 @@ def test_within_the_chains_spread_holds_both_sides() -> None:
     band = published_accuracy.chain_spread()
     assert published_accuracy.same_computation_spread() < band  # the band is wider than run-to-run noise
     for delta in (-band + 0.01, 0.0, band - 0.01):
-        verdict = check(BF16, run_of(BF16, BF16.published_pct + delta))
+        verdict = judge(BF16, run_of(BF16, BF16.published_pct + delta))
         assert verdict.passed, verdict.detail
         assert "within band" in verdict.detail and f"band +-{band:.2f}" in verdict.detail
-    assert check(DISTILBERT, run_of(DISTILBERT, DISTILBERT.published_pct - 0.5)).passed
+    assert judge(DISTILBERT, run_of(DISTILBERT, DISTILBERT.published_pct - 0.5)).passed
 
 
 def test_outside_the_spread_does_not_hold_both_sides() -> None:
     band = published_accuracy.chain_spread()
-    below = check(BF16, run_of(BF16, BF16.published_pct - band - 0.05))
-    above = check(BF16, run_of(BF16, BF16.published_pct + band + 0.05))
+    below = judge(BF16, run_of(BF16, BF16.published_pct - band - 0.05))
+    above = judge(BF16, run_of(BF16, BF16.published_pct + band + 0.05))
     assert not below.passed and not above.passed
     assert f"{-band - 0.05:+.2f} points" in below.detail and "(outside)" in below.detail
     assert f"{band + 0.05:+.2f} points" in above.detail
-    assert not check(DISTILBERT, run_of(DISTILBERT, DISTILBERT.published_pct - band - 0.05)).passed
+    assert not judge(DISTILBERT, run_of(DISTILBERT, DISTILBERT.published_pct - band - 0.05)).passed
 
 
 def test_a_run_that_is_not_the_articles_is_not_compared_blind() -> None:
@@ -108,7 +108,7 @@ def test_a_run_that_is_not_the_articles_is_not_compared_blind() -> None:
         "accuracy not measured": dataclasses.replace(run_of(BF16, right), accuracy=None),
     }
     for expected, record in cases.items():
-        verdict = check(BF16, record)
+        verdict = judge(BF16, record)
         assert not verdict.passed and expected in verdict.detail and "not comparable" in verdict.detail, verdict.detail
 
 

@@ -39,7 +39,7 @@ def test_the_upgrade_candidate_draws_a_bar_over_its_cases_and_says_each_above_it
     monkeypatch.setattr(candidate, "measure_case",
                         lambda tier, recipe, options: [{"tier": tier, "recipe": recipe.id, "skipped": "scripted"}])
     only = ["vit-smoke/fabric", "vit-smoke/bf16-true"]
-    assert candidate.run(["cpu"], tmp_path / "records.jsonl", only=only) == 0
+    assert candidate.measure_candidate(["cpu"], tmp_path / "records.jsonl", only=only) == 0
     drawn = terminal.getvalue()
     assert "memclaims candidate:   0%" in drawn and "0/2" in drawn
     assert "[1/2] cpu:vit-smoke/fabric skipped" in drawn and "[2/2] cpu:vit-smoke/bf16-true skipped" in drawn

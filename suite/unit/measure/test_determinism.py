@@ -65,7 +65,7 @@ def test_the_runner_wraps_every_run_in_it(monkeypatch) -> None:
         return original(device, **kwargs)
 
     monkeypatch.setattr(determinism, "deterministic", spy)
-    monkeypatch.setattr(pipeline, "run", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(pipeline, "measure", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         runner.run(resolve("vit", "smoke", ("fabric",)), runner.RunOptions(device="cpu"))
     assert seen == ["cpu"]

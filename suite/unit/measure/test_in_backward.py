@@ -29,7 +29,7 @@ def _model() -> nn.Module:
 
 def _train(model: nn.Module, name: str, fused: bool) -> OptimizerInBackward | None:
     optimizer, scheduler = optimizers.build(name, model, 0.01, total_steps=STEPS)
-    in_backward = OptimizerInBackward(optimizer, lambda single: single.step()) if fused else None
+    in_backward = OptimizerInBackward(optimizer, lambda single: single.step(), "optimizer-in-backward") if fused else None
     data = torch.Generator().manual_seed(1)
     for _ in range(STEPS):
         inputs, targets = torch.randn(5, 8, generator=data), torch.randint(0, 4, (5,), generator=data)
@@ -62,7 +62,7 @@ def test_the_states_are_read_where_the_recipe_optimizer_keeps_them() -> None:
     """State bytes, the probes and the sim's tags read the recipe's optimizer: the copies' states live there."""
     model = _model()
     optimizer, _ = optimizers.build("adam", model, 0.01, total_steps=1)
-    OptimizerInBackward(optimizer, lambda single: single.step())
+    OptimizerInBackward(optimizer, lambda single: single.step(), "optimizer-in-backward")
     model(torch.randn(2, 8)).sum().backward()
     assert len(optimizer.state) == len(list(model.parameters()))
     assert all({"exp_avg", "exp_avg_sq"} <= set(state) for state in optimizer.state.values())
@@ -82,7 +82,8 @@ def test_on_cuda_the_offload_is_pinned_and_the_step_runs_in_backward(fake_cuda, 
     techniques = ("activation-offload", "optimizer-in-backward")
     record = _run(techniques, devices=1)
     assert made and all(made), made  # pin_memory=True on CUDA, once per forward pass
-    assert record.offloaded_activation_bytes and record.offloaded_activation_bytes > 0
-    assert record.backward_optimizer_steps == record.param_tensor_count * record.memory_steps
+    assert (record.observed("activation-offload", "offloaded_activation_bytes") or 0) > 0
+    assert record.observed("optimizer-in-backward", "backward_optimizer_steps") == \
+        record.param_tensor_count * record.memory_steps
     assert record.grad_bytes == 0
     assert resolve("vit", "smoke", techniques).id == record.recipe

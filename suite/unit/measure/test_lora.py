@@ -24,14 +24,15 @@ RECIPE = resolve("distilbert", "smoke", ("lora",))
 TOTAL, TRAINABLE, TENSORS = 100_000, 2_000, 40
 
 
-def _record(**changes: object) -> object:
+def _record(trainable: int | None = TRAINABLE, total: int | None = TOTAL, **changes: object) -> object:
+    """A lora Record; ``trainable``, ``total``: lora's observations (None: not observed)."""
     values = dict(recipe=RECIPE.id, workload="distilbert", techniques=["lora"], precision="32-true",
                   param_count=TOTAL, param_tensor_count=TENSORS, param_bytes=4 * TOTAL, grad_bytes=4 * TRAINABLE,
-                  optimizer_state_bytes=8 * TRAINABLE + 4 * TENSORS, trainable_parameters=TRAINABLE,
-                  total_parameters=TOTAL, step_examples=RECIPE.batch_size, step_micro_batches=1,
-                  compute_dtypes=["float32"])
+                  optimizer_state_bytes=8 * TRAINABLE + 4 * TENSORS, step_examples=RECIPE.batch_size,
+                  step_micro_batches=1, compute_dtypes=["float32"])
     values.update(changes)
-    return fake_record(**values)
+    seen = {k: v for k, v in (("trainable_parameters", trainable), ("total_parameters", total)) if v is not None}
+    return fake_record(**values, by_technique={"lora": seen} if seen else {})
 
 
 def _lora_lines(record: object) -> list[str]:
@@ -43,7 +44,7 @@ def test_adapters_with_state_for_them_only_are_active() -> None:
 
 
 def test_everything_trainable_is_named_with_the_fraction_and_phase() -> None:
-    (line,) = _lora_lines(_record(trainable_parameters=TOTAL, optimizer_state_bytes=8 * TOTAL))
+    (line,) = _lora_lines(_record(trainable=TOTAL, optimizer_state_bytes=8 * TOTAL))
     assert line.startswith(f"{RECIPE.id}: lora is not active: trainable_parameters is 100,000 of 100,000 (100.0%) "
                            "after phase load"), line
 
@@ -55,7 +56,7 @@ def test_state_kept_for_frozen_weights_is_named() -> None:
 
 
 def test_a_run_that_saw_no_adapted_model_is_named() -> None:
-    (line,) = _lora_lines(_record(trainable_parameters=None, total_parameters=None))
+    (line,) = _lora_lines(_record(trainable=None, total=None))
     assert "trainable_parameters is None" in line and "phase load" in line
 
 
@@ -154,7 +155,7 @@ def test_a_user_workloads_define_states_its_own_defaults() -> None:
         width, depth = mlp.SHAPES["smoke"]
         head = width * mlp.CLASSES + mlp.CLASSES
         for recipe, r in ((resolve(mlp.NAME, "smoke", ("lora",)), 4), (asked, 8)):
-            assert simulate(recipe).trainable_parameters == depth * r * (width + 4 * width) + head
+            assert simulate(recipe).observed("lora", "trainable_parameters") == depth * r * (width + 4 * width) + head
         with pytest.raises(UsageError, match="define\\('x', lora=...\\) needs target_modules"):
             user.define("x", build_model=mlp.Net, train_data=list, test_data=list, block_class=mlp.Block,
                         num_classes=4, lora={"r": 4})

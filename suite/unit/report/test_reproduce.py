@@ -1,9 +1,8 @@
-"""``memclaims reproduce`` and ``baselines calibrate`` on constructed runs (no training)."""
+"""``memclaims reproduce`` on constructed runs (no training)."""
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,10 +13,9 @@ import pytest
 from fixtures.claim_worlds import fake_run
 from memclaims.baselines.store import BaselineStore
 from memclaims.core.record import Record
-from memclaims.pytest.testing import FAKE_PEAK as PEAK
 from memclaims.pytest.testing import fake_record
 from memclaims.recipes.recipe import Recipe
-from memclaims.report.reproduce import calibrate, reproduce
+from memclaims.report.reproduce import reproduce
 from memclaims.report.series import MeasureFn
 
 
@@ -82,21 +80,6 @@ def test_reproduce_on_the_sim_compares_with_published_ratios(tmp_path: Path, mon
     md = (tmp_path / "reproduce.md").read_text()
     assert "text 6x faster, logs 17.88 / 3.45 = 5.2x, this run (roofline on the simulated A100" in md
     assert "GB reserved (decimal), predicted" in md and "| 02 02_mixed-precision | 16-mixed | as asked | 18.21 |" in md
-
-
-def test_calibrate_stores_spread_with_a_floor(tmp_path: Path) -> None:
-    peaks = itertools.cycle([PEAK, int(PEAK * 1.02), PEAK])
-
-    def noisy(recipe: Recipe, device: str, evaluate: bool) -> Record:
-        return fake_record(recipe.id, peak_allocated_bytes=next(peaks))
-
-    store = BaselineStore(tmp_path)
-    tolerances = calibrate("vit-smoke/bf16-true", 3, store, run_fn=noisy)
-    assert abs((tolerances["peak_allocated_bytes"] or 0) - 3 * 0.02 / (1.02 / 3 + 2 / 3)) < 1e-3
-    assert tolerances["param_bytes"] == 0.005  # no spread: the floor
-    stored = store.load("cpu-x86_64", fresh=True)["vit-smoke/bf16-true"]
-    # Only what differs from the defaults is stored: the one metric that spread.
-    assert stored.tolerances == {"peak_allocated_bytes": tolerances["peak_allocated_bytes"]}
 
 
 # --- the ViT-H/14 series and the LLM bonus rows (reproduce --all on cpu and cuda) --------------------

@@ -125,7 +125,7 @@ def test_where_no_step_shows_its_temporaries_only_the_flags_are_checked() -> Non
     rank.devices = 4
     assert _problems(rank) == []
     in_backward = _record("fused", step_temporary_bytes=GROUP)
-    in_backward.backward_optimizer_steps = 160
+    in_backward.by_technique["optimizer-in-backward"] = {"backward_optimizer_steps": 160}
     assert _problems(in_backward) == []
 
 
