@@ -376,6 +376,8 @@ class CpuProbe:
         as ``Other`` (activations and temporaries in the breakdown: what the model states do not explain)."""
         from torch.distributed._tools.mem_tracker import _MemRefType
 
+        if not self._set_up:  # no set-up phase before (the watch tracks first): nothing to carry, no collection
+            return
         gc.collect()  # what only a reference cycle kept is gone
         alive = [storage for ref in self._set_up if (storage := ref()) is not None]
         for storage in alive:

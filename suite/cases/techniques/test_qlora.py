@@ -99,9 +99,9 @@ def test_the_sim_replays_the_cpu_tiers_exact_bytes() -> None:
     the same parameter, gradient and optimizer-state bytes, the same storage of each kind in the 4-bit layers,
     and the same training peak, byte for byte, relative to the same recipe with lora (the full-precision base):
     the sim and the cpu tier differ there by what they do for every recipe (the sim keeps the logits, as the
-    article's scripts do), and by the quantization state, which the sim holds on the device and the cpu probe
-    does not track during training (it tracks the parameters, buffers, gradients and optimizer state; the absmax
-    and the code tables are none of these, so the cpu tier's Record gives their bytes in by_technique)."""
+    article's scripts do). The quantization state (the absmax and the code tables, made when the model is
+    quantized at set-up) counts on both: the sim holds it on the device, and the cpu probe counts every storage
+    set-up kept alive in every training phase, as a GPU's allocated bytes would."""
     from memclaims.techniques.impl.nf4_base import quant_state_bytes
 
     measured, predicted = {}, {}
@@ -115,13 +115,13 @@ def test_the_sim_replays_the_cpu_tiers_exact_bytes() -> None:
     assert [getattr(replay, k) for k in state] == [getattr(cpu, k) for k in state]
     assert replay.observed("qlora", "quantized_parameter_bytes") == cpu.observed("qlora", "quantized_parameter_bytes")
     assert _storage(replay) == _storage(cpu)
-    hidden = quant_state_bytes(cpu.by_technique["qlora"])
-    assert hidden > 0
+    kept = quant_state_bytes(cpu.by_technique["qlora"])
+    assert kept > 0  # so the equality below fails when the cpu probe stops counting what set-up kept
 
     def train(record: Record) -> int:
         return int(record.phases["train"].get("live_bytes") or record.phases["train"]["allocated_bytes"])
 
-    assert train(replay) - train(predicted["lora"]) == train(cpu) - train(measured["lora"]) + hidden
+    assert train(replay) - train(predicted["lora"]) == train(cpu) - train(measured["lora"])
 
 
 # --- the sim --------------------------------------------------------------------------------------
