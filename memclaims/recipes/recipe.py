@@ -194,7 +194,7 @@ def _asked(work: Workload, technique_names: Iterable[str], given: Iterable[Any])
             kind = registry.technique(name).parameters
             if kind is None:
                 raise UsageError(f"technique {name!r} takes no parameters; {text!r} gives some")
-            asked[name] = kind.parse(bracketed.group("parameters"))
+            asked[name] = kind.parse(bracketed.group("values"))
     for value in given:
         takers = [n for n in names if registry.technique(n).parameters is type(value)]
         if not takers:
@@ -253,7 +253,7 @@ def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str],
 
 
 _SIZED_HEAD = re.compile(r"^(?P<head>.*?)\[(?P<sizes>[^\[\]]*)\]$")
-_BRACKETED = re.compile(r"^(?P<name>[^\[\]]+)\[(?P<parameters>[^\[\]]*)\]$")
+_BRACKETED = re.compile(r"^(?P<name>[^\[\]]+)\[(?P<values>[^\[\]]*)\]$")
 # A "+" between techniques, not one inside a technique's brackets (``lora[targets=q_proj+v_proj]``).
 _BETWEEN_TECHNIQUES = re.compile(r"\+(?![^\[]*\])")
 

@@ -13,7 +13,7 @@ import pytest
 
 from fixtures.paths import ROOT
 from memclaims.baselines.compare import REGRESSION, STALE, compare
-from memclaims.baselines.store import BaselineError, BaselineStore
+from memclaims.baselines.store import SCHEMA, BaselineError, BaselineStore
 from memclaims.core.environment import environment_id
 from memclaims.core.record import Record
 from memclaims.pytest.testing import FAKE_PEAK, FAKE_VERSIONS, PLATEAU, fake_record, make_project
@@ -304,7 +304,7 @@ def test_file_is_sorted_indented_json_with_integer_bytes(tmp_path: Path) -> None
     text = path.read_text()
     data = json.loads(text)
     assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
-    assert data["schema"] == 1 and data["environment"] == ENV == path.stem
+    assert data["schema"] == SCHEMA and data["environment"] == ENV == path.stem
     entry = data["records"]["vit-smoke/fake-a"]
     assert isinstance(entry["record"]["peak_allocated_bytes"], int)
     assert entry["record"]["versions"]["torch"] == "2.14.1"
