@@ -132,10 +132,14 @@ def test_phase_peaks_use_the_phases_tolerance_then_the_peak_tolerance() -> None:
     ranked = _result(c.compare(fake_record(phases=grown, devices=2), fake_record(phases=phases, devices=2)),
                      "phases.forward.allocated_bytes")
     assert ranked.verdict == c.OK and ranked.tolerance == c.DISTRIBUTED_PHASE_TOLERANCE
-    # Its run's peak is its largest phase peak, with the same noise; one device keeps the tight one.
+    # A real rank's run peak is its largest phase peak, with the same noise; one device and the sim's ranks (no
+    # communication timing) keep the tight one.
     assert _result(c.compare(fake_record(phases=grown, devices=2), fake_record(phases=phases, devices=2)),
                    "peak_allocated_bytes").tolerance == c.DISTRIBUTED_PHASE_TOLERANCE
     assert _result(c.compare(fake_record(phases=grown), fake_record(phases=phases)),
+                   "peak_allocated_bytes").tolerance == TOL
+    sim_rank = {"phases": grown, "devices": 2, "device": "sim"}
+    assert _result(c.compare(fake_record(**sim_rank), fake_record(**{**sim_rank, "phases": phases})),
                    "peak_allocated_bytes").tolerance == TOL
     vanished = c.compare(fake_record(), base)
     assert _result(vanished, "phases.forward.allocated_bytes").verdict == c.MISSING

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 import pytest
 import torch
 from torch import nn
@@ -165,10 +167,12 @@ def test_host_memory_falls_back_to_the_lifetime_peak(tmp_path) -> None:
 def test_host_memory_peak_is_per_span_on_linux() -> None:
     host = HostMemory()
     host.start()
-    block = bytearray(256 * 2**20)
-    block[::4096] = b"\x01" * len(block[::4096])  # touch every page: resident, not just reserved
+    # Fresh anonymous pages (a bytearray may reuse a freed heap that is still resident in a worker that ran other
+    # tests, leaving the resident set where it was: seen once in CI's run).
+    block = mmap.mmap(-1, 256 * 2**20)
+    block.write(b"\x01" * len(block))  # touch every page: resident, not just reserved
     with_block = host.peak_bytes()
-    del block
+    block.close()
     host.start()
     assert host.resettable and with_block is not None
     assert with_block - host.peak_bytes() >= 200 * 2**20
