@@ -132,7 +132,7 @@ class RecordCache:
             chosen = settings(self.config)  # the profile, with the older releases --memclaims-era names
             profile = profile_name(sim_tier_profile(recipe.workload.name, chosen.sim_profile), chosen.era)
             return run_recipe(recipe, RunOptions(device="sim", profile=profile,
-                                              memory_steps=settings(self.config).steps,
+                                              memory_steps=chosen.steps,
                                               load_only=load_only))[0]
         options = self.options(tier)
         if recipe.scale.plateau:  # a fixed task and schedule: its baselines mean the same everywhere

@@ -81,10 +81,10 @@ def _parameters_lines(recipe: Recipe) -> list[str]:
 def _parameter_line(record: Record) -> str:
     """The parameter count a person means: a 4-bit weight by its original shape, not its packed storage."""
     # What peft's adapted model showed (lora's part of the Record; qlora's: its 4-bit weights).
-    packed, counted = record.observed("qlora", "quantized_parameter_bytes"), record.by_technique.get("lora", {})
-    trainable = counted.get("trainable_parameters")
+    packed = record.observed("qlora", "quantized_parameter_bytes")
+    trainable, counted = (record.observed("lora", key) for key in ("trainable_parameters", "total_parameters"))
     if packed is not None:
-        total = f"{counted['total_parameters']:,} {PARAMETERS}" if "total_parameters" in counted else PARAMETERS
+        total = f"{counted:,} {PARAMETERS}" if counted is not None else PARAMETERS
         shown = f", {trainable:,} trainable" if trainable is not None else ""
         return (f"{total}{shown} ({record.param_count:,} elements as stored: 4-bit weights packed two to a byte, "
                 f"{size(packed)} of them)")
