@@ -124,10 +124,13 @@ class _Judged:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
+        refused = None
         try:
             self.watch.__exit__(kind, error, trace)
-        except UsageError as refused:  # the sim's value read or bitsandbytes: its one line, no traceback
-            pytest.fail(str(refused), pytrace=False)
+        except UsageError as usage:  # the sim's value read or bitsandbytes: its one line, no traceback
+            refused = str(usage)
+        if refused is not None:  # from None: the with-block's own error (the fake tensor's) is not shown under it
+            raise pytest.fail.Exception(refused, pytrace=False) from None
         if error is None:
             self.fixture.judge(self.watch.record)
 

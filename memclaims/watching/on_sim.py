@@ -40,8 +40,6 @@ from memclaims.measure.tensors import optimizer_state_tensors
 from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.replay import Session
 
-SIM = "sim"
-
 # The methods that turn a tensor into a Python value, and the type each must return.
 _READS: dict[Any, type] = {torch.Tensor.item: float, torch.Tensor.__bool__: bool, torch.Tensor.__int__: int,
                            torch.Tensor.__float__: float, torch.Tensor.__index__: int}
@@ -204,6 +202,10 @@ class SimProbe:
         self.reads = ValueReads()
         self.foreach: set[str] = set()  # the optimizers stepped with foreach=True as on a GPU (``_stepping``)
         self._hooked: set[int] = set()
+
+    @staticmethod
+    def storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
+        return fake_storage_bytes(tensors)
 
     def prepare(self) -> None:
         """Nothing to collect: frees follow reference counts on the sim (``Session.active`` turns collection off)."""

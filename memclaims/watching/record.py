@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,8 +20,10 @@ from memclaims.measure import probes as probe_module
 from memclaims.measure import tensors
 from memclaims.measure.pipeline import never_reset_reserved
 from memclaims.measure.record_builder import build_record
-from memclaims.watching.on_sim import SimProbe, fake_storage_bytes
 from memclaims.watching.phases import StepPhases
+
+if TYPE_CHECKING:
+    from memclaims.watching.on_sim import SimProbe
 
 USER = "user"  # the Record's scale, weights and data: the user's own, which memclaims did not choose
 
@@ -58,7 +60,7 @@ def build(run: WatchedRun, model: nn.Module, phases: StepPhases, probe: probe_mo
           host_peak_bytes: int | None, host_steps: Mapping[str, Mapping[str, Mapping[str, list[int]]]],
           sim: SimProbe | None = None) -> Record:
     params = list(model.parameters())
-    count = tensors.storage_bytes if sim is None else fake_storage_bytes
+    count = tensors.storage_bytes if sim is None else sim.storage_bytes
     state = [t for optimizer in phases.optimizers for t in tensors.optimizer_state_tensors(optimizer)]
     losses = _loss_fields(phases.losses)
     timed = phases.step_times[1:] or phases.step_times  # the first step warms up

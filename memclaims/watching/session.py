@@ -22,7 +22,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,9 +32,13 @@ from memclaims.core.record import Record
 from memclaims.measure import probes as probe_module
 from memclaims.measure.host import HostSteps, read_counters
 from memclaims.measure.tensors import storage_bytes
-from memclaims.watching.on_sim import SIM, SimProbe, fake_storage_bytes
 from memclaims.watching.phases import EVALUATION, StepPhases
 from memclaims.watching.record import WatchedRun, build
+
+if TYPE_CHECKING:
+    from memclaims.watching.on_sim import SimProbe
+
+SIM = "sim"  # the device of a watch on the sim's fake tensors (memclaims.watching.on_sim, imported only then)
 
 
 class PhasesNotSeen(AssertionError):
@@ -112,7 +116,11 @@ class Watch:
             raise UsageError(f"memclaims.watch({name}) on the sim: give the function that builds the model (the model "
                              "is built inside the watch, on the sim's fake tensors, at full size), not a model built "
                              "already")
-        self.sim = SimProbe(profile) if self.device == SIM else None
+        self.sim: SimProbe | None = None
+        if self.device == SIM:
+            from memclaims.watching.on_sim import SimProbe  # the sim's modules load only for a watch on the sim
+
+            self.sim = SimProbe(profile)
         self.probe: probe_module.Probe = (probe if probe is not None else self.sim if self.sim is not None
                                           else probe_module.make_probe(self.device))
         self.phases: StepPhases | None = None if built_here else self._step_phases()
@@ -130,7 +138,7 @@ class Watch:
             optimizer = self._optimizer = optimizer(self.model)  # a function of the model built inside the watch
         return StepPhases(self.model, _optimizers(optimizer), self._phase, self.probe.step_begin,
                           reads_losses=self.device != SIM,
-                          count_bytes=fake_storage_bytes if self.device == SIM else storage_bytes)
+                          count_bytes=self.sim.storage_bytes if self.sim is not None else storage_bytes)
 
     @property
     def optimizer(self) -> Any:
