@@ -259,10 +259,17 @@ class SimProbe:
                 *(f"optimizer step: {name} with foreach=True, torch's default on CUDA" for name in sorted(self.foreach)),
                 *self.reads.notes()]
 
+    @staticmethod
+    def refusal(name: str, error: BaseException) -> UsageError | None:
+        """The one line for ``error`` where it is a value the sim cannot know (read by the watched code or by
+        bitsandbytes); None for any other error (the watched code's own, raised as it is)."""
+        if isinstance(error, (DataDependentOutputException, DynamicOutputShapeException)):
+            return value_error(name, error)
+        return None
+
     @contextmanager
-    def fake(self, name: str) -> Iterator[None]:
-        """The sim's fake mode around the watched code: fake tensors, the stand-ins, ``Module.to`` kept in place, and
-        a value the sim cannot know as one line."""
+    def fake(self) -> Iterator[None]:
+        """The sim's fake mode around the watched code: fake tensors, the stand-ins, ``Module.to`` kept in place."""
         with ExitStack() as stack:
             stack.enter_context(self.session.active())
             # A batch the user made before the watch (real host tensors) joins the fake ones as a GPU run's copy does.
@@ -271,10 +278,7 @@ class SimProbe:
             stack.enter_context(contextmanager(self._stepping)())
             stack.enter_context(self.reads)
             stack.enter_context(self.reads.tolist())
-            try:
-                yield
-            except (DataDependentOutputException, DynamicOutputShapeException) as error:
-                raise value_error(name, error) from None
+            yield
 
 
 def _same_device(module: nn.Module, args: Any, kwargs: Any) -> bool:

@@ -17,7 +17,6 @@ passes.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
@@ -164,13 +163,15 @@ class Watch:
         stack = self._stack
         try:
             if self.sim is not None:  # the fake mode first: the model is built in it, and the code runs in it
-                stack.enter_context(self.sim.fake(self.name))
+                stack.enter_context(self.sim.fake())
             phases = self._load()
-        except BaseException:
+        except BaseException as error:
             _OPEN.remove(self)
-            if not stack.__exit__(*sys.exc_info()):  # the sim's one line for a value read while building
-                raise
-            raise AssertionError("unreachable: the watch suppresses no error") from None
+            stack.close()
+            refused = self.sim.refusal(self.name, error) if self.sim is not None else None
+            if refused is not None:  # the sim's one line for a value read while building
+                raise refused from None
+            raise
         # The hooks first: torch calls global module hooks in the order they were registered, and a micro-batch's
         # step boundary (MemTracker's per-module statistics reset) must come before MemTracker's own forward hook.
         phases.install()
@@ -206,10 +207,13 @@ class Watch:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         try:
-            self._stack.__exit__(kind, error, trace)  # the sim's context turns a value read into its one line
+            self._stack.close()
         finally:
             if self in _OPEN:
                 _OPEN.remove(self)
+        refused = self.sim.refusal(self.name, error) if self.sim is not None and error is not None else None
+        if refused is not None:  # a value the sim cannot know, bitsandbytes: one line, the fake tensor's error not chained
+            raise refused from None
         if isinstance(self.probe, probe_module.CudaProbe):
             self.probe.capture_snapshot(self.name)
         # Evaluation batches are no training step: the leak checks read the steps only.
