@@ -10,7 +10,9 @@ step. What a fake tensor cannot do is met in one of two ways, never silently:
   of ``STAND_INS``, where a library reads a value that only seeds, logs or filters what is logged and never changes
   what is allocated, gets that place's stand-in value; each stand-in used is said in the Record's notes;
 - any other value read gets one line (``UsageError``) naming the op and the file:line that read it: the sim cannot
-  know what a value computed from data or parameters steers.
+  know what a value computed from data or parameters steers;
+- a real tensor made before the watch (a batch) meeting the fake ones gets one line too: a GPU run would copy it to
+  the device, which the sim would not count; the batches are made inside the watch, as the model is.
 
 bitsandbytes' 8-bit optimizers read real data (as they are built, and in their kernels): a watch on the sim names
 bitsandbytes in its one line (memclaims' own sim cases replay them by their state layout, ``memclaims run ... -t
@@ -139,6 +141,8 @@ def _short(filename: str) -> str:
     return filename.split(marker, 1)[1] if marker in filename else filename
 
 
+# FakeTensorMode's assertion where a real tensor meets fake ones (the sim allows none: it would count no device copy).
+_REAL_MEETS_FAKE = "Please convert all Tensors to FakeTensors first"
 _DISPATCH = ("/memclaims/", "/torch/_", "/torch/overrides.py", "/torch/utils/_")
 
 
@@ -265,6 +269,11 @@ class SimProbe:
         bitsandbytes); None for any other error (the watched code's own, raised as it is)."""
         if isinstance(error, (DataDependentOutputException, DynamicOutputShapeException)):
             return value_error(name, error)
+        if isinstance(error, AssertionError) and str(error).startswith(_REAL_MEETS_FAKE):
+            op = str(error).split("Found in ", 1)[-1].split("(", 1)[0]
+            return UsageError(f"memclaims.watch({name}) on the sim: {_reader(error)} gives {op} a tensor made before "
+                              "the watch (a real one, which the sim does not count as device memory) with the fake "
+                              "ones; make the batches inside the watch, as the model is")
         return None
 
     @contextmanager
@@ -272,8 +281,6 @@ class SimProbe:
         """The sim's fake mode around the watched code: fake tensors, the stand-ins, ``Module.to`` kept in place."""
         with ExitStack() as stack:
             stack.enter_context(self.session.active())
-            # A batch the user made before the watch (real host tensors) joins the fake ones as a GPU run's copy does.
-            self.session.fake.allow_non_fake_inputs = True
             stack.enter_context(_kept_in_place())
             stack.enter_context(contextmanager(self._stepping)())
             stack.enter_context(self.reads)

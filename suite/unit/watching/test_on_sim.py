@@ -87,3 +87,14 @@ def test_a_value_read_that_steers_the_loop_is_one_line_naming_the_file_and_line(
 def test_the_sim_needs_the_model_built_inside_the_watch() -> None:
     with pytest.raises(UsageError, match="give the function that builds the model"):
         memclaims.watch(_build(), device="sim")
+
+
+def test_a_batch_made_before_the_watch_is_one_line_not_a_silent_undercount() -> None:
+    """A real batch would join the fake tensors with no device copy counted: refused, naming the op and the line."""
+    batch = torch.randn(BATCH, WIDTH)  # real: made before the watch
+    with pytest.raises(UsageError) as raised:
+        with memclaims.watch(_build, _adamw, device="sim") as watched:
+            watched.model(batch).sum().backward()
+    message = str(raised.value)
+    assert "\n" not in message and "aten.addmm.default a tensor made before the watch" in message, message
+    assert "test_on_sim.py:" in message, message
