@@ -86,10 +86,10 @@ class WatchFixture:
         self.name = request.node.nodeid
         self.record: Record | None = None
 
-    def __call__(self, model: Any, optimizer: Any = None, *, device: Any = None) -> _Judged:
+    def __call__(self, model: Any, optimizer: Any = None, *, device: Any = None, profile: str | None = None) -> _Judged:
         from memclaims.watching.session import Watch
 
-        return _Judged(self, Watch(model, optimizer, device=device, name=self.name))
+        return _Judged(self, Watch(model, optimizer, device=device, name=self.name, profile=profile))
 
     def judge(self, record: Record | None) -> Record:
         """Fail the test on a leak, a budget exceeded, or a regression against its baseline; the Record, named after
@@ -124,7 +124,13 @@ class _Judged:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
-        self.watch.__exit__(kind, error, trace)
+        refused = None
+        try:
+            self.watch.__exit__(kind, error, trace)
+        except UsageError as usage:  # the sim's value read or bitsandbytes: its one line, no traceback
+            refused = str(usage)
+        if refused is not None:  # from None: the with-block's own error (the fake tensor's) is not shown under it
+            raise pytest.fail.Exception(refused, pytrace=False) from None
         if error is None:
             self.fixture.judge(self.watch.record)
 

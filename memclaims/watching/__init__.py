@@ -1,7 +1,8 @@
 """The user's own training, measured as it runs: ``memclaims.watch`` (``session.py``) around any training loop, the
 phases told from hooks (``phases.py``), the Record assembled by memclaims' one builder (``record.py``), and the
 stacks' own callbacks around the same watch (``trainer_callback.py``: transformers' ``TrainerCallback``;
-``lightning_callback.py``: Lightning's ``Callback``). May import ``core`` and ``measure``.
+``lightning_callback.py``: Lightning's ``Callback``), and the watch on the sim (``on_sim.py``, imported only where a watch
+asks for ``device="sim"``). May import ``core``, ``measure`` and ``sim``.
 """
 
 from __future__ import annotations

@@ -56,8 +56,11 @@ class StepPhases:
     micro-batches per step, the batch size, the gradient bytes before the first step, the optimizers stepped."""
 
     def __init__(self, model: nn.Module, optimizers: list[torch.optim.Optimizer], phase: PhaseCallback,
-                 on_micro_batch: Callable[[], None]) -> None:
+                 on_micro_batch: Callable[[], None], reads_losses: bool = True,
+                 count_bytes: Callable[[Any], int] = storage_bytes) -> None:
         self.model = model
+        self.reads_losses = reads_losses  # not on the sim: a fake loss has no value
+        self.count_bytes = count_bytes  # storages by identity on the sim (a fake one has no data pointer)
         self.driver = PhaseDriver(phase)
         self.on_micro_batch = on_micro_batch
         self.seen: Counter[str] = Counter()
@@ -205,12 +208,12 @@ class StepPhases:
         self._micro = 0
 
     def _loss(self, value: Any) -> None:
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
+        if self.reads_losses and isinstance(value, torch.Tensor) and value.numel() == 1:
             self.losses.append(float(value.detach().float()))
 
     def _before_update(self) -> None:
         if self.grad_bytes is None:
-            self.grad_bytes = storage_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
+            self.grad_bytes = self.count_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
 
     def missing(self) -> list[str]:
         """The required phases never seen, in order."""

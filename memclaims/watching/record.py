@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from memclaims.core.record import Record, device_name, environment_facts
@@ -20,6 +21,9 @@ from memclaims.measure import tensors
 from memclaims.measure.pipeline import never_reset_reserved
 from memclaims.measure.record_builder import build_record
 from memclaims.watching.phases import StepPhases
+
+if TYPE_CHECKING:
+    from memclaims.watching.on_sim import SimProbe
 
 USER = "user"  # the Record's scale, weights and data: the user's own, which memclaims did not choose
 
@@ -46,28 +50,44 @@ def _loss_fields(losses: list[float]) -> dict[str, Any]:
                 memory_losses=[_number(loss) for loss in losses])
 
 
+def _bytes_by(values: Sequence[torch.Tensor], key: Callable[[torch.Tensor], str],
+              count: Callable[[Iterator[torch.Tensor]], int]) -> dict[str, int]:
+    """``tensors.bytes_by`` with the storages counted by ``count`` (by identity on the sim)."""
+    return {name: count(t for t in values if key(t) == name) for name in sorted({key(t) for t in values})}
+
+
 def build(run: WatchedRun, model: nn.Module, phases: StepPhases, probe: probe_module.Probe, *, device: str,
-          host_peak_bytes: int | None, host_steps: Mapping[str, Mapping[str, Mapping[str, list[int]]]]) -> Record:
+          host_peak_bytes: int | None, host_steps: Mapping[str, Mapping[str, Mapping[str, list[int]]]],
+          sim: SimProbe | None = None) -> Record:
     params = list(model.parameters())
+    count = tensors.storage_bytes if sim is None else sim.storage_bytes
     state = [t for optimizer in phases.optimizers for t in tensors.optimizer_state_tensors(optimizer)]
     losses = _loss_fields(phases.losses)
     timed = phases.step_times[1:] or phases.step_times  # the first step warms up
     first = params[0].dtype if params else None
     record_run: Any = run  # build_record's recipe: only its record_fields are read
+    if sim is not None:  # the sim's device, its never-reset reserved peak, what stood in for values read
+        chosen = sim.session.profile
+        fields: dict[str, Any] = dict(
+            device_name=f"simulated {chosen.gpu}", peak_reserved_total_bytes=sim.session.allocator.stats.reserved_high_water,
+            notes=sim.notes(), environment={})
+    else:
+        fields = dict(device_name=device_name(device), peak_reserved_total_bytes=never_reset_reserved(probe.phases),
+                      notes=[], environment=environment_facts(device))
     return build_record(
-        record_run, device=device, device_name=device_name(device), probe=probe.name,
+        record_run, device=device, probe=probe.name,
         precision=str(first).removeprefix("torch.") if first is not None else "unknown",
         memory_steps=phases.optimizer_steps, param_count=sum(p.numel() for p in params), param_tensor_count=len(params),
-        phases=probe.phases, step_peaks=probe.step_peaks, peak_reserved_total_bytes=never_reset_reserved(probe.phases),
-        weights=USER, data=USER, notes=[], losses={k: v for k, v in losses.items() if k != "memory_losses"},
+        phases=probe.phases, step_peaks=probe.step_peaks,
+        weights=USER, data=USER, losses={k: v for k, v in losses.items() if k != "memory_losses"},
         step_time_s=statistics.median(timed) if timed else None, host_peak_bytes=host_peak_bytes,
-        host_steps=host_steps, environment=environment_facts(device),
+        host_steps=host_steps, **fields,
         observed=dict(
-            param_bytes=tensors.storage_bytes(iter(params)),
+            param_bytes=count(iter(params)),
             grad_bytes=phases.grad_bytes or 0,
-            optimizer_state_bytes=tensors.storage_bytes(iter(state)),
-            optimizer_state_by_dtype=tensors.bytes_by(iter(state), tensors.dtype_name),
-            param_bytes_by_device=tensors.bytes_by(iter(params), tensors.device_type),
+            optimizer_state_bytes=count(iter(state)),
+            optimizer_state_by_dtype=_bytes_by(state, tensors.dtype_name, count),
+            param_bytes_by_device=_bytes_by(params, tensors.device_type, count),
             memory_losses=losses["memory_losses"],
             step_micro_batches=phases.micro_batches[-1] if phases.micro_batches else None,
         ))

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,8 +30,14 @@ from memclaims.core.errors import UsageError
 from memclaims.core.record import Record
 from memclaims.measure import probes as probe_module
 from memclaims.measure.host import HostSteps, read_counters
+from memclaims.measure.tensors import storage_bytes
 from memclaims.watching.phases import EVALUATION, StepPhases
 from memclaims.watching.record import WatchedRun, build
+
+if TYPE_CHECKING:
+    from memclaims.watching.on_sim import SimProbe
+
+SIM = "sim"  # the device of a watch on the sim's fake tensors (memclaims.watching.on_sim, imported only then)
 
 
 class PhasesNotSeen(AssertionError):
@@ -39,13 +45,16 @@ class PhasesNotSeen(AssertionError):
 
 
 def _device(model: nn.Module, device: str | torch.device | None) -> str:
+    if device == SIM:  # the sim is asked for by name only: no tensor lives there before the watch opens
+        return SIM
     if device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
     kind = torch.device(device).type
     if kind not in ("cpu", "cuda"):
         raise UsageError(f"memclaims.watch: device {kind!r} is not measured; memclaims measures 'cpu' (exact tensor "
-                         "accounting) and 'cuda' (the caching allocator's statistics)")
+                         "accounting), 'cuda' (the caching allocator's statistics) and 'sim' (CUDA predicted on fake "
+                         "tensors, the model built inside the watch)")
     return kind
 
 
@@ -91,7 +100,7 @@ class Watch:
 
     def __init__(self, model: nn.Module | Callable[[], nn.Module], optimizer: Any = None, *,
                  device: str | torch.device | None = None, name: str = "watch",
-                 probe: probe_module.Probe | None = None) -> None:
+                 probe: probe_module.Probe | None = None, profile: str | None = None) -> None:
         built_here = not isinstance(model, nn.Module)
         if built_here and (isinstance(model, torch.Tensor) or not callable(model)):
             raise UsageError(f"memclaims.watch: model must be a torch.nn.Module or a function that builds one, got "
@@ -102,7 +111,17 @@ class Watch:
         self.model: nn.Module = model if isinstance(model, nn.Module) else nn.Module()
         self._optimizer = optimizer
         self.device = _device(self.model, device)
-        self.probe: probe_module.Probe = probe if probe is not None else probe_module.make_probe(self.device)
+        if self.device == SIM and not built_here:
+            raise UsageError(f"memclaims.watch({name}) on the sim: give the function that builds the model (the model "
+                             "is built inside the watch, on the sim's fake tensors, at full size), not a model built "
+                             "already")
+        self.sim: SimProbe | None = None
+        if self.device == SIM:
+            from memclaims.watching.on_sim import SimProbe  # the sim's modules load only for a watch on the sim
+
+            self.sim = SimProbe(profile)
+        self.probe: probe_module.Probe = (probe if probe is not None else self.sim if self.sim is not None
+                                          else probe_module.make_probe(self.device))
         self.phases: StepPhases | None = None if built_here else self._step_phases()
         # Host counters at each step phase's start and end, without the cyclic collection memclaims' own runs make
         # there: it cost more than a small model's whole step, and the watch judges the device's memory (a leak, a
@@ -116,7 +135,9 @@ class Watch:
         optimizer = self._optimizer
         if callable(optimizer) and not isinstance(optimizer, (torch.optim.Optimizer, list, tuple)):
             optimizer = self._optimizer = optimizer(self.model)  # a function of the model built inside the watch
-        return StepPhases(self.model, _optimizers(optimizer), self._phase, self.probe.step_begin)
+        return StepPhases(self.model, _optimizers(optimizer), self._phase, self.probe.step_begin,
+                          reads_losses=self.device != SIM,
+                          count_bytes=self.sim.storage_bytes if self.sim is not None else storage_bytes)
 
     @property
     def optimizer(self) -> Any:
@@ -124,6 +145,8 @@ class Watch:
         return self._optimizer
 
     def _phase(self, name: str) -> Any:
+        if self.sim is not None:  # the sim predicts the device; the host's counters would read the sim's own work
+            return self.probe.step_phase(name)
         return self.host_steps.wrap(self.probe.step_phase)(name)
 
     @property
@@ -137,12 +160,18 @@ class Watch:
             raise UsageError(f"memclaims.watch({self.name}): the watch {_OPEN[-1].name!r} is still open; one watch at a "
                              "time (end the first with-block, or give one callback to the Trainer)")
         _OPEN.append(self)
-        try:
-            phases = self._load()
-        except BaseException:
-            _OPEN.remove(self)
-            raise
         stack = self._stack
+        try:
+            if self.sim is not None:  # the fake mode first: the model is built in it, and the code runs in it
+                stack.enter_context(self.sim.fake())
+            phases = self._load()
+        except BaseException as error:
+            _OPEN.remove(self)
+            stack.close()
+            refused = self.sim.refusal(self.name, error) if self.sim is not None else None
+            if refused is not None:  # the sim's one line for a value read while building
+                raise refused from None
+            raise
         # The hooks first: torch calls global module hooks in the order they were registered, and a micro-batch's
         # step boundary (MemTracker's per-module statistics reset) must come before MemTracker's own forward hook.
         phases.install()
@@ -160,7 +189,7 @@ class Watch:
         if self._build is not None:
             with probe.phase("load"):
                 self.model = _built(self._build(), self.name)
-            if _device(self.model, None) != self.device:
+            if self.sim is None and _device(self.model, None) != self.device:
                 raise UsageError(f"memclaims.watch({self.name}): the model was built on "
                                  f"{_device(self.model, None)!r} but the watch measures {self.device!r}; pass "
                                  f"device={_device(self.model, None)!r} to the watch")
@@ -182,6 +211,9 @@ class Watch:
         finally:
             if self in _OPEN:
                 _OPEN.remove(self)
+        refused = self.sim.refusal(self.name, error) if self.sim is not None and error is not None else None
+        if refused is not None:  # a value the sim cannot know, bitsandbytes: one line, the fake tensor's error not chained
+            raise refused from None
         if isinstance(self.probe, probe_module.CudaProbe):
             self.probe.capture_snapshot(self.name)
         # Evaluation batches are no training step: the leak checks read the steps only.
@@ -192,8 +224,9 @@ class Watch:
         phases = self.phases
         assert phases is not None  # a watch that opened has its phases
         self._record = build(WatchedRun(self.name, self.model, phases), self.model, phases, self.probe,
-                             device=self.device, host_peak_bytes=self._host.peak_bytes(),
-                             host_steps=self.host_steps.steps)
+                             device=self.device, host_peak_bytes=None if self.sim else self._host.peak_bytes(),
+                             host_steps={} if self.sim else self.host_steps.steps,
+                             sim=self.sim)
         missing = phases.missing()
         if error is None and missing:
             raise PhasesNotSeen(
@@ -225,13 +258,15 @@ class CallbackWatch:
 
 
 def watch(model: nn.Module | Callable[[], nn.Module], optimizer: Any = None, *,
-          device: str | torch.device | None = None, name: str = "watch") -> Watch:
+          device: str | torch.device | None = None, name: str = "watch", profile: str | None = None) -> Watch:
     """memclaims' per-phase probes around ``model``'s training, as a context manager; ``.record`` after it ends.
 
     ``model``: the model, or a function that builds it (called as the watch opens, inside its ``load`` phase, so the
     Record's load peak is the build's; the model is then ``.model``). ``optimizer``: the optimizer (or a list of them; accelerate's and Lightning's wrappers are looked through), whose
     state is counted as optimizer state and whose ``zero_grad`` opens that phase; any torch optimizer stepped inside
-    is seen either way; with a builder, a function of the model that makes it (``.optimizer``). ``device``: ``"cpu"`` or ``"cuda"``; the model's by default. ``name``: the Record's ``recipe``
+    is seen either way; with a builder, a function of the model that makes it (``.optimizer``). ``device``: ``"cpu"`` or ``"cuda"``; the model's by default; ``"sim"``: the CUDA
+    peaks predicted on fake tensors at full size, without a GPU (``memclaims.watching.on_sim``: the model given as a
+    builder; ``profile``: the sim profile, the installed torch's by default). ``name``: the Record's ``recipe``
     (the key its baseline is stored under).
     """
-    return Watch(model, optimizer, device=device, name=name)
+    return Watch(model, optimizer, device=device, name=name, profile=profile)

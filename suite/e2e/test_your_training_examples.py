@@ -1,6 +1,6 @@
 """docs/your-training.md's examples (examples/your-training/), run as written in a user project (pytester, the
 installed plugin): the plain loop in CI; the Trainer, Lightning and Accelerate ones, and the course's 8-bit Adam
-acceptance (issue #50), in the nightly: they import transformers, Lightning and accelerate and train a DistilBERT
+acceptance (issue #50), and the sim form judged against its baseline, in the nightly: they import transformers, Lightning and accelerate and train a DistilBERT
 (about 20 s of CPU on 2 cores, over CI's share for one feature)."""
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def _course_case_optimizer_bytes() -> set[int]:
 @pytest.mark.slow
 @pytest.mark.requires(bitsandbytes="cpu")
 def test_the_stack_examples_and_the_courses_8bit_adam_acceptance(pytester: pytest.Pytester) -> None:
-    project = _project(pytester, "test_trainer.py", "test_lightning.py", "test_accelerate.py")
-    project.runpytest_inprocess("-p", "no:cacheprovider", "--update-baselines").assert_outcomes(passed=3)
+    project = _project(pytester, "test_trainer.py", "test_lightning.py", "test_accelerate.py", "test_on_sim.py")
+    project.runpytest_inprocess("-p", "no:cacheprovider", "--update-baselines").assert_outcomes(passed=4)
+    project.runpytest_inprocess("-p", "no:cacheprovider", "test_on_sim.py").assert_outcomes(passed=1)  # judged
     stored = next(p for p in (project.path / "baselines" / "measured").glob("*.json") if "obtained" not in p.name)
     trainer = json.loads(stored.read_text())["records"]["test_trainer.py::test_course_trainer_memory"]["record"]
     # The user's script's Adam8bit holds what memclaims' own course case holds, to the byte.
@@ -75,3 +76,19 @@ def test_the_stack_examples_and_the_courses_8bit_adam_acceptance(pytester: pytes
     swapped.assert_outcomes(failed=1)
     swapped.stdout.fnmatch_lines(["*test_course_trainer_memory: phases.optimizer_step.allocated_bytes got worse than "
                                   "its baseline: baseline 1,49* B (1.42 MiB), now 2,84* B (2.72 MiB)*"])
+
+
+def test_the_sim_example_names_a_value_read_in_one_line(pytester: pytest.Pytester) -> None:
+    """docs/your-training.md's sim form with a loop that steers on a value (which fake tensors do not have): one line
+    naming the op and the test file's line, no traceback. (The example as written is stored and judged in the nightly
+    with the stack examples: one more run of the plugin here would cost CI about 4 s.)"""
+    project = _project(pytester, "test_on_sim.py")
+    script = project.path / "test_on_sim.py"
+    lines = script.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if "loss.backward()" in line)
+    lines[at:at] = ["        if loss.item() > 10.0:", "            break"]
+    script.write_text("\n".join(lines) + "\n")
+    broken = project.runpytest_inprocess("-p", "no:cacheprovider")
+    broken.assert_outcomes(failed=1)
+    broken.stdout.fnmatch_lines([f"*test_on_sim.py:{at + 1} reads a tensor's value (aten._local_scalar_dense*"])
+    assert "Traceback" not in broken.stdout.str() and "During handling" not in broken.stdout.str()
