@@ -39,15 +39,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+from memclaims.techniques.engine_protocols import StackRun
 
 if TYPE_CHECKING:
+    from typing import Self
+
     import torch
+    from _typeshed import DataclassInstance
     from torch import nn
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
+    from memclaims.techniques.engine_protocols import FabricRun, PhaseProbe, RealRun, SimLoop, SimSession
     from memclaims.workloads.types import Workload
 
 # Precision names are Lightning Fabric's own ``precision=`` strings.
@@ -79,14 +85,14 @@ class Hooks:
         """Why ``recipe`` cannot run on ``options.device`` (a UsageError's text), or None."""
         return None
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: RealRun) -> None:
         """Put the technique's helpers on the engine's training loop (``engine``: a ``pipeline.Engine``)."""
 
-    def init_context(self, engine: Any) -> AbstractContextManager[Any] | None:
+    def init_context(self, engine: FabricRun) -> AbstractContextManager[object] | None:
         """A context the model is built inside (Fabric's ``init_module``); None: built as the workload builds it."""
         return None
 
-    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+    def convert_module(self, model: nn.Module, engine: RealRun) -> nn.Module:
         """The model after the build, in the load phase, before the optimizer sees its parameters."""
         return model
 
@@ -94,10 +100,11 @@ class Hooks:
         """07_01's reference model (built in fp32, then converted) as this technique changes the recipe's."""
         return model
 
-    def before_setup(self, engine: Any, model: nn.Module, optimizer: Any) -> None:
+    def before_setup(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """The model and optimizer before ``setup`` (Fabric's wrappers are no optimizer to copy)."""
 
-    def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, Any]:
         """What the technique did, read right after the measured steps: its part of the Record,
         ``{"by_technique": {ENTRY.name: {...}}}`` (``observations``); never a flat field (issue #51)."""
         return {}
@@ -135,20 +142,20 @@ class Hooks:
         """Whether the model is built on the device (``init_module``) rather than on the host and moved."""
         return False
 
-    def sim_attach(self, loop: Any, session: Any) -> None:
+    def sim_attach(self, loop: SimLoop, session: SimSession) -> None:
         """Put the technique's fake-tensor helpers on the sim's loop (``session``: the replay's session)."""
 
-    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, Any], None]) -> nn.Module:
+    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, torch.dtype | None], None]) -> nn.Module:
         """The fake model as built, before it is moved to the device (by ``convert_order``)."""
         return model
 
     def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         """The fake model after the load, in the load phase."""
 
-    def sim_before_train(self, loop: Any, optimizer: Any) -> None:
+    def sim_before_train(self, loop: SimLoop, optimizer: torch.optim.Optimizer) -> None:
         """The sim's loop and optimizer before the measured steps."""
 
-    def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer, session: SimSession) -> dict[str, Any]:
         """The Record's fields of what the technique did on the sim, right after the measured steps."""
         return {}
 
@@ -191,6 +198,9 @@ class Hooks:
 
 NO_HOOKS = Hooks()
 
+# The sim profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) as an allocator setting changes it.
+AllocatorSetting = TypeVar("AllocatorSetting", bound="DataclassInstance")
+
 
 # --- narrow protocols: a point only the techniques that need it implement; the engines find it with isinstance -----
 
@@ -200,15 +210,16 @@ class SetsAllocator(Protocol):
     """A setting of the CUDA caching allocator (expandable-segments): around a real CUDA run, in the sim's allocator
     model, and what that model shows once the replay has ended."""
 
-    def run_context(self, recipe: Recipe, options: RunOptions, cuda: Any) -> AbstractContextManager[Any] | None:
+    def run_context(self, recipe: Recipe, options: RunOptions,
+                    cuda: object) -> AbstractContextManager[object] | None:
         """A context around the whole run (the allocator setting); None: none on ``options.device``."""
         ...
 
-    def sim_allocator(self, allocator: Any) -> Any:
+    def sim_allocator(self, allocator: AllocatorSetting) -> AllocatorSetting:
         """The profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) under the setting."""
         ...
 
-    def sim_observe_run(self, session: Any) -> dict[str, Any]:
+    def sim_observe_run(self, session: SimSession) -> dict[str, Any]:
         """The Record's fields of what the setting did on the sim, read once the replay has ended."""
         ...
 
@@ -217,7 +228,7 @@ class SetsAllocator(Protocol):
 class LoadsReference(Protocol):
     """A technique measured against a reference load before the recipe's own (init-module: 07_01's)."""
 
-    def reference_load(self, engine: Any, probe: Any) -> int | None:
+    def reference_load(self, engine: FabricRun, probe: PhaseProbe) -> int | None:
         """The reference load on a real run (``engine``: the pipeline's engine): its peak; None: none."""
         ...
 
@@ -490,8 +501,10 @@ class Stack(Hooks):
         """The order the stack runs a step of ``recipe`` in."""
         return LoopOrder()
 
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, Any]:
         """What the stack's driver observed of the run (its switches, what it stepped), as the stack's Record part."""
+        assert isinstance(engine, StackRun), f"{self.name} runs by its own driver only"
         return {"by_technique": {self.name: dict(engine.observed)}}
 
     def unexpressed(self, recipe: Recipe) -> str | None:
@@ -568,6 +581,32 @@ class LoopHelper:
         return {}
 
 
+class TechniqueParameters(Protocol):
+    """The values a technique takes beyond its name (``Technique.parameters``: lora's ``LoraParameters``), a frozen class
+    whose default instance is the workload's defaults."""
+
+    @classmethod
+    def parse(cls, text: str) -> Self:
+        """The values a recipe id's ``name[k=v,...]`` gives (``text``: ``k=v,...``)."""
+        ...
+
+    def suffix(self) -> str:
+        """``parse``'s inverse: the id's ``[k=v,...]``, empty for the defaults."""
+        ...
+
+    def options(self) -> str:
+        """The command-line options that ask for these values."""
+        ...
+
+    def described(self, workload: Workload) -> str:
+        """What the technique runs with on ``workload``, the defaults included, in words."""
+        ...
+
+    def beyond(self, workload: Workload) -> Self:
+        """Only what differs from ``workload``'s defaults."""
+        ...
+
+
 @dataclass(frozen=True)
 class Technique:
     """A technique's registry entry: what it is, what it sets of the recipe's core fields, how it combines."""
@@ -616,7 +655,7 @@ class Technique:
     # The values it takes beyond its name (lora's rank, ...): a frozen class with ``parse(text)`` (a recipe id's
     # ``name[k=v,...]``), ``suffix()`` (its inverse) and ``beyond(workload)`` (what differs from the workload's
     # defaults); ``memclaims.recipes.recipe.Recipe.parameters`` holds a recipe's. None: it takes none.
-    parameters: Any = None
+    parameters: type[TechniqueParameters] | None = None
     # What it does to a run (``Hooks``; a multi-device technique's: a ``Strategy``); not part of the entry's identity.
     hooks: Hooks = field(default=NO_HOOKS, compare=False, repr=False)
 

@@ -21,8 +21,12 @@ from memclaims.techniques.base import (
 )
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import RealRun
     from memclaims.workloads.types import Workload
 
 
@@ -57,10 +61,10 @@ class Ddp(Strategy):
                            "gradient")
         return None
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: RealRun) -> None:
         engine.digests_gradients = True  # the ranks compare them (rank_check)
 
-    def before_setup(self, engine: Any, model: Any, optimizer: Any) -> None:
+    def before_setup(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """DDP's start on gloo (CPU ranks), made deterministic: every parameter and buffer broadcast from rank 0
         in place, one tensor at a time, before ``DistributedDataParallel`` is built with ``init_sync=False``
         (``lightning_strategy``).

@@ -28,9 +28,13 @@ from memclaims.techniques.base import (
 from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGIES
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
+    from memclaims.techniques.engine_protocols import SimLoop, SimSession
 
 NAME = "hf-trainer"
 # The course's weight decay on the decayed group (memclaims.measure.optimizers.WEIGHT_DECAY, repeated here because a
@@ -184,7 +188,7 @@ class HfTrainer(Stack):
             say(f"the model's activation checkpointing is {seen.get('checkpointing')} after phase load, the Trainer "
                 f"was asked for {requested}")
 
-    def sim_before_train(self, loop: Any, optimizer: Any) -> None:
+    def sim_before_train(self, loop: SimLoop, optimizer: torch.optim.Optimizer) -> None:
         """The replay steps what the Trainer would build (``trainer_built``): its arguments set on the replay's groups
         (the default optim's ``fused=True``: no parameter-sized temporaries in the step), not a choice of memclaims'.
         The learning rate stays the schedule's; a class of another family than the replay's is refused by name."""
@@ -200,7 +204,8 @@ class HfTrainer(Stack):
             if built.fused:  # fused and foreach exclude each other; the replay's groups default to foreach on CUDA
                 group["foreach"] = False
 
-    def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, Any]:
         # What the replay stepped (memclaims' optimizer on fake tensors, bitsandbytes' by its state layout): whether
         # the step ran fused, and the checkpointing; the Trainer's class is the real run's to observe.
         groups = getattr(optimizer, "param_groups", [{}])

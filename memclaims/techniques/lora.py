@@ -25,11 +25,13 @@ from memclaims.techniques.base import Hooks, Say, Technique, observations
 from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from memclaims.core.record import Record
     from memclaims.core.settings import Settings
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimSession
     from memclaims.workloads.types import Workload
 
 NAME = "lora"  # the technique's registry name, and its part of the Record (``by_technique``)
@@ -190,7 +192,7 @@ class Lora(Hooks):
     convert_order = 2  # after the fused loss's head bypass: the adapters go on the model the loss trains
     name = "lora"  # the entry whose parameters (``Recipe.parameters_of``) these hooks read
 
-    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+    def convert_module(self, model: nn.Module, engine: RealRun) -> nn.Module:
         from memclaims.techniques.impl import peft_adapters as lora
 
         recipe = engine.recipe  # frozen base, adapters and head trainable
@@ -202,7 +204,8 @@ class Lora(Hooks):
 
         return lora.apply(model, workload.name, effective(workload, None), False)
 
-    def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, Any]:
         from memclaims.techniques.impl import peft_adapters as lora
 
         return self.adapted(lora.parameter_fields(model))
@@ -239,14 +242,15 @@ class Lora(Hooks):
                 f"the {bound:,} B that {trainable:,} trainable parameters can hold: the optimizer kept state for "
                 "frozen base weights")
 
-    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, Any], None]) -> nn.Module:
+    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, torch.dtype | None], None]) -> nn.Module:
         from memclaims.techniques.impl.peft_adapters_fake import apply
 
         asked = asked_of(recipe, self.name)
         return apply(model, recipe.workload.name, effective(recipe.workload, asked), asked is not None,
                      lambda module, dtype: move(module, dtype))
 
-    def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, Any]:
         from memclaims.techniques.impl.peft_adapters import parameter_fields
 
         return self.adapted(parameter_fields(model))

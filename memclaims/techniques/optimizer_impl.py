@@ -31,8 +31,12 @@ from memclaims.techniques import optimizer_in_backward
 from memclaims.techniques.base import Hooks, Say, Technique
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimSession
 
 # The optimizers whose step the implementations shape (Adam's ``sqrt`` and division); SGD without momentum keeps no
 # temporary in any implementation, so only its param groups can show which one runs.
@@ -128,12 +132,14 @@ class OptimizerImplementation(Hooks):
             "step_temporary_bytes": None if last is None else last[temporaries_key],
         }
 
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, Any]:
         # cpu: exact tensor bytes (MemTracker); cuda: the caching allocator's, rounded as it allocates.
         observed = self._observed(optimizer, engine.local, probe.step_growth.get(OPTIMIZER_STEP, []), "allocated_bytes")
         return {"by_technique": {self.name: observed}}
 
-    def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, Any]:
         growth = session.recorder.step_growth.get(OPTIMIZER_STEP, [])
         # Live tensor bytes, exact (what the cpu tier counts), and the allocator model's, rounded as CUDA's.
         observed = self._observed(optimizer, lambda p: p, growth, "live_bytes")

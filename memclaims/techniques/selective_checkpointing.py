@@ -34,10 +34,12 @@ from memclaims.techniques.base import Hooks, Say, Technique
 from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimSession
 
 NAME = "selective-checkpointing"
 # torchtitan's save list (its Llama's ``_op_sac_save_list``), by name: ops a torch release lacks are left out.
@@ -167,17 +169,19 @@ def observed_fields(model: nn.Module) -> dict[str, Any]:
 class SelectiveCheckpointing(Hooks):
     convert_order = 0  # the blocks as built, as activation-checkpointing
 
-    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+    def convert_module(self, model: nn.Module, engine: RealRun) -> nn.Module:
         engine.notes.append(wrap(model, engine.recipe.workload))
         return model
 
-    def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, Any]:
         return observed_fields(model)
 
     def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         notes.append(wrap(model, recipe.workload))  # as the real engine's: the wrap allocates nothing
 
-    def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, Any]:
         return observed_fields(model)
 
     def compare_without(self) -> bool:

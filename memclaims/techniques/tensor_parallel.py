@@ -37,10 +37,12 @@ from memclaims.techniques.base import (
 from memclaims.techniques.fsdp import FSDP_SHARE_SLACK, Fsdp, reshard_after_forward
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun
 
 NAME = "tensor-parallel"
 # With fsdp2: tensor parallelism within pairs of ranks (the fast links of a node, in practice), FSDP2 across the
@@ -68,6 +70,12 @@ def meta_model(recipe: Recipe) -> nn.Module:
             return work.architecture(recipe.scale, work.num_classes)
         model, _ = work.build_model(recipe.scale)
     return model
+
+
+def _world(engine: RealRun) -> int:
+    """The ranks of a tensor-parallel run (its engine runs on ranks only: their count is always given)."""
+    assert engine.options.devices is not None, "a tensor-parallel rank runs among a known number of ranks"
+    return engine.options.devices
 
 
 class _Watching(LoopHelper):
@@ -153,16 +161,16 @@ class TensorParallel(Strategy):
 
     # --- the real run -------------------------------------------------------------------------------
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: RealRun) -> None:
         engine.helpers.append(_Watching())
 
-    def before_setup(self, engine: Any, model: nn.Module, optimizer: Any) -> None:
+    def before_setup(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """The layout of the model as built, and hooks on its split linears for the first training forward
         (registered before the plan's own, so they see each layer's output before its redistribution)."""
         from memclaims.techniques.impl import tensor_parallel_plan as layouts
 
         helper = next(h for h in engine.helpers if isinstance(h, _Watching))
-        plan = engine.recipe.strategy_plan(engine.options.devices)
+        plan = engine.recipe.strategy_plan(_world(engine))
         _, tp = mesh_sizes(plan)
         helper.model, helper.layout = model, layouts.layout(model, engine.recipe.workload.block_class(),
                                                               engine.recipe.workload.tensor_parallel_plan)
@@ -170,11 +178,12 @@ class TensorParallel(Strategy):
         helper.watch.install(model, helper.layout, tp)
         engine.notes.append(helper.layout.note())
 
-    def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, Any]:
         from memclaims.techniques.impl import tensor_parallel_plan as layouts
 
         helper = next(h for h in engine.helpers if isinstance(h, _Watching))
-        dp, tp = mesh_sizes(engine.recipe.strategy_plan(engine.options.devices))
+        dp, tp = mesh_sizes(engine.recipe.strategy_plan(_world(engine)))
         return {"by_technique": {NAME: layouts.observed(helper.model, helper.layout, tp, dp, helper.watch)}}
 
     # --- the active check ----------------------------------------------------------------------------

@@ -35,8 +35,12 @@ from typing import TYPE_CHECKING, Any
 from memclaims.techniques.base import Hooks, Say, Technique
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimSession
 
 # The recipe's optimizer (its core field) -> torchao.optim's class.
 CLASSES = {"ao_adamw8bit": "AdamW8bit", "ao_adamw4bit": "AdamW4bit", "ao_adamw_fp8": "AdamWFp8"}
@@ -184,7 +188,8 @@ class LowBitAdamW(Hooks):
         """torchao's optimizer (``BuildsOptimizer``), quantizing from ``min_8bit_size`` where given."""
         return build(self.optimizer, groups, learning_rate, betas, eps, min_8bit_size, device)
 
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, Any]:
         inner = getattr(optimizer, "optimizer", optimizer)  # Fabric's wrapper holds torchao's
         fields = state_fields(inner, self.name)
         seen = fields["by_technique"][self.name]
@@ -194,12 +199,13 @@ class LowBitAdamW(Hooks):
                             f"{seen['min_quantized_numel']:,} elements or more quantized, in blocks of {seen['block_size']}")
         return fields
 
-    def sim_after_load(self, model: Any, recipe: Recipe, notes: list[str]) -> None:
+    def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         notes.append(f"{self.name}: torchao's {CLASSES[self.optimizer]} on fake tensors, stepped eagerly (on CUDA "
                      "torchao compiles each parameter's step, without the eager step's float32 temporaries: a few "
                      "of the largest parameter at most)")
 
-    def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, Any]:
         return state_fields(optimizer, self.name)
 
     def sim_refusal(self, recipe: Recipe) -> str | None:
