@@ -59,14 +59,13 @@ class AccelerateLoop(Stack):
         super().check(recipe, record, without, say)
         if record.device == "sim":
             return
-        seen = record.by_technique.get(NAME, {})
         expected = accelerator_arguments(recipe)
         for key in ("mixed_precision", "gradient_accumulation_steps"):
-            if seen.get(key) != expected[key]:
-                say(f"the Accelerator ran {key}={seen.get(key)!r} after phase load, the recipe asks {expected[key]!r}")
+            if record.observed(NAME, key) != expected[key]:
+                say(f"the Accelerator ran {key}={record.observed(NAME, key)!r} after phase load, the recipe asks {expected[key]!r}")
         # The optimizer's real steps (torch's step hook) against the micro-batches the loop trained: one per window of
         # gradient_accumulation_steps, not what the stack reports as synced.
-        steps, micro_batches = seen.get("optimizer_steps"), seen.get("micro_batches")
+        steps, micro_batches = record.observed(NAME, "optimizer_steps"), record.observed(NAME, "micro_batches")
         if not isinstance(steps, int) or steps != record.memory_steps or micro_batches != steps * recipe.accumulation_steps:
             say(f"the optimizer stepped {steps} times over {micro_batches} micro-batches in phase train, expected "
                 f"{record.memory_steps} (one per {recipe.accumulation_steps} micro-batch(es) under accelerator.accumulate)")

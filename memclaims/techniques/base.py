@@ -527,15 +527,14 @@ class Stack(Hooks):
         not, as that order says. The sim runs the declared order itself: nothing to observe there."""
         if record.device == "sim":
             return
-        seen = record.by_technique.get(recipe.stack, {})
         order = self.loop_order(recipe)
         expected = order.step_phases(recipe.accumulation_steps)
-        if seen.get("step_phases") != expected:
-            say(f"a step ran its phases in the order {seen.get('step_phases')}, expected {expected} (the stack's "
+        if record.observed(recipe.stack, "step_phases") != expected:
+            say(f"a step ran its phases in the order {record.observed(recipe.stack, 'step_phases')}, expected {expected} (the stack's "
                 f"loop order: zero_grad {order.zero_grad})")
         alive = order.gradients_in_forward(recipe.accumulation_steps)
-        if seen.get("gradients_in_forward") != alive:
-            say(f"the previous step's gradients were {'alive' if seen.get('gradients_in_forward') else 'freed'} in "
+        if record.observed(recipe.stack, "gradients_in_forward") != alive:
+            say(f"the previous step's gradients were {'alive' if record.observed(recipe.stack, 'gradients_in_forward') else 'freed'} in "
                 f"phase forward, expected {'alive' if alive else 'freed'} (zero_grad {order.zero_grad})")
 
 

@@ -174,18 +174,17 @@ class HfTrainer(Stack):
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         super().check(recipe, record, without, say)
-        seen = record.by_technique.get(NAME, {})
         chosen, built = trainer_optimizer(recipe), trainer_built(recipe)
         asked = f"optim={chosen.optim}" if chosen.optim else "optimizers=(...)" if chosen.given else "its default optim"
-        if record.device != "sim" and seen.get("optimizer_class") != built.optimizer_class:
-            say(f"the Trainer stepped {seen.get('optimizer_class')} after phase optimizer_step, expected "
+        if record.device != "sim" and record.observed(NAME, "optimizer_class") != built.optimizer_class:
+            say(f"the Trainer stepped {record.observed(NAME, 'optimizer_class')} after phase optimizer_step, expected "
                 f"{built.optimizer_class} ({asked})")
-        if built.fused and seen.get("fused") is not True:  # the sim replays it fused too
-            say(f"the Trainer's {built.optimizer_class} ({asked}) stepped with fused={seen.get('fused')} after phase "
+        if built.fused and record.observed(NAME, "fused") is not True:  # the sim replays it fused too
+            say(f"the Trainer's {built.optimizer_class} ({asked}) stepped with fused={record.observed(NAME, 'fused')} after phase "
                 "optimizer_step")
         requested = trainer_arguments(recipe)["checkpointing"]
-        if seen.get("checkpointing") != requested:
-            say(f"the model's activation checkpointing is {seen.get('checkpointing')} after phase load, the Trainer "
+        if record.observed(NAME, "checkpointing") != requested:
+            say(f"the model's activation checkpointing is {record.observed(NAME, 'checkpointing')} after phase load, the Trainer "
                 f"was asked for {requested}")
 
     def sim_before_train(self, loop: SimLoop, optimizer: torch.optim.Optimizer) -> None:

@@ -74,7 +74,7 @@ class Qlora(lora.Lora):
 
         seen = next(h for h in engine.helpers if isinstance(h, nf4.FourBitCompute)).seen
         observed = super().observe(engine, model, optimizer, probe)
-        merge_observed(observed, {"by_technique": {NAME: {**nf4.storage(model), **seen.fields()}}})
+        merge_observed(observed, observations(NAME, **nf4.storage(model), **seen.fields()))
         return observed
 
     def adapted(self, counts: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +166,7 @@ class Qlora(lora.Lora):
         scratch = session.memory.op_scratch[nf4.gemm_op()]
         assert isinstance(scratch, nf4.GemmScratch), "sim_attach put the 4-bit GEMM's scratch model there"
         observed = super().sim_observe(model, optimizer, session)
-        merge_observed(observed, {"by_technique": {NAME: {**nf4.storage(model), **scratch.fields()}}})
+        merge_observed(observed, observations(NAME, **nf4.storage(model), **scratch.fields()))
         return observed
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from memclaims.core.torch_ops import MATMULS
 from memclaims.techniques.activation_checkpointing import forward_keeps_less
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique, observations
 from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
@@ -135,10 +135,10 @@ class Observed:
         return caching, Recompute()
 
     def fields(self) -> dict[str, Any]:
-        return {"by_technique": {NAME: {"policy": "torchtitan op-level SAC (every second matmul recomputed)",
-                                        "saved_ops": dict(sorted(self.saved.items())),
-                                        "recompute_ops": dict(sorted(self.recompute.items())),
-                                        "recomputed_ops": dict(sorted(self.recomputed.items()))}}}
+        return observations(NAME, policy="torchtitan op-level SAC (every second matmul recomputed)",
+                            saved_ops=dict(sorted(self.saved.items())),
+                            recompute_ops=dict(sorted(self.recompute.items())),
+                            recomputed_ops=dict(sorted(self.recomputed.items())))
 
 
 # Each wrapped model's observations, found again from the model the observe hooks get (Fabric's wrapper holds

@@ -32,7 +32,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique, observations
 
 if TYPE_CHECKING:
     import torch
@@ -170,10 +170,9 @@ def state_fields(optimizer: Any, technique: str) -> dict[str, Any]:
                 plain["elements"] += numel
                 plain["bytes"] += numel * value.element_size()
                 plain["quantizable"] += numel >= smallest and numel % block == 0
-    return {"by_technique": {technique: {
-        "optimizer": type(optimizer).__name__, "torchao": torchao.__version__, "block_size": block,
-        "min_quantized_numel": smallest, "eager": bool(getattr(optimizer, "steps_eagerly", False)),
-        "state_subclasses": subclasses, "plain_states": plain, "step_bytes": steps}}}
+    return observations(technique, optimizer=type(optimizer).__name__, torchao=torchao.__version__, block_size=block,
+                        min_quantized_numel=smallest, eager=bool(getattr(optimizer, "steps_eagerly", False)),
+                        state_subclasses=subclasses, plain_states=plain, step_bytes=steps)
 
 
 class LowBitAdamW(Hooks):
