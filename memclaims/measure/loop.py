@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from memclaims.techniques.base import (
     LoopOrder,
     merge_observed,
 )
+
+if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LRScheduler
 
 # The phases of a training step, in the order of scripts 01-04 and 06 (05 zeroes after the step).
 # The loss (and its scaling under accumulation) belongs to ``forward``; reading its value, the
@@ -97,10 +100,10 @@ class TrainingLoop:
     def storage_bytes(self, tensors: Iterator[torch.Tensor]) -> int:
         return storage_bytes(tensors)
 
-    def step(self, optimizer: Any) -> None:
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
-    def after_step(self, optimizer: Any) -> None:
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Right after the optimizer step's phase has closed."""
 
     def clip(self, model: nn.Module) -> None:
@@ -129,7 +132,7 @@ class TrainingLoop:
 
     # --- the loop -----------------------------------------------------------------------------
 
-    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[Any],
               optimizer_steps: int, on_step: Callable[[], None] | None = None,
               phase: PhaseCallback = no_phase) -> None:
         """``optimizer_steps`` optimizer steps (or until ``batches`` runs out when negative);

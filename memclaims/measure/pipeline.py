@@ -70,7 +70,7 @@ class Engine(TrainingLoop):
         Trainer's ``optim``)."""
         return _make_optimizer(self, model, steps_per_epoch, memory_steps)
 
-    def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         return model, optimizer
 
     def batches(self, loader: Any) -> Iterator[Any]:
@@ -126,7 +126,7 @@ def never_reset_reserved(phases: dict[str, probe_module.PhasePeak]) -> int | Non
     return max(peaks) if peaks else None
 
 
-def observed_fields(engine: Engine, model: nn.Module, optimizer: Any, probe: probe_module.Probe) -> dict[str, Any]:
+def observed_fields(engine: Engine, model: nn.Module, optimizer: torch.optim.Optimizer, probe: probe_module.Probe) -> dict[str, Any]:
     """The Record's observed-technique fields, read right after the measured steps: the loop's, the model
     state's, and what each of the recipe's techniques observes of itself (``Hooks.observe``)."""
     recipe, local = engine.recipe, engine.local
@@ -145,7 +145,7 @@ def observed_fields(engine: Engine, model: nn.Module, optimizer: Any, probe: pro
     return observed
 
 
-def host_state_bytes(engine: Engine, model: nn.Module, optimizer: Any) -> dict[str, int]:
+def host_state_bytes(engine: Engine, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Model state on the host while training on a device (CPU offload), by category; empty on the
     cpu device (the host is the device there) and where nothing sits on the host."""
     if engine.options.device == "cpu":

@@ -108,7 +108,7 @@ class FabricEngine(pipeline.Engine):
                 return peak
         return None
 
-    def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         if self.fabric is None:
             return model, optimizer
         options: dict[str, Any] = {"move_to_device": True}
@@ -171,7 +171,7 @@ class FabricEngine(pipeline.Engine):
                                    self.recipe.workload.num_classes, self.device)
 
 
-def follow_parameters(optimizer: Any, before: list[nn.Parameter], after: list[nn.Parameter]) -> None:
+def follow_parameters(optimizer: torch.optim.Optimizer, before: list[nn.Parameter], after: list[nn.Parameter]) -> None:
     """Point ``optimizer``'s parameter groups (no state yet) from the parameters ``before`` setup to those that
     replaced them ``after`` it, by position: parallelize_module and fully_shard re-register each parameter under
     its own name, so the order stays, and a DTensor has its whole tensor's shape."""

@@ -48,7 +48,9 @@ if TYPE_CHECKING:
 
     import torch
     from _typeshed import DataclassInstance
+    from lightning.fabric.strategies import Strategy as FabricStrategy
     from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
@@ -408,11 +410,11 @@ class Strategy(Hooks):
         """Its own configuration for ``recipe`` on ``world`` ranks, before the other techniques change it."""
         return StrategyPlan(world=world)
 
-    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> str | FabricStrategy:
         """Lightning Fabric's ``strategy=`` (an object or its name) for a rank on ``device``."""
         raise NotImplementedError(f"{type(self).__name__} runs on Lightning's ranks only where it says so")
 
-    def parallelize(self, plan: StrategyPlan, model: nn.Module, mesh: Any, workload: Workload) -> nn.Module:
+    def parallelize(self, plan: StrategyPlan, model: nn.Module, mesh: DeviceMesh | None, workload: Workload) -> nn.Module:
         """The model as one of the CPU ranks' sharded engine holds it (``mesh``: the plan's device mesh, or None)."""
         raise NotImplementedError(f"{type(self).__name__} has no engine of its own on the CPU ranks")
 

@@ -22,6 +22,7 @@ from memclaims.techniques.base import (
 
 if TYPE_CHECKING:
     import torch
+    from lightning.fabric.strategies import Strategy as FabricStrategy
     from torch import nn
 
     from memclaims.core.record import Record
@@ -37,7 +38,7 @@ class Ddp(Strategy):
                     "of torch's default caps (gradient_as_bucket_view=False, as Lightning sets it); not modelled: "
                     "gloo/NCCL buffers")
 
-    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> str | FabricStrategy:
         """``"ddp"`` by name, with Lightning's defaults (torch's 25 MiB buckets, ``gradient_as_bucket_view=False``),
         but where the workload or the CPU ranks need a DDP option."""
         from lightning.fabric.strategies import DDPStrategy

@@ -115,7 +115,7 @@ class OptimizerImplementation(Hooks):
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def _observed(self, optimizer: Any, local: Callable[[Any], Any], growth: list[dict[str, int]],
+    def _observed(self, optimizer: torch.optim.Optimizer, local: Callable[[Any], Any], growth: list[dict[str, int]],
                   temporaries_key: str) -> dict[str, Any]:
         groups = optimizer.param_groups
         # Each param group is stepped by its own call (AdamW's course groups: two), so foreach's tensor lists are

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 NAME = "paged-adamw8bit"  # the technique's registry name, and its part of the Record (``by_technique``)
 
 
-def state_tensors(optimizer: Any) -> Iterator[Any]:
+def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[Any]:
     """The optimizer's state tensors (``memclaims.measure.tensors.optimizer_state_tensors``' walk)."""
     import torch
 

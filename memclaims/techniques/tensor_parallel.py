@@ -38,6 +38,7 @@ from memclaims.techniques.fsdp import FSDP_SHARE_SLACK, Fsdp, reshard_after_forw
 
 if TYPE_CHECKING:
     import torch
+    from lightning.fabric.strategies import Strategy as FabricStrategy
     from torch import nn
 
     from memclaims.core.record import Record
@@ -139,7 +140,7 @@ class TensorParallel(Strategy):
                                   recipe.workload.tensor_parallel_plan)
         return f"{recipe.id}: {refused}" if refused else None
 
-    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> str | FabricStrategy:
         """``ModelParallelStrategy(parallelize_fn=TensorParallelize(...), data_parallel_size, tensor_parallel_size)``."""
         from lightning.fabric.strategies.model_parallel import ModelParallelStrategy
 

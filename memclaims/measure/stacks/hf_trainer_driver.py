@@ -44,6 +44,8 @@ from memclaims.techniques import hf_trainer
 from memclaims.techniques.base import CLIP_GRAD_NORM
 
 if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LRScheduler
+
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
 
@@ -131,7 +133,7 @@ class HfTrainerDriver(StackDriver):
         self.observed.update(self._arguments_seen(model, given is not None))
         return self.trainer.optimizer, None
 
-    def _make_trainer(self, model: nn.Module, optimizer: Any) -> Any:
+    def _make_trainer(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Any:
         from transformers import Trainer, TrainingArguments
 
         arguments = hf_trainer.trainer_arguments(self.recipe)
@@ -191,7 +193,7 @@ class HfTrainerDriver(StackDriver):
 
     # --- train ------------------------------------------------------------------------------------------
 
-    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any], optimizer_steps: int,
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[Any], optimizer_steps: int,
               on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
         """``optimizer_steps`` steps of ``trainer.train()`` (an epoch when negative); ``batches`` is the pipeline's,
         unused: the Trainer draws from its own loader."""

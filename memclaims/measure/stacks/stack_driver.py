@@ -68,7 +68,7 @@ def fresh_accelerate_state() -> None:
     GradientState._reset_state()
 
 
-def course_optimizer_size(optimizer: Any) -> dict[str, int]:
+def course_optimizer_size(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """The course's ``compute_optimizer_size(trainer.optimizer.state.values())``: the elements and bytes of every
     tensor in the optimizer's state, each counted where it appears (bitsandbytes' quantization maps once per
     parameter), as the slides count 131,566,188 elements and 128 MB."""

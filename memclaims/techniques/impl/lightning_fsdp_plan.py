@@ -29,7 +29,10 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 import torch
 from torch import nn
@@ -183,7 +186,7 @@ def _cast_buffers(model: nn.Module, name: str | None) -> None:
                 module._buffers[key] = buffer.to(wanted)
 
 
-def shard(model: nn.Module, plan: Any, mesh: Any, workload: str) -> nn.Module:
+def shard(model: nn.Module, plan: Any, mesh: DeviceMesh | None, workload: str) -> nn.Module:
     """One CPU rank's model under the configured ``plan`` (a ``StrategyPlan`` from ``Strategy.configured``): FSDP2's
     ``fully_shard`` on each unit Lightning's auto-wrap policy selects (its checkpoint wrapper when Lightning's
     checkpointing wrapped it), children before parents, with the plan's ``reshard_after_forward``, then on the root
