@@ -50,7 +50,7 @@ class _OldSpelling(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
         self.instead = instead
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:
         print(f"memclaims: warning: {option_string} is deprecated, use {self.instead}", file=sys.stderr)
         setattr(namespace, self.dest, values)

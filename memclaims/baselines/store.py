@@ -83,7 +83,7 @@ class Baseline:
         return {"record": _finite(self.record.to_dict()), "tolerances": dict(self.tolerances)}
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> Any:
     """NaN and inf are not JSON: store them as null (``nan_loss``/``nan_step`` keep the fact)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -94,7 +94,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _type_ok(value: Any, kind: str) -> bool:
+def _type_ok(value: object, kind: str) -> bool:
     is_int = isinstance(value, int) and not isinstance(value, bool)
     is_number = (is_int or isinstance(value, float)) and not (isinstance(value, float) and math.isnan(value))
     return {
@@ -105,7 +105,7 @@ def _type_ok(value: Any, kind: str) -> bool:
     }[kind]
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     return f"{type(value).__name__} {json.dumps(value)[:60]}"
 
 

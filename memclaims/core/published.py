@@ -87,7 +87,7 @@ def lookup(reference: str, source: dict[str, Any] | None = None) -> Any:
     return node
 
 
-def resolve(value: Any, source: dict[str, Any] | None = None) -> Any:
+def resolve(value: object, source: dict[str, Any] | None = None) -> Any:
     return lookup(value, source) if isinstance(value, str) and value.startswith("@") else value
 
 

@@ -205,7 +205,7 @@ def allocator_trace(path: Path) -> dict[str, Any]:
 # --- the report ------------------------------------------------------------------------------
 
 
-def _gb(value: Any) -> str:
+def _gb(value: object) -> str:
     return f"{value / GB:.2f}" if isinstance(value, (int, float)) else "-"
 
 
@@ -266,7 +266,7 @@ def _last_json(text: str) -> Any:
 
 
 def _record(outdir: Path, results: dict[str, dict[str, Any]], step: Step, status: str, out: str,
-            parsed: Any, started: float) -> None:
+            parsed: object, started: float) -> None:
     results[step.name] = {"status": status, "seconds": time.monotonic() - started, "json": parsed}
     (outdir / "logs" / f"{step.name}.log").write_text(out)
     print(f"gpu-check: {step.name}: {status} ({results[step.name]['seconds']:.0f} s)", file=sys.stderr)

@@ -298,7 +298,7 @@ class CpuShardedEngine(pipeline.Engine):
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
         return _local(tensor)
 
-    def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
+    def logits(self, model: nn.Module, inputs: object) -> torch.Tensor:
         """As Fabric's module wrapper: floating inputs in a true-half recipe's dtype, autocast for
         mixed precision, logits back in float32."""
         dtype = self.spec.input_dtype(fsdp=True)
@@ -309,7 +309,7 @@ class CpuShardedEngine(pipeline.Engine):
         with context:
             return self.recipe.workload.logits(model, inputs).float()  # casts_output, a no-op for 32-true
 
-    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, model: nn.Module, inputs: object, targets: torch.Tensor) -> torch.Tensor:
         """The loss of this rank's share of the global micro-batch; after the first forward pass, how
         many parameter elements FSDP2 left unsharded (it swaps a module's DTensor shards for plain
         unsharded parameters while they are gathered)."""

@@ -82,7 +82,7 @@ class TrainingLoop:
 
     # --- what a subclass provides -------------------------------------------------------------
 
-    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, model: nn.Module, inputs: object, targets: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -113,7 +113,7 @@ class TrainingLoop:
     def synchronize(self) -> None:
         """Wait for queued device work, so that step times are real."""
 
-    def technique_loss(self, model: nn.Module, output: Any, targets: torch.Tensor) -> torch.Tensor | None:
+    def technique_loss(self, model: nn.Module, output: object, targets: torch.Tensor) -> torch.Tensor | None:
         """A helper's loss from the model's output (fused-linear-ce's), or None: cross-entropy over it."""
         for helper in self.helpers:
             loss: torch.Tensor | None = helper.loss(model, output, targets)
@@ -246,7 +246,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def batch_examples(inputs: Any, targets: torch.Tensor) -> int:
+def batch_examples(inputs: object, targets: torch.Tensor) -> int:
     """Examples in a micro-batch: the leading dimension of the inputs' first tensor (a tensor, or the first
     in a mapping, tuple or list of them), never the targets' where the inputs have one: a causal LM's targets
     are its tokens, one per position, and flattened labels (``target.view(-1)``) lead with batch x sequence.
@@ -259,7 +259,7 @@ def watch_linear_outputs(model: nn.Module) -> Callable[[], list[str]]:
     """Hooks every ``nn.Linear``; the returned function removes them and names the output dtypes seen."""
     seen: dict[str, None] = {}
 
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
+    def hook(module: nn.Module, args: object, output: object) -> None:
         if isinstance(output, torch.Tensor):
             seen[dtype_name(output.dtype)] = None
 
@@ -277,7 +277,7 @@ def count_linear_calls(model: nn.Module) -> Callable[[], int]:
     """Hooks every ``nn.Linear``; the returned function removes them and says how often they ran."""
     calls = [0]
 
-    def hook(module: nn.Module, args: Any) -> None:
+    def hook(module: nn.Module, args: object) -> None:
         calls[0] += 1
 
     handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]

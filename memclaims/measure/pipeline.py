@@ -85,10 +85,10 @@ class Engine(TrainingLoop):
     def gradients(self, model: nn.Module) -> Iterator[torch.Tensor]:
         return (self.local(p.grad) for p in model.parameters() if p.grad is not None)
 
-    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
         raise NotImplementedError
 
-    def evaluation(self, model: nn.Module, loader: Any) -> dict[str, float]:
+    def evaluation(self, model: nn.Module, loader: object) -> dict[str, float]:
         """Eval loss, accuracy and F1 (memclaims.measure.evaluation), for RunOptions.evaluate_each_epoch."""
         raise NotImplementedError(f"{type(self).__name__} does not evaluate after each epoch")
 

@@ -134,7 +134,7 @@ class FabricEngine(pipeline.Engine):
                 inputs, targets = _to_device(inputs, self.device), targets.to(self.device)
             yield inputs, targets
 
-    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, model: nn.Module, inputs: object, targets: torch.Tensor) -> torch.Tensor:
         logits = self.recipe.workload.logits(model, inputs)
         loss = self.technique_loss(model, logits, targets)  # fused-linear-ce's, from the hidden states
         return loss if loss is not None else F.cross_entropy(logits, targets)
@@ -152,7 +152,7 @@ class FabricEngine(pipeline.Engine):
     # --- evaluate --------------------------------------------------------------------------
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
@@ -165,7 +165,7 @@ class FabricEngine(pipeline.Engine):
             metric.update(predicted, targets)
         return float(metric.compute())
 
-    def evaluation(self, model: nn.Module, loader: Any) -> dict[str, float]:
+    def evaluation(self, model: nn.Module, loader: object) -> dict[str, float]:
         model.eval()
         return evaluation.evaluate(lambda inputs: self.recipe.workload.logits(model, inputs), self.batches(loader),
                                    self.recipe.workload.num_classes, self.device)

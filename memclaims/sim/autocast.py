@@ -41,7 +41,7 @@ _SET_DTYPE = {
 }
 
 
-def _is_half(value: Any) -> bool:
+def _is_half(value: object) -> bool:
     return isinstance(value, Tensor) and value.dtype in HALF
 
 

@@ -21,7 +21,7 @@ RNN_LAYER = torch.ops.aten.mkldnn_rnn_layer.default
 _WORKSPACE = 3  # the index of the workspace among mkldnn_rnn_layer's outputs
 
 
-def _key(value: Any) -> Any:
+def _key(value: object) -> Any:
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.dtype)
     if isinstance(value, (list, tuple)):
@@ -29,7 +29,7 @@ def _key(value: Any) -> Any:
     return value
 
 
-def _real(key: Any) -> Any:
+def _real(key: object) -> Any:
     if isinstance(key, tuple) and key[:1] == ("tensor",):
         return torch.zeros(key[1], dtype=key[2])
     if isinstance(key, tuple):

@@ -117,7 +117,7 @@ def dispatch_seconds(repeats: int = 5, steps: int = 50) -> float:
     return statistics.median(samples)
 
 
-def op_tensors(values: Any) -> Iterator[torch.Tensor]:
+def op_tensors(values: object) -> Iterator[torch.Tensor]:
     """The tensors among an aten op's arguments or results: tensors, and tuples, lists and dicts of them.
     By hand, not ``tree_flatten``: it runs once per op and the pytree machinery, general over
     registered containers, cost BigBird's replay more than the roofline arithmetic."""
@@ -131,7 +131,7 @@ def op_tensors(values: Any) -> Iterator[torch.Tensor]:
             yield from op_tensors(value)
 
 
-def _nbytes(values: Any) -> int:
+def _nbytes(values: object) -> int:
     return sum(t.numel() * t.element_size() for t in op_tensors(values))
 
 

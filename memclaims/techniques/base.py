@@ -540,7 +540,7 @@ class Stack(Hooks):
                 f"phase forward, expected {'alive' if alive else 'freed'} (zero_grad {order.zero_grad})")
 
 
-def observations(technique: str, **values: Any) -> dict[str, Any]:
+def observations(technique: str, **values: object) -> dict[str, Any]:
     """An ``observe`` result (or a loop helper's ``measured_fields``): ``values`` as ``technique``'s part of the Record,
     ``{"by_technique": {technique: {...}}}``, a value it did not observe (None) left out, as the Record's migration
     reads the old form's nulls (``memclaims.core.record.migrate``); nothing at all where it observed nothing."""
@@ -569,7 +569,7 @@ class LoopHelper:
         """A context around each forward pass (saved-tensor hooks); None: none."""
         return None
 
-    def loss(self, model: nn.Module, output: Any, targets: Any) -> Any:
+    def loss(self, model: nn.Module, output: object, targets: object) -> Any:
         """The micro-batch's loss from the model's output, in place of cross-entropy over it; None: that."""
         return None
 

@@ -137,7 +137,7 @@ def trainer_arguments(recipe: Recipe) -> dict[str, Any]:
     return arguments
 
 
-def checkpointing(model: Any) -> bool:
+def checkpointing(model: object) -> bool:
     """Whether a transformers model checkpoints its layers (``is_activation_checkpointing``; before transformers 5.2x,
     ``is_gradient_checkpointing``, a deprecated alias since)."""
     name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"

@@ -83,7 +83,7 @@ TRAINER_OPTIMS: dict[str, TrainerOptim] = {
 }
 
 
-def trainer_optim(optim: Any) -> TrainerOptim:
+def trainer_optim(optim: object) -> TrainerOptim:
     """The (optimizer, implementation) techniques of a ``TrainingArguments.optim`` value: a name
     (``"adamw_torch_fused"``) or transformers' ``OptimizerNames`` member. ``adamw_torch_fused`` ->
     ``("adamw", "fused")``, ``adamw_torch`` -> ``("adamw", None)``, torch's default for the device (the for-loop on

@@ -41,7 +41,7 @@ def double_quant(recipe: Recipe) -> bool:
     return no_double_quant.NAME not in recipe.techniques
 
 
-def _dtype_name(dtype: Any) -> str:
+def _dtype_name(dtype: object) -> str:
     return str(dtype).removeprefix("torch.")
 
 

@@ -94,7 +94,7 @@ class Observed:
 
         matmuls = [0]
 
-        def decide(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        def decide(ctx: object, func: object, *args: object, **kwargs: object) -> Any:
             name = str(func)
             if name in MATMULS:
                 matmuls[0] += 1
@@ -129,7 +129,7 @@ class Observed:
                 self.stack.enter_context(Counting())  # type: ignore[no-untyped-call]
                 self.stack.enter_context(cached)
 
-            def __exit__(self, *exc: Any) -> None:
+            def __exit__(self, *exc: object) -> None:
                 self.stack.close()
 
         return caching, Recompute()

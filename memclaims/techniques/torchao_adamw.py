@@ -120,7 +120,7 @@ def optimizer_class(name: str, min_numel: int | None, eager: bool) -> type:
             buffer: torch.Tensor = super()._new_buffer(p, signed)
             return buffer
 
-        def step(self, closure: Any = None) -> Any:
+        def step(self, closure: object = None) -> Any:
             if not eager:
                 return super().step(closure)
             with torch.compiler.set_stance("force_eager"):

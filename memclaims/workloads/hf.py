@@ -271,7 +271,7 @@ def spec(name: str) -> HfSpec:
     return HfSpec(model_type, overrides, head, attention)
 
 
-def positions(config: Any) -> int | None:
+def positions(config: object) -> int | None:
     value = getattr(config, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) else None
 
@@ -314,7 +314,7 @@ def architecture(spec_: HfSpec, scale: Scale) -> nn.Module:
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-def fused_loss_head(spec_: HfSpec, config: Any) -> Callable[[nn.Module], nn.Module] | None:
+def fused_loss_head(spec_: HfSpec, config: object) -> Callable[[nn.Module], nn.Module] | None:
     """The vocabulary projection of a causal LM whose logits are that projection alone (for the
     ``fused-linear-ce`` technique); None for classification heads and transformed logits."""
     if spec_.head != "causal-lm" or any(getattr(config, key, None) not in (None, 1, 1.0) for key in LOGIT_TRANSFORMS):

@@ -38,7 +38,7 @@ def parse_value(text: str) -> Any:
     return text
 
 
-def format_value(value: Any) -> str:
+def format_value(value: object) -> str:
     if value is None:
         return "none"
     if isinstance(value, bool):
@@ -53,7 +53,7 @@ def field_types(config_class: type) -> dict[str, Any]:
     return {f.name: f.type for f in dataclasses.fields(config_class) if not isinstance(f.type, str)}
 
 
-def _allowed(annotation: Any) -> tuple[Any, ...]:
+def _allowed(annotation: object) -> tuple[Any, ...]:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return typing.get_args(annotation)
     return (annotation,)

@@ -124,7 +124,7 @@ class Workload:
                 f"unknown scale {name!r} for workload {self.name!r}; valid scales: {', '.join(self.scales)}"
             ) from None
 
-    def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
+    def logits(self, model: nn.Module, inputs: object) -> torch.Tensor:
         if self.logits_fn is not None:
             return self.logits_fn(model, inputs)
         # nn.Module.__call__ is typed Any: the logits' type is the workload's contract.

@@ -63,7 +63,7 @@ def define(name: str, *, build_model: Callable[[Scale], nn.Module], train_data: 
                      sgd_learning_rate=learning_rate * 10, memory_steps=memory_steps,
                      accuracy_epochs=accuracy_epochs)
 
-    def load(scale: Scale, data_dir: Any) -> data.DataBundle:
+    def load(scale: Scale, data_dir: object) -> data.DataBundle:
 
         return data.TextBundle(name=f"{name} (user data)", train=train_data(scale), test=test_data(scale),
                           collate_fn=collate_fn)

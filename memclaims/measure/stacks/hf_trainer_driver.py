@@ -170,7 +170,7 @@ class HfTrainerDriver(StackDriver):
         compute_loss, backward = trainer.compute_loss, trainer.accelerator.backward
         clip = trainer.accelerator.clip_grad_norm_
 
-        def measured_loss(model: nn.Module, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        def measured_loss(model: nn.Module, inputs: dict[str, Any], *args: object, **kwargs: object) -> Any:
             if not model.training:  # the evaluation loop's prediction step
                 return compute_loss(model, inputs, *args, **kwargs)
             engine.micro_batch(inputs, inputs["labels"])
@@ -213,7 +213,7 @@ class HfTrainerDriver(StackDriver):
 
     # --- evaluate: the Trainer's evaluate() and the course's compute_metrics ---------------------------------
 
-    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
         return self.evaluation(model, loader, on_batch)["eval_accuracy"]
 
     def evaluation(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> dict[str, float]:
@@ -236,18 +236,18 @@ def _phase_callback(engine: HfTrainerDriver) -> Any:
     from transformers import TrainerCallback
 
     class PhaseCallback(TrainerCallback):
-        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_pre_optimizer_step(self, args: object, state: object, control: object, **kwargs: object) -> None:
             engine.phase_begin("optimizer_step")
 
-        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_optimizer_step(self, args: object, state: object, control: object, **kwargs: object) -> None:
             engine.phase_end("optimizer_step")
             engine.phase_begin("zero_grad")  # the scheduler's step, then model.zero_grad()
 
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_step_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
             engine.phase_end("zero_grad")
             engine.step_done()
 
-        def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_prediction_step(self, args: object, state: object, control: object, **kwargs: object) -> None:
             if engine._eval_batch is not None:
                 engine._eval_batch()
 

@@ -108,7 +108,7 @@ def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer
             with engine.phase_around("zero_grad"):
                 optimizer.zero_grad()
 
-        def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        def backward(self, loss: torch.Tensor, *args: object, **kwargs: object) -> None:
             engine.loss_seen(float(loss.detach().float()))  # Lightning divided it by accumulate_grad_batches
             with engine.phase_around("backward", self.model):
                 loss.backward(*args, **kwargs)

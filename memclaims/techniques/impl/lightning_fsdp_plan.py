@@ -123,7 +123,7 @@ def read(strategy: Any, precision: str) -> LightningFsdp:
         configured_by=configured_by)
 
 
-def describe_policy(policy: Any) -> str:
+def describe_policy(policy: object) -> str:
     """A policy in words that stay the same from run to run (torch's repr carries the object's address)."""
     classes = getattr(policy, "_module_classes", None)
     if classes is not None:
@@ -145,7 +145,7 @@ def describe(plan: Any) -> str:
             f"CPUOffload(offload_params={plan.offload_params}); {plan.sharding_strategy}")
 
 
-def policy_targets(policy: Any, model: nn.Module) -> list[nn.Module]:
+def policy_targets(policy: object, model: nn.Module) -> list[nn.Module]:
     """The modules below the root that an FSDP auto-wrap policy selects in ``model``, in ``model.modules()`` order,
     by the policy's own rule (``_Policy._run_policy``, as FSDP1's auto-wrap and torch's checkpointing call it)."""
     if policy is None:

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves
 from memclaims.techniques.base import LoopHelper, observations
 
 
-def host_bytes(packed: Any) -> int:
+def host_bytes(packed: object) -> int:
     """Bytes of the host tensors in what a pack function returned (save_on_cpu: ``(device, tensor)``)."""
     return sum(leaf.nbytes for leaf in tree_leaves(packed)
                if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu")
@@ -41,7 +41,7 @@ class ActivationOffload(LoopHelper):
         """torch's own offloader; a subclass (the sim's) makes another."""
         return torch.autograd.graph.save_on_cpu(pin_memory=self.pin_memory)
 
-    def held_on_host(self, packed: Any) -> int:
+    def held_on_host(self, packed: object) -> int:
         """Bytes of host memory in what the pack function returned."""
         return host_bytes(packed)
 

@@ -49,6 +49,6 @@ class SimulatedOffload(ActivationOffload):
 
         return saved_tensors_hooks(pack, unpack)
 
-    def held_on_host(self, packed: Any) -> int:
+    def held_on_host(self, packed: object) -> int:
         # Every fake tensor is a "cpu" tensor: the host's are those the device's accounting does not hold.
         return self.memory.host_bytes(leaf for leaf in tree_leaves(packed) if isinstance(leaf, torch.Tensor))

@@ -148,7 +148,7 @@ def _own_layout(model: nn.Module, plan: Mapping[str, str]) -> Layout:
     return Layout(tuple(linears), source="the workload's tensor_parallel_plan")
 
 
-def _transformers_layout(model: nn.Module, config: Any, plan: dict[str, str]) -> Layout:
+def _transformers_layout(model: nn.Module, config: object, plan: dict[str, str]) -> Layout:
     base = getattr(model, "base_model", model)
     prefix = next((name for name, module in model.named_modules() if module is base), "")
     model_type = getattr(config, "model_type", type(model).__name__)
@@ -267,7 +267,7 @@ class ForwardWatch:
             self.handles.append(linear.register_forward_hook(self._hook(style, linear.out_features, size)))
 
     def _hook(self, style: str, out_features: int, size: int) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
+        def hook(module: nn.Module, args: object, output: object) -> None:
             if self.seen or not module.training or not isinstance(output, torch.Tensor):
                 return
             if style == COLWISE and _local(output).shape[-1] * size == out_features:
