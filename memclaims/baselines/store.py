@@ -170,7 +170,7 @@ def parse(text: str, path: Path, environment: str | None = None) -> dict[str, Ba
     return out
 
 
-def dumps(environment: str, baselines: Mapping[str, Baseline | dict[str, Any]]) -> str:
+def dumps(environment: str, baselines: Mapping[str, Baseline | dict[str, object]]) -> str:
     """Sorted, indented JSON so that a reviewer can diff two versions of a baseline file; an entry given as
     a dict is written as it is (a record kept as the file stored it)."""
     data = {"schema": SCHEMA, "environment": environment,

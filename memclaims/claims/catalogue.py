@@ -153,7 +153,7 @@ def source_module(document: str) -> str:
     return f"memclaims/claims/sources/{document.replace('-', '_')}.py"
 
 
-def table(last_run: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def table(last_run: dict[str, dict[str, object]]) -> list[dict[str, Any]]:
     """Every claim of the catalogue with its last verdict per tier (memclaims.claims.runs' store), or why a tier
     does not check it: what ``memclaims claims`` and the summary JSON show."""
     rows = []

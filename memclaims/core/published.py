@@ -66,7 +66,7 @@ def documents() -> dict[str, dict[str, str]]:
     return dict(data()["sources"])
 
 
-def lookup(reference: str, source: dict[str, Any] | None = None) -> Any:
+def lookup(reference: str, source: dict[str, object] | None = None) -> Any:
     """The value at ``@section/row/field`` (``row`` a script name or an index)."""
     if not reference.startswith("@"):
         raise UsageError(f"not a published reference: {reference!r} (expected @section/row/field)")
@@ -87,7 +87,7 @@ def lookup(reference: str, source: dict[str, Any] | None = None) -> Any:
     return node
 
 
-def resolve(value: object, source: dict[str, Any] | None = None) -> Any:
+def resolve(value: object, source: dict[str, object] | None = None) -> Any:
     return lookup(value, source) if isinstance(value, str) and value.startswith("@") else value
 
 

@@ -265,7 +265,7 @@ def _last_json(text: str) -> Any:
         return None
 
 
-def _record(outdir: Path, results: dict[str, dict[str, Any]], step: Step, status: str, out: str,
+def _record(outdir: Path, results: dict[str, dict[str, object]], step: Step, status: str, out: str,
             parsed: object, started: float) -> None:
     results[step.name] = {"status": status, "seconds": time.monotonic() - started, "json": parsed}
     (outdir / "logs" / f"{step.name}.log").write_text(out)

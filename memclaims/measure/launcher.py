@@ -104,7 +104,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def launch(fn: RankFunction, world_size: int, args: Sequence[Any] = (), *, backend: str = "gloo",
+def launch(fn: RankFunction, world_size: int, args: Sequence[object] = (), *, backend: str = "gloo",
            timeout_s: float | None, port: int | None = None) -> list[Any]:
     """``fn(rank, world_size, *args)`` on every rank; the results, indexed by rank; ``timeout_s``: how long the
     ranks may take (None: no limit; memclaims.recipes.run_options.DEFAULT_TIMEOUT_S for a run's).
@@ -127,7 +127,7 @@ def launch(fn: RankFunction, world_size: int, args: Sequence[Any] = (), *, backe
 # --- under torchrun ---------------------------------------------------------------------------
 
 
-def _run_in_existing_group(fn: RankFunction, env: TorchrunEnv, args: Sequence[Any], backend: str,
+def _run_in_existing_group(fn: RankFunction, env: TorchrunEnv, args: Sequence[object], backend: str,
                            timeout_s: float | None) -> list[Any]:
     import torch.distributed as dist
 
@@ -159,7 +159,7 @@ def _group_timeout(timeout_s: float | None) -> timedelta | None:
 
 
 def _child(rank: int, fn: RankFunction, world_size: int, port: int, backend: str, timeout_s: float | None,
-           folder: str, args: tuple[Any, ...]) -> None:
+           folder: str, args: tuple[object, ...]) -> None:
     """One spawned rank: join the group, run ``fn``, leave the result or the error text in ``folder``."""
     # The same variables torchrun sets, so that Lightning sees processes created externally and
     # never launches its own.
@@ -206,7 +206,7 @@ def _pin_gpu(local_rank: int) -> None:
     torch.cuda.set_device(local_rank)
 
 
-def _spawn(fn: RankFunction, world_size: int, args: tuple[Any, ...], backend: str, timeout_s: float | None,
+def _spawn(fn: RankFunction, world_size: int, args: tuple[object, ...], backend: str, timeout_s: float | None,
            port: int) -> list[Any]:
     context = multiprocessing.get_context("spawn")
     processes: list[multiprocessing.process.BaseProcess] = []

@@ -221,7 +221,7 @@ class TrainingLoop:
             self.nan_step = len(self.losses) - 1
 
 
-def prefetched(batches: Iterator[Any], window: int) -> Iterator[Any]:
+def prefetched(batches: Iterator[object], window: int) -> Iterator[Any]:
     """``batches`` a window at a time: all micro-batches of a step fetched before its first forward, and held until
     the next window is fetched (the HF Trainer's ``get_batch_samples`` list)."""
     source = iter(batches)

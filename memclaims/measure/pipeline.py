@@ -54,7 +54,7 @@ class Engine(TrainingLoop):
     def device_name(self) -> str:
         raise NotImplementedError
 
-    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
         return train, test
 
     def reference_load(self, probe: probe_module.Probe) -> int | None:
@@ -105,7 +105,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # every device's generator, CUDA's included
 
 
-def cycle(batches: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+def cycle(batches: Callable[[], Iterator[object]]) -> Iterator[Any]:
     """The loader's batches over and over (a budget may be longer than an epoch of a small set)."""
     while True:
         yielded = False

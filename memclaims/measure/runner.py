@@ -73,7 +73,7 @@ class FabricEngine(pipeline.Engine):
     def device_name(self) -> str:
         return device_name(self.options.device)
 
-    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
         if self.fabric is None:
             return train, test
         strategy, devices = self.recipe.distributed, self.options.devices

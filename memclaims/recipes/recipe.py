@@ -205,7 +205,7 @@ def _asked(work: Workload, technique_names: Iterable[str], given: Iterable[Any])
     return names, {name: value.beyond(work) for name, value in asked.items()}
 
 
-def applicable(parameters: Iterable[Any], names: Iterable[str]) -> tuple[Any, ...]:
+def applicable(parameters: Iterable[object], names: Iterable[str]) -> tuple[Any, ...]:
     """Those of ``parameters`` a technique of ``names`` takes: what an option asks, given to a matrix's or fit's
     combinations that have a technique to take it (lora's rank to the lora and qlora ones)."""
     kinds = {registry.technique(name).parameters for name in names}
@@ -213,7 +213,7 @@ def applicable(parameters: Iterable[Any], names: Iterable[str]) -> tuple[Any, ..
 
 
 def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str], sizes: Sizes = Sizes(),
-            parameters: Iterable[Any] = ()) -> Recipe:
+            parameters: Iterable[object] = ()) -> Recipe:
     """The recipe; ``parameters``: what is asked of its techniques beyond their names (``Technique.parameters``'
     values, e.g. ``lora.LoraParameters(r=4)``), each for the recipe's technique that takes it."""
     work = find_workload(workload_name)

@@ -47,7 +47,7 @@ def load_dict(data: object, where: str = "summary") -> dict[str, Any]:
     return data
 
 
-def dump(data: dict[str, Any]) -> str:
+def dump(data: dict[str, object]) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -38,7 +38,7 @@ def _real(key: object) -> Any:
 
 
 @lru_cache(maxsize=64)
-def _workspace_bytes(key: tuple[Any, ...]) -> int:
+def _workspace_bytes(key: tuple[object, ...]) -> int:
     # Not under no_grad: the kernel makes its workspace only where autograd could need it.
     with _disable_current_modes():
         out = RNN_LAYER(*_real(key))

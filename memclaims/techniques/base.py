@@ -286,7 +286,7 @@ class BuildsOptimizer(Protocol):
     builder (memclaims.measure.optimizers) asks the recipe's techniques for this protocol (``Recipe.optimizer_owner``)
     where the optimizer is none of the core field's own (torch's, bitsandbytes', transformers' Adafactor)."""
 
-    def build_optimizer(self, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float],
+    def build_optimizer(self, groups: list[dict[str, object]], learning_rate: float, betas: tuple[float, float],
                         eps: float, min_8bit_size: int | None, device: str) -> torch.optim.Optimizer:
         """The optimizer over the course's parameter groups, with the course's AdamW arguments."""
         ...

@@ -210,7 +210,7 @@ class Lora(Hooks):
 
         return self.adapted(lora.parameter_fields(model))
 
-    def adapted(self, counts: dict[str, Any]) -> dict[str, Any]:
+    def adapted(self, counts: dict[str, object]) -> dict[str, Any]:
         """The adapted model's counts (``peft_adapters.parameter_fields``) as the Record's parts: lora's parameter
         elements that require a gradient (the adapters and the trained head) and all of them (frozen base weights
         included), counted on the model as the load phase left it."""

@@ -104,7 +104,7 @@ def _parameter_bytes(params: Iterable[Any]) -> list[int]:
     return [int(p.numel()) * int(p.element_size()) for p in params]
 
 
-def _one(values: list[Any]) -> Any:
+def _one(values: list[object]) -> Any:
     """The groups' common value, or all of them where they differ."""
     return values[0] if len(set(values)) == 1 else values
 

@@ -77,7 +77,7 @@ class Qlora(lora.Lora):
         merge_observed(observed, observations(NAME, **nf4.storage(model), **seen.fields()))
         return observed
 
-    def adapted(self, counts: dict[str, Any]) -> dict[str, Any]:
+    def adapted(self, counts: dict[str, object]) -> dict[str, Any]:
         """lora's parts, and qlora's ``quantized_parameter_bytes``: the bytes of the parameters stored quantized
         (bitsandbytes' 4-bit weights, packed in uint8)."""
         observed = super().adapted(counts)

@@ -130,7 +130,7 @@ def optimizer_class(name: str, min_numel: int | None, eager: bool) -> type:
     return Configured
 
 
-def build(name: str, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float], eps: float,
+def build(name: str, groups: list[dict[str, object]], learning_rate: float, betas: tuple[float, float], eps: float,
           min_numel: int | None, device: str) -> Any:
     """torchao's optimizer ``name`` over the course's parameter groups (``memclaims.measure.optimizers``)."""
     _warm_quantization_maps()
@@ -182,7 +182,7 @@ class LowBitAdamW(Hooks):
         self.optimizer = optimizer
         self.name = technique_of(optimizer)
 
-    def build_optimizer(self, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float],
+    def build_optimizer(self, groups: list[dict[str, object]], learning_rate: float, betas: tuple[float, float],
                         eps: float, min_8bit_size: int | None, device: str) -> Any:
         """torchao's optimizer (``BuildsOptimizer``), quantizing from ``min_8bit_size`` where given."""
         return build(self.optimizer, groups, learning_rate, betas, eps, min_8bit_size, device)

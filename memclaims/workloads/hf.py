@@ -95,7 +95,7 @@ def parse_config(text: str) -> dict[str, Any]:
     return overrides
 
 
-def name_of(model_type: str, overrides: dict[str, Any]) -> str:
+def name_of(model_type: str, overrides: dict[str, object]) -> str:
     """The canonical workload name: keys sorted, so one shape has one id."""
     if not overrides:
         return f"{HF_PREFIX}{model_type}"

@@ -87,7 +87,7 @@ def convert(key: str, value: Any, annotation: Any, owner: str) -> Any:
                      f"got {format_value(value)!r}")
 
 
-def converted(overrides: Mapping[str, Any], config_class: type, attribute_map: Mapping[str, str]) -> dict[str, Any]:
+def converted(overrides: Mapping[str, object], config_class: type, attribute_map: Mapping[str, str]) -> dict[str, Any]:
     """Every override as its field's type (a key spelled through ``attribute_map``, as GPT-2's
     ``num_hidden_layers`` for ``n_layer``, takes the mapped field's type)."""
     annotations = field_types(config_class)
@@ -107,7 +107,7 @@ def _reason(error: BaseException) -> str:
     return " ".join(f"{type(cause).__name__}: {cause}".split())
 
 
-def refused(what: str, overrides: Mapping[str, Any], build: Callable[[], _T]) -> _T:
+def refused(what: str, overrides: Mapping[str, object], build: Callable[[], _T]) -> _T:
     """``build()`` (a config, or a model from one), with a refusal of the user's ``overrides`` as one
     UsageError line. Without overrides a failure is not the user's: it propagates as it is; so do
     memclaims' own errors and running out of memory."""
@@ -123,7 +123,7 @@ def refused(what: str, overrides: Mapping[str, Any], build: Callable[[], _T]) ->
         raise refusal(what, overrides, error) from error
 
 
-def refusal(what: str, overrides: Mapping[str, Any], error: BaseException) -> UsageError:
+def refusal(what: str, overrides: Mapping[str, object], error: BaseException) -> UsageError:
     """The one line for ``what`` (a config, a model, its forward) refusing the user's values."""
     given = ",".join(f"{k}={format_value(v)}" for k, v in sorted(overrides.items()))
     return UsageError(f"--config {given}: {what} refuses it: {_reason(error)}")

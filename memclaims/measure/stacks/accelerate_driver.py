@@ -69,7 +69,7 @@ class AccelerateDriver(StackDriver):
     def precision_ran(self) -> str:
         return PRECISION_RAN.get(str(self.accelerator.mixed_precision), str(self.accelerator.mixed_precision))
 
-    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
         return self.accelerator.prepare(train), test
 
     def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
@@ -96,7 +96,7 @@ class AccelerateDriver(StackDriver):
         self.outputs = self.recipe.workload.logits(model, inputs)
         return torch.nn.functional.cross_entropy(self.outputs, targets)
 
-    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[Any], optimizer_steps: int,
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[object], optimizer_steps: int,
               on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
         if scheduler is not None and self._scheduler is None:
             self._scheduler = self.accelerator.prepare(scheduler)

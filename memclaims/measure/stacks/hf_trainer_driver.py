@@ -107,7 +107,7 @@ class HfTrainerDriver(StackDriver):
         args = self.trainer.args
         return "bf16-mixed" if args.bf16 else "16-mixed" if args.fp16 else "32-true"
 
-    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
         # The Trainer makes its own loaders from the data sets (per_device_*_batch_size, dataloader_drop_last).
         self._train, self._test, self._collate = train.dataset, test.dataset, train.collate_fn
         return train, test
@@ -193,7 +193,7 @@ class HfTrainerDriver(StackDriver):
 
     # --- train ------------------------------------------------------------------------------------------
 
-    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[Any], optimizer_steps: int,
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[object], optimizer_steps: int,
               on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
         """``optimizer_steps`` steps of ``trainer.train()`` (an epoch when negative); ``batches`` is the pipeline's,
         unused: the Trainer draws from its own loader."""

@@ -66,7 +66,7 @@ class LightningTrainerDriver(StackDriver):
     def precision_ran(self) -> str:
         return str(self.trainer.precision)
 
-    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
         self._loader = train  # Lightning's fit takes the loader; it moves each batch (transfer_batch_to_device)
         return train, test
 
@@ -76,7 +76,7 @@ class LightningTrainerDriver(StackDriver):
         self.observed["built_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
         return model, weights
 
-    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[Any], optimizer_steps: int,
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[object], optimizer_steps: int,
               on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
         """``optimizer_steps`` steps of ``Trainer.fit`` over the loader (an epoch when negative); ``batches`` is the
         pipeline's, unused: Lightning iterates the loader itself."""
