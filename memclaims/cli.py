@@ -56,7 +56,7 @@ class _OldSpelling(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _word(option: table.Option, command: str) -> Callable[[str], Any]:
+def _word(option: table.Option, command: str) -> Callable[[str], object]:
     """argparse's ``type`` for ``option``: the table's check, its message after argparse's
     ``argument --NAME:``."""
     def convert(text: str) -> Any:

@@ -79,11 +79,11 @@ class Baseline:
     record: Record
     tolerances: dict[str, float | None] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"record": _finite(self.record.to_dict()), "tolerances": dict(self.tolerances)}
 
 
-def _finite(value: object) -> Any:
+def _finite(value: object) -> object:
     """NaN and inf are not JSON: store them as null (``nan_loss``/``nan_step`` keep the fact)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -355,7 +355,7 @@ class BaselineStore:
                                 f"({type(error).__name__}: {error}); measure it again with "
                                 f"`memclaims baselines spread`") from None
 
-    def tolerances(self) -> dict[str, Any]:
+    def tolerances(self) -> dict[str, object]:
         if self._tolerances is None:
             self._tolerances = read_tolerances(self.tolerance_file())
         return self._tolerances

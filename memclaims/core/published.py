@@ -43,7 +43,7 @@ def data() -> dict[str, Any]:
     return {**tables, **merge_sources([load_source(f) for f in files])}
 
 
-def merge_sources(loaded: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+def merge_sources(loaded: list[tuple[str, dict[str, Any]]]) -> dict[str, object]:
     """``claims`` (each with its ``document``) and ``sources`` from the loaded source files (``(file
     name, content)``); a claim id in two files is a DataError naming both."""
     claims: list[dict[str, Any]] = []
@@ -139,7 +139,7 @@ def printed(claim_id: str) -> dict[str, str]:
     return {key: kind for key, kind in kinds.items() if kind is not None}
 
 
-def load_published(path: Traversable) -> dict[str, Any]:
+def load_published(path: Traversable) -> dict[str, object]:
     """The article's published numbers (the packaged ``published.json``), schema checked."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -150,7 +150,7 @@ def load_published(path: Traversable) -> dict[str, Any]:
     return data
 
 
-def load_source(path: Traversable) -> tuple[str, dict[str, Any]]:
+def load_source(path: Traversable) -> tuple[str, dict[str, object]]:
     """One source's file (``sources/<document>.json``): its name and content, schema checked."""
     try:
         source = json.loads(path.read_text(encoding="utf-8"))

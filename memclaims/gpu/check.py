@@ -103,7 +103,7 @@ def sim_step() -> Step:
     return Step("sim", (sys.executable, "-m", "memclaims.gpu.check", "--sim-rows"), LIMIT_S - 30)
 
 
-def sim_rows() -> dict[str, Any]:
+def sim_rows() -> dict[str, object]:
     from memclaims.recipes.recipe import resolve
     from memclaims.recipes.run_options import RunOptions
     from memclaims.run import run_recipe
@@ -117,7 +117,7 @@ def sim_rows() -> dict[str, Any]:
 # --- steps that run inside this module --------------------------------------------------------
 
 
-def facts() -> dict[str, Any]:
+def facts() -> dict[str, object]:
     """The card, CUDA, and the cuBLAS workspace bytes a first matmul allocates on each handle."""
     import torch
 
@@ -139,7 +139,7 @@ def facts() -> dict[str, Any]:
     return found
 
 
-def history_cost() -> dict[str, Any]:
+def history_cost() -> dict[str, object]:
     """One article row (bf16-true, 3 steps) with history off and on: step time and snapshot size."""
     import tempfile
 
@@ -164,7 +164,7 @@ def history_cost() -> dict[str, Any]:
     return result
 
 
-def allocator_trace(path: Path) -> dict[str, Any]:
+def allocator_trace(path: Path) -> dict[str, object]:
     """ViT-H/14 16-mixed at the article's scale, history on: the GPU's peaks, its trace (saved to
     ``path``) replayed through the allocator model, and the sim's prediction of the same run."""
     import pickle
@@ -256,7 +256,7 @@ def _trace_report(found: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _last_json(text: str) -> Any:
+def _last_json(text: str) -> object:
     """The JSON document a command printed last (Records are printed with indent)."""
     start = text.rfind("\n{\n") + 1 if "\n{\n" in text else text.find("{")
     try:

@@ -129,7 +129,7 @@ def start_history(cuda: Any, max_entries: int) -> None:
 
 
 def breakdown_report(case_id: str, record: Record, baseline: Record,
-                     failing_metrics: Iterable[str]) -> dict[str, Any]:
+                     failing_metrics: Iterable[str]) -> dict[str, object]:
     categories = [c for c in CATEGORIES] + sorted((set(record.breakdown) | set(baseline.breakdown)) - set(CATEGORIES))
     rows = {}
     for category in categories:

@@ -71,7 +71,7 @@ class DistributedResult:
                    launcher="torchrun" if launcher.torchrun_env() else "spawn", records=list(records))
 
     @property
-    def rank0(self) -> dict[str, Any]:
+    def rank0(self) -> dict[str, object]:
         return self.records[0].to_dict()
 
     @property
@@ -234,7 +234,7 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else tensor
 
 
-def _cast_floating(batch: Any, dtype: torch.dtype) -> Any:
+def _cast_floating(batch: Any, dtype: torch.dtype) -> object:
     if isinstance(batch, dict):
         return {k: _cast_floating(v, dtype) for k, v in batch.items()}
     return batch.to(dtype) if batch.is_floating_point() else batch
@@ -319,7 +319,7 @@ class CpuShardedEngine(pipeline.Engine):
             self.forward_unsharded_params = unsharded_params(model)
         return loss
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         return {**super().measured_fields(), "forward_unsharded_params": self.forward_unsharded_params,
                 "fsdp_api": FSDP2_API}  # fully_shard, whichever FSDP the recipe asked for (rank_notes say so)
 

@@ -128,7 +128,7 @@ def launch(fn: RankFunction, world_size: int, args: Sequence[object] = (), *, ba
 
 
 def _run_in_existing_group(fn: RankFunction, env: TorchrunEnv, args: Sequence[object], backend: str,
-                           timeout_s: float | None) -> list[Any]:
+                           timeout_s: float | None) -> list[object]:
     import torch.distributed as dist
 
     created = not dist.is_initialized()
@@ -207,7 +207,7 @@ def _pin_gpu(local_rank: int) -> None:
 
 
 def _spawn(fn: RankFunction, world_size: int, args: tuple[object, ...], backend: str, timeout_s: float | None,
-           port: int) -> list[Any]:
+           port: int) -> list[object]:
     context = multiprocessing.get_context("spawn")
     processes: list[multiprocessing.process.BaseProcess] = []
     with tempfile.TemporaryDirectory(prefix="memclaims-ranks-") as folder:
@@ -294,7 +294,7 @@ def stop(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
 # whatever import mode pytest runs in.
 
 
-def check_worker(rank: int, world_size: int, behaviour: str = "all-reduce", arg: float = 0.0) -> Any:
+def check_worker(rank: int, world_size: int, behaviour: str = "all-reduce", arg: float = 0.0) -> object:
     """``all-reduce``: the sum of all ranks (proves the group works); ``pid``: this process id;
     ``raise``: raise on rank ``arg``; ``exit``: rank ``arg`` dies without a word; ``sleep``: every
     rank sleeps ``arg`` seconds; ``progress``: every rank works ``arg`` seconds, beating as a run's phases do."""

@@ -18,10 +18,14 @@ from memclaims.measure import launcher
 from memclaims.recipes.run_options import RunOptions, default_devices
 
 if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins.environments import ClusterEnvironment
+    from lightning.fabric.strategies import Strategy as FabricStrategy
+
     from memclaims.recipes.recipe import Recipe
 
 
-def strategy(recipe: Recipe, world: int | None = None, device: str = "cuda") -> Any:
+def strategy(recipe: Recipe, world: int | None = None, device: str = "cuda") -> str | FabricStrategy:
     """Lightning's strategy of a multi-device recipe on ``world`` ranks (None: every GPU, or the CPU's default):
     the recipe's strategy builds it from its plan (``Strategy.lightning_strategy``)."""
     chosen = recipe.distributed
@@ -30,7 +34,7 @@ def strategy(recipe: Recipe, world: int | None = None, device: str = "cuda") -> 
     return chosen.lightning_strategy(recipe.strategy_plan(world or default_devices(device)), recipe, device)
 
 
-def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
+def sharded_fabric(recipe: Recipe, options: RunOptions) -> Fabric:
     """The Fabric one rank of a multi-device run uses (CUDA ranks; CPU ranks for DDP and DeepSpeed)."""
     from lightning.fabric import Fabric
 
@@ -47,7 +51,7 @@ def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
     return fabric
 
 
-def cluster_environment(environ: Mapping[str, str] | None = None) -> Any:
+def cluster_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvironment | None:
     """The Lightning cluster environment of a rank, chosen here rather than detected by Lightning.
 
     Lightning tries SLURMEnvironment first; inside a SLURM allocation it would win for ranks that

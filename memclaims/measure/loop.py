@@ -46,7 +46,7 @@ STEP_PHASES = ("forward", "backward", "optimizer_step", "zero_grad")
 PhaseCallback = Callable[[str], AbstractContextManager[Any]]
 
 
-def no_phase(name: str) -> AbstractContextManager[Any]:
+def no_phase(name: str) -> AbstractContextManager[object]:
     return nullcontext()
 
 
@@ -200,7 +200,7 @@ class TrainingLoop:
             if done == optimizer_steps:
                 return
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         """The Record's fields of what the loop observed (batch, accumulation, compute dtype)."""
         fields: dict[str, Any] = dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
                                       compute_dtypes=list(self.compute_dtypes), grad_digest=self.grad_digest,
@@ -221,7 +221,7 @@ class TrainingLoop:
             self.nan_step = len(self.losses) - 1
 
 
-def prefetched(batches: Iterator[object], window: int) -> Iterator[Any]:
+def prefetched(batches: Iterator[object], window: int) -> Iterator[object]:
     """``batches`` a window at a time: all micro-batches of a step fetched before its first forward, and held until
     the next window is fetched (the HF Trainer's ``get_batch_samples`` list)."""
     source = iter(batches)

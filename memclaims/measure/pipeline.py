@@ -178,7 +178,7 @@ def scheduled_steps(engine: Engine, steps_per_epoch: int, memory_steps: int) -> 
     return int(schedule["epochs"]) * steps_per_epoch
 
 
-def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[Any, Any]:
+def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[object, object]:
     """The optimizer and scheduler, the schedule long enough for every step the run will take."""
     recipe = engine.recipe
     return optimizers.build(recipe.optimizer, model, recipe.learning_rate,

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 SINGLE_THREADED_SCALES = ("smoke", CONVERGED)
 
 
-def _to_device(batch: Any, device: torch.device) -> Any:
+def _to_device(batch: Any, device: torch.device) -> object:
     if isinstance(batch, dict):
         return {k: v.to(device) for k, v in batch.items()}
     return batch.to(device)

@@ -67,7 +67,7 @@ MARKERS = {
 SETTINGS_KEY = pytest.StashKey[Settings]()
 
 
-def _given(config: pytest.Config, option: Option) -> tuple[Any, str]:
+def _given(config: pytest.Config, option: Option) -> tuple[object, str]:
     """What the session was given for ``option`` (the command line wins over the ini file), and
     how the user spelled it, for an error line."""
     if option.pytest:
@@ -112,7 +112,7 @@ def resolve(workload: str, scale: str, techniques: tuple[str, ...], config: pyte
     return resolve_recipe(workload, scale, techniques, parameters=asked)
 
 
-def asked_parameters(config: pytest.Config) -> tuple[Any, ...]:
+def asked_parameters(config: pytest.Config) -> tuple[object, ...]:
     """What ``--memclaims-lora-r`` and the rest ask (``memclaims.techniques.lora.asked_by``); () where none is given."""
     from memclaims.techniques import lora
 

@@ -205,7 +205,7 @@ def _asked(work: Workload, technique_names: Iterable[str], given: Iterable[Any])
     return names, {name: value.beyond(work) for name, value in asked.items()}
 
 
-def applicable(parameters: Iterable[object], names: Iterable[str]) -> tuple[Any, ...]:
+def applicable(parameters: Iterable[object], names: Iterable[str]) -> tuple[object, ...]:
     """Those of ``parameters`` a technique of ``names`` takes: what an option asks, given to a matrix's or fit's
     combinations that have a technique to take it (lora's rank to the lora and qlora ones)."""
     kinds = {registry.technique(name).parameters for name in names}

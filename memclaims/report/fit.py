@@ -161,7 +161,7 @@ class FitRow:
     frees_cache: bool = False  # fits only because the allocator frees its cache and retries
     asked: bool = False  # the combination given with -t: always predicted and shown
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -207,7 +207,7 @@ class FitResult:
 
         return sorted(self.rows, key=key)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"workload": self.workload, "scale": self.scale, "profile": self.profile,
                 "memory_bytes": self.memory_bytes, "devices": self.devices, "method": self.method,
                 "batch_size": self.batch_size, "input_size": self.input_size, "size_knob": self.size_knob,

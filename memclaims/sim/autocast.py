@@ -46,13 +46,13 @@ def _is_half(value: object) -> bool:
 
 
 class CudaAutocastPolicy(TorchFunctionMode):
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
         kwargs = kwargs or {}
         if func in _SET_DTYPE and args and _is_half(args[0]) and kwargs.get("dtype") is None \
                 and not any(isinstance(a, torch.dtype) for a in args):
             return func(*args, **{**kwargs, "dtype": torch.float32})
         if func in _FP32 and any(_is_half(a) for a in (*args, *kwargs.values())):
-            def up(value: Any) -> Any:
+            def up(value: Any) -> object:
                 return value.float() if _is_half(value) else value
 
             with torch.autocast("cpu", enabled=False):

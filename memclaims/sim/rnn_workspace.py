@@ -21,7 +21,7 @@ RNN_LAYER = torch.ops.aten.mkldnn_rnn_layer.default
 _WORKSPACE = 3  # the index of the workspace among mkldnn_rnn_layer's outputs
 
 
-def _key(value: object) -> Any:
+def _key(value: object) -> object:
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.dtype)
     if isinstance(value, (list, tuple)):
@@ -46,7 +46,7 @@ def _workspace_bytes(key: tuple[object, ...]) -> int:
     return nbytes
 
 
-def with_workspace(args: Any, out: Any) -> Any:
+def with_workspace(args: Any, out: Any) -> object:
     """``mkldnn_rnn_layer``'s fake outputs with a workspace of the real kernel's size (made in the
     running fake mode, so that it lives, and is counted, as long as autograd keeps it). ``new_empty`` on
     a fake output, not ``torch.empty``: this runs inside the fake mode's own dispatch, where the mode is

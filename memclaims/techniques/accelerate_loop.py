@@ -11,7 +11,7 @@ are gone in the next forward, unlike the article scripts' loop without accumulat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memclaims.techniques.base import (
     ZERO_AFTER_STEP,
@@ -40,7 +40,7 @@ CONFLICTS: tuple[tuple[str, str], ...] = (
 )
 
 
-def accelerator_arguments(recipe: Recipe) -> dict[str, Any]:
+def accelerator_arguments(recipe: Recipe) -> dict[str, object]:
     """The recipe as the Accelerator's switches (the engine adds ``cpu=`` for the device)."""
     return {"mixed_precision": MIXED_PRECISION[recipe.precision],
             "gradient_accumulation_steps": recipe.accumulation_steps}

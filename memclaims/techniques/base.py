@@ -157,7 +157,7 @@ class Hooks:
     def sim_before_train(self, loop: SimLoop, optimizer: torch.optim.Optimizer) -> None:
         """The sim's loop and optimizer before the measured steps."""
 
-    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer, session: SimSession) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer, session: SimSession) -> dict[str, object]:
         """The Record's fields of what the technique did on the sim, right after the measured steps."""
         return {}
 
@@ -221,7 +221,7 @@ class SetsAllocator(Protocol):
         """The profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) under the setting."""
         ...
 
-    def sim_observe_run(self, session: SimSession) -> dict[str, Any]:
+    def sim_observe_run(self, session: SimSession) -> dict[str, object]:
         """The Record's fields of what the setting did on the sim, read once the replay has ended."""
         ...
 
@@ -255,7 +255,7 @@ class PlacesOnDevice(Protocol):
 class SetsUpOptions(Protocol):
     """A technique that changes how Fabric's ``setup`` treats the model (cpu-offload: FSDP moves what it needs)."""
 
-    def setup_options(self) -> dict[str, Any]:
+    def setup_options(self) -> dict[str, object]:
         """Keyword arguments of Fabric's ``setup``."""
         ...
 
@@ -577,7 +577,7 @@ class LoopHelper:
         """The dtypes the first forward pass computed in, given those its linear layers' outputs had."""
         return seen
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         """The Record's fields of what the helper saw over the measured steps."""
         return {}
 

@@ -61,7 +61,7 @@ class ExpandableSegments(Hooks):
     def sim_allocator(self, allocator: AllocatorSetting) -> AllocatorSetting:
         return dataclasses.replace(allocator, expandable_segments=True)
 
-    def sim_observe_run(self, session: SimSession) -> dict[str, Any]:
+    def sim_observe_run(self, session: SimSession) -> dict[str, object]:
         return observations(NAME, expandable_segment_bytes=session.allocator.expandable_bytes)
 
 

@@ -176,7 +176,7 @@ class FusedLoss(LoopHelper):
             return seen
         return sorted({*seen, str(self.compute_dtype).removeprefix("torch.")})
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         """The technique's part of the Record: the op's calls, the tokens of the last call, its classes (the
         vocabulary), the rows of one chunk of the tokens (the op's resolved batch_chunk_size: the logits buffer is
         chunk x vocabulary), and calls in which the op ignored its options and materialized the logits whole."""

@@ -204,7 +204,7 @@ class HfTrainer(Stack):
                 group["foreach"] = False
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, Any]:
+                    session: SimSession) -> dict[str, object]:
         # What the replay stepped (memclaims' optimizer on fake tensors, bitsandbytes' by its state layout): whether
         # the step ran fused, and the checkpointing; the Trainer's class is the real run's to observe.
         groups = getattr(optimizer, "param_groups", [{}])

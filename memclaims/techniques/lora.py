@@ -250,7 +250,7 @@ class Lora(Hooks):
                      lambda module, dtype: move(module, dtype))
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, Any]:
+                    session: SimSession) -> dict[str, object]:
         from memclaims.techniques.impl.peft_adapters import parameter_fields
 
         return self.adapted(parameter_fields(model))

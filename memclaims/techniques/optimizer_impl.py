@@ -104,7 +104,7 @@ def _parameter_bytes(params: Iterable[Any]) -> list[int]:
     return [int(p.numel()) * int(p.element_size()) for p in params]
 
 
-def _one(values: list[object]) -> Any:
+def _one(values: list[object]) -> object:
     """The groups' common value, or all of them where they differ."""
     return values[0] if len(set(values)) == 1 else values
 
@@ -116,7 +116,7 @@ class OptimizerImplementation(Hooks):
         self.name = name
 
     def _observed(self, optimizer: torch.optim.Optimizer, local: Callable[[Any], Any], growth: list[dict[str, int]],
-                  temporaries_key: str) -> dict[str, Any]:
+                  temporaries_key: str) -> dict[str, object]:
         groups = optimizer.param_groups
         # Each param group is stepped by its own call (AdamW's course groups: two), so foreach's tensor lists are
         # a group's parameters, not all of them.
@@ -139,7 +139,7 @@ class OptimizerImplementation(Hooks):
         return {"by_technique": {self.name: observed}}
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, Any]:
+                    session: SimSession) -> dict[str, object]:
         growth = session.recorder.step_growth.get(OPTIMIZER_STEP, [])
         # Live tensor bytes, exact (what the cpu tier counts), and the allocator model's, rounded as CUDA's.
         observed = self._observed(optimizer, lambda p: p, growth, "live_bytes")

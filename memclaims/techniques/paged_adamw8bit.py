@@ -58,7 +58,7 @@ class PagedAdamW8bit(Hooks):
                 f"unified memory (bitsandbytes pages states of {PAGED_MIN_NUMEL:,} elements or more)")
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, Any]:
+                    session: SimSession) -> dict[str, object]:
         # Unified memory: the state tensors the device does not hold.
         return observations(NAME, paged_state_bytes=session.memory.host_bytes(state_tensors(optimizer)))
 

@@ -160,7 +160,7 @@ class Qlora(lora.Lora):
         loop.helpers.append(nf4.FourBitCompute(scratch, dispatch=False))
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, Any]:
+                    session: SimSession) -> dict[str, object]:
         from memclaims.techniques.impl import nf4_base as nf4
 
         scratch = session.memory.op_scratch[nf4.gemm_op()]

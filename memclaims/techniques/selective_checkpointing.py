@@ -54,7 +54,7 @@ TORCHTITAN_SAVE = ("aten.mm.default", "aten._scaled_dot_product_efficient_attent
 ADDED_SAVE = ("aten.addmm.default", "aten._scaled_dot_product_flash_attention_for_cpu.default")
 
 
-def save_list() -> frozenset[Any]:
+def save_list() -> frozenset[object]:
     """The policy's ops to save (OpOverloads of the installed torch)."""
     import torch
 
@@ -67,7 +67,7 @@ def save_list() -> frozenset[Any]:
     return frozenset(found)
 
 
-def sac_ignored_ops() -> frozenset[Any]:
+def sac_ignored_ops() -> frozenset[object]:
     """The ops SAC neither asks the policy about nor caches (``torch.utils.checkpoint.SAC_IGNORED_OPS``: the
     detaches checkpointing adds, metadata queries): they run again in every recompute, whatever the policy."""
     import torch
@@ -94,7 +94,7 @@ class Observed:
 
         matmuls = [0]
 
-        def decide(ctx: object, func: object, *args: object, **kwargs: object) -> Any:
+        def decide(ctx: object, func: object, *args: object, **kwargs: object) -> object:
             name = str(func)
             if name in MATMULS:
                 matmuls[0] += 1
@@ -104,7 +104,7 @@ class Observed:
 
         return decide
 
-    def context_fn(self) -> tuple[Any, Any]:
+    def context_fn(self) -> tuple[object, object]:
         """``checkpoint``'s ``context_fn``: SAC's two modes, with a counter of what runs again below SAC's
         recompute mode (written by hand: torch counts nothing of what SAC recomputes)."""
         from contextlib import ExitStack
@@ -116,7 +116,7 @@ class Observed:
         recomputed, ignored = self.recomputed, sac_ignored_ops()
 
         class Counting(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
                 if func not in ignored:
                     recomputed[str(func)] += 1
                 return func(*args, **(kwargs or {}))
@@ -181,7 +181,7 @@ class SelectiveCheckpointing(Hooks):
         notes.append(wrap(model, recipe.workload))  # as the real engine's: the wrap allocates nothing
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, Any]:
+                    session: SimSession) -> dict[str, object]:
         return observed_fields(model)
 
     def compare_without(self) -> bool:

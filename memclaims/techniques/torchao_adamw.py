@@ -120,7 +120,7 @@ def optimizer_class(name: str, min_numel: int | None, eager: bool) -> type:
             buffer: torch.Tensor = super()._new_buffer(p, signed)
             return buffer
 
-        def step(self, closure: object = None) -> Any:
+        def step(self, closure: object = None) -> object:
             if not eager:
                 return super().step(closure)
             with torch.compiler.set_stance("force_eager"):
@@ -183,7 +183,7 @@ class LowBitAdamW(Hooks):
         self.name = technique_of(optimizer)
 
     def build_optimizer(self, groups: list[dict[str, object]], learning_rate: float, betas: tuple[float, float],
-                        eps: float, min_8bit_size: int | None, device: str) -> Any:
+                        eps: float, min_8bit_size: int | None, device: str) -> object:
         """torchao's optimizer (``BuildsOptimizer``), quantizing from ``min_8bit_size`` where given."""
         return build(self.optimizer, groups, learning_rate, betas, eps, min_8bit_size, device)
 
@@ -204,7 +204,7 @@ class LowBitAdamW(Hooks):
                      "of the largest parameter at most)")
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, Any]:
+                    session: SimSession) -> dict[str, object]:
         return state_fields(optimizer, self.name)
 
     def sim_refusal(self, recipe: Recipe) -> str | None:

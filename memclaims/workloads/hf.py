@@ -81,7 +81,7 @@ def plan_of(text: str) -> dict[str, str]:
 # --- names -------------------------------------------------------------------------------------
 
 
-def parse_config(text: str) -> dict[str, Any]:
+def parse_config(text: str) -> dict[str, object]:
     """``key=value,key=value`` -> {key: value}; one clear error for a malformed item."""
     overrides: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -133,7 +133,7 @@ def with_config(workload_name: str, config_text: str | None, note: Callable[[str
 _ABOUT_THE_FILE = ("architectures", "dtype", "torch_dtype", "transformers_version", "_name_or_path", "model_type")
 
 
-def config_file(path: Path, model_type: str) -> tuple[dict[str, Any], list[str]]:
+def config_file(path: Path, model_type: str) -> tuple[dict[str, object], list[str]]:
     """A config.json read as transformers reads it (``AutoConfig.from_pretrained`` on the file): the keys whose
     value differs from the model type's defaults, and those left out (not a scalar, or about the file)."""
     from transformers import AutoConfig
@@ -527,7 +527,7 @@ def _workload(canonical: str) -> Workload:
     )
 
 
-def _pseudo(chosen: HfSpec) -> dict[str, Any]:
+def _pseudo(chosen: HfSpec) -> dict[str, object]:
     """Non-default head / attention, kept in the canonical name."""
     extra: dict[str, Any] = {}
     if chosen.head != default_head(chosen.model_type):

@@ -23,7 +23,7 @@ _SCALARS = (bool, int, float, str, type(None))
 _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a word", type(None): "none"}
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str) -> object:
     """``--config`` values: integers, floats, true/false/none, else the string itself."""
     lowered = text.lower()
     if lowered in ("true", "false"):
@@ -46,7 +46,7 @@ def format_value(value: object) -> str:
     return str(value)
 
 
-def field_types(config_class: type) -> dict[str, Any]:
+def field_types(config_class: type) -> dict[str, object]:
     """Each field's annotation (a type object; a string annotation is left to the validators)."""
     if not dataclasses.is_dataclass(config_class):
         return {}  # a config without annotated fields: its own __init__ and validators decide

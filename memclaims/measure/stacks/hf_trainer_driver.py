@@ -157,7 +157,7 @@ class HfTrainerDriver(StackDriver):
         self._instrument(trainer)
         return trainer
 
-    def _arguments_seen(self, model: nn.Module, given: bool) -> dict[str, Any]:
+    def _arguments_seen(self, model: nn.Module, given: bool) -> dict[str, object]:
         args = self.trainer.args
         return {"optim": None if given else str(getattr(args.optim, "value", args.optim)),  # the default's, if none asked
                 "per_device_train_batch_size": args.per_device_train_batch_size,
@@ -170,7 +170,7 @@ class HfTrainerDriver(StackDriver):
         compute_loss, backward = trainer.compute_loss, trainer.accelerator.backward
         clip = trainer.accelerator.clip_grad_norm_
 
-        def measured_loss(model: nn.Module, inputs: dict[str, Any], *args: object, **kwargs: object) -> Any:
+        def measured_loss(model: nn.Module, inputs: dict[str, Any], *args: object, **kwargs: object) -> object:
             if not model.training:  # the evaluation loop's prediction step
                 return compute_loss(model, inputs, *args, **kwargs)
             engine.micro_batch(inputs, inputs["labels"])
@@ -182,7 +182,7 @@ class HfTrainerDriver(StackDriver):
             with engine.phase_around("backward", trainer.model):
                 backward(loss, **kwargs)
 
-        def measured_clip(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
+        def measured_clip(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> object:
             engine.before_step(trainer.model)
             with engine.phase_around(CLIP_GRAD_NORM):
                 return clip(parameters, max_norm, *args, **kwargs)
@@ -203,7 +203,7 @@ class HfTrainerDriver(StackDriver):
             self.trainer.train()
         self.observed.update(self._optimizer_seen(model))
 
-    def _optimizer_seen(self, model: nn.Module) -> dict[str, Any]:
+    def _optimizer_seen(self, model: nn.Module) -> dict[str, object]:
         optimizer = self.trainer.optimizer
         inner = getattr(optimizer, "optimizer", optimizer)
         defaults = getattr(inner, "defaults", {})

@@ -89,7 +89,7 @@ class LightningTrainerDriver(StackDriver):
         self.observed["param_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
 
 
-def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None) -> Any:
+def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None) -> object:
     """The workload's model as a LightningModule whose hooks open the probes' phases."""
     import lightning.pytorch as pl
 

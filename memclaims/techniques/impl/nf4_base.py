@@ -122,7 +122,7 @@ def _dynamic_map(code: torch.Tensor) -> Iterator[None]:
             del table["dynamic"]
 
 
-def _fake_quantize(weight: torch.Tensor, double_quant: bool, code: torch.Tensor) -> tuple[torch.Tensor, Any]:
+def _fake_quantize(weight: torch.Tensor, double_quant: bool, code: torch.Tensor) -> tuple[torch.Tensor, object]:
     """bitsandbytes' ``quantize_4bit`` of a fake weight: its registered fake kernels shape the packed weight and
     the absmax; the double quantization's mean, subtraction and 8-bit quantization run as they do on a device."""
     functional = _bnb().functional
@@ -313,7 +313,7 @@ class GemmSeen:
                 "gemm_absmax_8bit": sorted(self.absmax_8bit)}
 
 
-def gemm_op() -> Any:
+def gemm_op() -> object:
     _bnb()  # registers bitsandbytes' ops
     return torch.ops.bitsandbytes.gemm_4bit.default
 
@@ -364,7 +364,7 @@ def _watch_dispatch(seen: GemmSeen) -> Any:
         def __init__(self) -> None:
             super().__init__()  # type: ignore[no-untyped-call]
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
             if func is op:
                 seen.saw(func, args, kwargs or {})
             return func(*args, **(kwargs or {}))

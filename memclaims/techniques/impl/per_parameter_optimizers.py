@@ -58,6 +58,6 @@ class OptimizerInBackward(LoopHelper):
         if param.grad is None:
             self._live.pop(param, None)
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         return observations(self.technique, backward_optimizer_steps=self.steps,
                             backward_grad_peak_bytes=self.grad_peak_bytes)

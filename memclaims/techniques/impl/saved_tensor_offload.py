@@ -65,5 +65,5 @@ class ActivationOffload(LoopHelper):
         """The loop's forward pass under the hooks; the first pass under them counts what they offload."""
         return self.forward(count=self.host_bytes is None)
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         return observations(self.technique, offloaded_activation_bytes=self.host_bytes)
