@@ -286,7 +286,8 @@ def _frozen_aware_tracker() -> type[Any]:
                         self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
+        def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
             if DTensor in types:  # DTensor desugars into local ops first, which are tracked
                 return NotImplemented
             if func is torch.ops._c10d_functional.wait_tensor.default and active_fake_mode():

@@ -88,7 +88,8 @@ def dispatch_seconds(repeats: int = 5, steps: int = 50) -> float:
     class Count(TorchDispatchMode):
         ops = 0
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
+        def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
             Count.ops += 1
             return func(*args, **(kwargs or {}))
 

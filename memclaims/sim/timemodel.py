@@ -44,7 +44,8 @@ class RooflineMode(TorchDispatchMode):
         self.gpu, self.tf32_matmul, self.mixed = gpu, tf32_matmul, mixed
         self.tally = Tally()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):

@@ -116,7 +116,8 @@ class Observed:
         recomputed, ignored = self.recomputed, sac_ignored_ops()
 
         class Counting(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
+            def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
                 if func not in ignored:
                     recomputed[str(func)] += 1
                 return func(*args, **(kwargs or {}))

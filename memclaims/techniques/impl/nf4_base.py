@@ -364,7 +364,8 @@ def _watch_dispatch(seen: GemmSeen) -> Any:
         def __init__(self) -> None:
             super().__init__()  # type: ignore[no-untyped-call]
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
+        def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
             if func is op:
                 seen.saw(func, args, kwargs or {})
             return func(*args, **(kwargs or {}))
