@@ -71,7 +71,7 @@ def _word(option: table.Option, command: str) -> Callable[[str], object]:
 
 def add_options(parser: argparse.ArgumentParser, command: str) -> None:
     """Every option of the table that ``command`` takes, as the table defines it."""
-    groups: dict[str, Any] = {}
+    groups: dict[str, object] = {}
     for option, use in table.for_command(command):
         kwargs: dict[str, Any] = {"help": table.help_for(option, "cli", command).replace("%", "%%")}
         if option.kind == "flag":

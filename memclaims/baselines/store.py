@@ -189,7 +189,7 @@ class BaselineStore:
         self.measured = self.root / "measured"
         self._cache: dict[str, dict[str, Baseline]] = {}
         self._tolerance_file = tolerances
-        self._tolerances: dict[str, Any] | None = None
+        self._tolerances: dict[str, object] | None = None
 
     def path(self, environment: str) -> Path:
         return self.measured / f"{environment}.json"
@@ -262,7 +262,7 @@ class BaselineStore:
             # Record, which would add every field it has since gained, as null): an update changes what it
             # measured and nothing else.
             # A schema 1 file's records are moved to schema 2's form as they are (``migrate``), nothing else.
-            stored: dict[str, Baseline | dict[str, Any]] = {
+            stored: dict[str, Baseline | dict[str, object]] = {
                 key: {**entry, "record": migrate(entry["record"])}
                 for key, entry in (json.loads(path.read_text())["records"] if path.is_file() else {}).items()}
             stored.update(updates)

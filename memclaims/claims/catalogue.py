@@ -53,7 +53,7 @@ class Claim:
     source: str
     kind: str
     document: str
-    published: dict[str, Any]
+    published: dict[str, object]
     checks: dict[str, str]  # tier -> "claims" (its source's module) or the pytest node that checks it
     not_on: dict[str, str]  # tier -> why that tier does not check the claim
     audit: dict[str, str] = field(default_factory=dict)  # {"text": ..., "logs": ...}

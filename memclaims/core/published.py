@@ -46,7 +46,7 @@ def data() -> dict[str, Any]:
 def merge_sources(loaded: list[tuple[str, dict[str, Any]]]) -> dict[str, object]:
     """``claims`` (each with its ``document``) and ``sources`` from the loaded source files (``(file
     name, content)``); a claim id in two files is a DataError naming both."""
-    claims: list[dict[str, Any]] = []
+    claims: list[dict[str, object]] = []
     sources: dict[str, dict[str, str]] = {}
     seen: dict[str, str] = {}
     for name, source in loaded:
@@ -70,7 +70,7 @@ def lookup(reference: str, source: dict[str, object] | None = None) -> Any:
     """The value at ``@section/row/field`` (``row`` a script name or an index)."""
     if not reference.startswith("@"):
         raise UsageError(f"not a published reference: {reference!r} (expected @section/row/field)")
-    node: Any = source if source is not None else data()
+    node: object = source if source is not None else data()
     for part in reference[1:].split("/"):
         if isinstance(node, dict) and part in node:
             node = node[part]
@@ -112,7 +112,7 @@ def claims() -> list[dict[str, Any]]:
 
 
 def claim(claim_id: str) -> dict[str, Any]:
-    entries: list[dict[str, Any]] = data()["claims"]
+    entries: list[dict[str, object]] = data()["claims"]
     for entry in entries:
         if entry["id"] == claim_id:
             return entry

@@ -66,14 +66,14 @@ class BadValue(ValueError):
     end puts the option's spelling before it)."""
 
 
-_UNSET: Any = object()
+_UNSET: object = object()
 
 
 @dataclass(frozen=True)
 class Use:
     """How a command of the ``memclaims`` command line takes an option, where it differs from the table."""
 
-    default: Any = _UNSET
+    default: object = _UNSET
     help: str | None = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None

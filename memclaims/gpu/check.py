@@ -124,7 +124,7 @@ def facts() -> dict[str, object]:
     from memclaims.measure.determinism import deterministic
 
     props = torch.cuda.get_device_properties(0)
-    found: dict[str, Any] = {"name": torch.cuda.get_device_name(0), "capability": f"sm{props.major}{props.minor}",
+    found: dict[str, object] = {"name": torch.cuda.get_device_name(0), "capability": f"sm{props.major}{props.minor}",
                              "total_memory_bytes": props.total_memory, "torch": torch.__version__,
                              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
     with deterministic("cuda"):  # the gpu tier's setting: what its Records include
@@ -149,7 +149,7 @@ def history_cost() -> dict[str, object]:
     from memclaims.run import run_recipe
 
     recipe = resolve("vit", "article", ("bf16-true",))
-    result: dict[str, Any] = {"recipe": recipe.id}
+    result: dict[str, object] = {"recipe": recipe.id}
     with tempfile.TemporaryDirectory() as folder:
         diagnosis.set_snapshot_dir(Path(folder))
         for entries in (0, HISTORY_ENTRIES):
@@ -276,7 +276,7 @@ def _record(outdir: Path, results: dict[str, dict[str, object]], step: Step, sta
 def run_all(outdir: Path) -> int:
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "logs").mkdir(exist_ok=True)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, object]] = {}
     sims = sim_step()
     sims_started = time.monotonic()
     background = subprocess.Popen(sims.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -77,7 +77,7 @@ class DistributedResult:
     @property
     def max_over_ranks(self) -> dict[str, Any]:
         """Per measured key (bytes, seconds, breakdown categories), the largest value of any rank."""
-        result: dict[str, Any] = {}
+        result: dict[str, object] = {}
         dicts = [r.to_dict() for r in self.records]
         for key, value in dicts[0].items():
             # Numbers only: host_state_bytes is a dict by category, not one figure.

@@ -138,7 +138,7 @@ def _run_in_existing_group(fn: RankFunction, env: TorchrunEnv, args: Sequence[ob
         dist.init_process_group(backend=backend, timeout=_group_timeout(timeout_s))
     try:
         result = fn(env.rank, env.world_size, *args)
-        gathered: list[Any] = [None] * env.world_size
+        gathered: list[object] = [None] * env.world_size
         dist.all_gather_object(gathered, result)
         return gathered
     finally:

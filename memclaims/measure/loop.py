@@ -202,7 +202,7 @@ class TrainingLoop:
 
     def measured_fields(self) -> dict[str, object]:
         """The Record's fields of what the loop observed (batch, accumulation, compute dtype)."""
-        fields: dict[str, Any] = dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
+        fields: dict[str, object] = dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
                                       compute_dtypes=list(self.compute_dtypes), grad_digest=self.grad_digest,
                                       recomputed_linear_calls=self.recomputed_linear_calls)
         for helper in self.helpers:  # each technique's part of the Record (by_technique)

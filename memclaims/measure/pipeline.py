@@ -198,7 +198,7 @@ def measure(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Rec
     train_loader = DataLoader(bundle.train, batch_size=recipe.micro_batch_size, shuffle=True, drop_last=True,
                               generator=torch.Generator().manual_seed(options.seed), collate_fn=collate)
     schedule = engine.accuracy_schedule
-    test_set: Dataset[Any] = bundle.test
+    test_set: Dataset[object] = bundle.test
     if schedule["test_examples"] is not None and len(cast(Sized, test_set)) > schedule["test_examples"]:
         test_set = Subset(test_set, range(schedule["test_examples"]))
     train_loader, test_loader = engine.setup_loaders(
@@ -231,7 +231,7 @@ def measure(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Rec
     if isinstance(probe, probe_module.CudaProbe):  # the snapshot of this recipe, at its peak
         probe.capture_snapshot(recipe.id)
     local = engine.local
-    states: dict[str, Any] = {
+    states: dict[str, object] = {
         "param_bytes": tensors.storage_bytes(local(p) for p in model.parameters()),
         "grad_bytes": engine.grad_bytes or 0,
         "optimizer_state_bytes": tensors.storage_bytes(

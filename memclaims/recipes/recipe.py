@@ -65,7 +65,7 @@ class Recipe:
     optimizer_impl: str | None = None
     # What the recipe asks of its techniques beyond their names (``Technique.parameters``: lora's rank, ...), by
     # technique name; only what differs from the workload's defaults, so that the id says exactly what was asked.
-    parameters: tuple[tuple[str, Any], ...] = ()
+    parameters: tuple[tuple[str, object], ...] = ()
 
     @property
     def id(self) -> str:

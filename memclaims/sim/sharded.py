@@ -682,7 +682,7 @@ class ShardedModel:
     def expect_gradients(self, loss: torch.Tensor) -> None:
         """Count, per unit, the parameters ``loss``'s backward will give a gradient (its graph's leaves)."""
         reached: set[int] = set()
-        seen: set[Any] = set()
+        seen: set[object] = set()
         stack = [loss.grad_fn]
         while stack:
             node = stack.pop()
@@ -854,7 +854,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
                   GRADIENTS: memory.host_bytes(s.grad for s in shards if s.grad is not None),
                   OPTIMIZER_STATE: memory.host_bytes(state)} if offload else {}
     del inputs, targets, logits, loss
-    states: dict[str, Any] = {
+    states: dict[str, object] = {
         "param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
         "optimizer_state_bytes": device_state, "host_state_bytes": host_state,
         "forward_unsharded_params": forward_unsharded, "fsdp_api": sharded.api,

@@ -357,8 +357,8 @@ class StrategyPlan:
     buffer_dtype: str | None = None
     cast_forward_inputs: bool = False
     cast_root_forward_inputs: bool = True
-    wrap_policy: Any = None
-    checkpoint_options: tuple[tuple[str, Any], ...] = ()
+    wrap_policy: object = None
+    checkpoint_options: tuple[tuple[str, object], ...] = ()
     configured_by: str = ""
     notes: tuple[tuple[str, str], ...] = ()  # (where: ON_CPU_RANKS, ON_SIM; the note), in the order written
 

@@ -73,7 +73,7 @@ class TrainerBuilt:
     """What the Trainer's ``create_optimizer`` builds: the class and its keyword arguments."""
 
     optimizer_class: str  # ``type(optimizer).__name__``, as the real run observes it
-    kwargs: dict[str, Any]  # the optimizer's arguments (``fused``, ``foreach``, ``betas``, ...), without the groups
+    kwargs: dict[str, object]  # the optimizer's arguments (``fused``, ``foreach``, ``betas``, ...), without the groups
     lineage: tuple[str, ...] = ()  # the class's bases by name (AdamW's: AdamW, Adam, Optimizer, object)
 
     @property

@@ -23,7 +23,7 @@ class InitModule(Hooks):
     def init_context(self, engine: FabricRun) -> AbstractContextManager[object] | None:
         if "delayed-init" in engine.recipe.techniques:  # its own init_module(empty_init=False) builds the model
             return None
-        context: AbstractContextManager[Any] = engine.fabric.init_module()
+        context: AbstractContextManager[object] = engine.fabric.init_module()
         return context
 
     def reference_load(self, engine: FabricRun, probe: PhaseProbe) -> int | None:

@@ -46,7 +46,7 @@ LORA_STEP_BYTES_PER_TENSOR = 8
 
 # memclaims' defaults where a workload states none; every stored lora Record ran them. peft's own LoraConfig
 # defaults are r=8, lora_alpha=8, lora_dropout=0.0; alpha 16 (scale 2) and dropout 0.1 are its examples' choice.
-DEFAULTS: dict[str, Any] = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.1}
+DEFAULTS: dict[str, object] = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.1}
 # peft's name -> its short name in a recipe id, and the command-line option that sets it (pytest's: --memclaims-...).
 ID_NAMES = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "targets"}
 OPTIONS = {"r": "--lora-r", "lora_alpha": "--lora-alpha", "lora_dropout": "--lora-dropout",
@@ -173,7 +173,7 @@ def effective(workload: Workload, asked: LoraParameters | None) -> dict[str, Any
     LoraParameters(targets.r, targets.lora_alpha, targets.lora_dropout, targets.target_modules).checked(
         {name: f"workload {workload.name!r}'s lora {name}" for name in OPTIONS})  # define(lora=...)'s values
     asked = asked or LoraParameters()
-    chosen: dict[str, Any] = {}
+    chosen: dict[str, object] = {}
     for name in ("r", "lora_alpha", "lora_dropout", "target_modules"):
         value = getattr(asked, name)
         own = getattr(targets, name)

@@ -145,7 +145,7 @@ class Observed:
 # Each wrapped model's observations, found again from the model the observe hooks get (Fabric's wrapper holds
 # the model as a submodule). Weak: a model's entry goes with it. Kept here because the sim wraps its model in
 # the load phase (``sim_after_load``), before its training loop exists to hold a helper.
-_OBSERVED: weakref.WeakKeyDictionary[Any, Observed] = weakref.WeakKeyDictionary()
+_OBSERVED: weakref.WeakKeyDictionary[object, Observed] = weakref.WeakKeyDictionary()
 
 
 def wrap(model: nn.Module, workload: Any) -> str:

@@ -146,7 +146,7 @@ def state_fields(optimizer: Any, technique: str) -> dict[str, Any]:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     block, smallest = int(optimizer.block_size), int(getattr(optimizer, "smallest_quantized", TORCHAO_MIN_NUMEL))
-    subclasses: dict[str, dict[str, Any]] = {}
+    subclasses: dict[str, dict[str, object]] = {}
     plain = {"tensors": 0, "elements": 0, "bytes": 0, "quantizable": 0}
     steps = 0
     for state in optimizer.state.values():

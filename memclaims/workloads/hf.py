@@ -529,7 +529,7 @@ def _workload(canonical: str) -> Workload:
 
 def _pseudo(chosen: HfSpec) -> dict[str, object]:
     """Non-default head / attention, kept in the canonical name."""
-    extra: dict[str, Any] = {}
+    extra: dict[str, object] = {}
     if chosen.head != default_head(chosen.model_type):
         extra["head"] = chosen.head
     if chosen.attn_implementation != "sdpa":

@@ -91,7 +91,7 @@ def converted(overrides: Mapping[str, object], config_class: type, attribute_map
     """Every override as its field's type (a key spelled through ``attribute_map``, as GPT-2's
     ``num_hidden_layers`` for ``n_layer``, takes the mapped field's type)."""
     annotations = field_types(config_class)
-    result: dict[str, Any] = {}
+    result: dict[str, object] = {}
     for key, value in overrides.items():
         annotation = annotations.get(attribute_map.get(key, key))
         result[key] = value if annotation is None else convert(key, value, annotation, config_class.__name__)

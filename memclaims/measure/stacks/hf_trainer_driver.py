@@ -95,8 +95,8 @@ class HfTrainerDriver(StackDriver):
         super().__init__(recipe, options)
         self.trainer: Any = None
         self._directory = tempfile.TemporaryDirectory(prefix="memclaims-hf-trainer-")  # the Trainer writes nothing
-        self._train: Any = None
-        self._test: Any = None
+        self._train: object = None
+        self._test: object = None
         self._collate: Any = None
         self._eval_batch: Callable[[], None] | None = None
 

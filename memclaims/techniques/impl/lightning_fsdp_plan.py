@@ -61,8 +61,8 @@ class LightningFsdp:
     buffer_dtype: str | None
     cast_forward_inputs: bool
     cast_root_forward_inputs: bool
-    wrap_policy: Any
-    checkpoint_options: tuple[tuple[str, Any], ...]
+    wrap_policy: object
+    checkpoint_options: tuple[tuple[str, object], ...]
     configured_by: str
 
 

@@ -51,7 +51,7 @@ class ActivationOffload(LoopHelper):
         if not count:
             return hooks
         self.host_bytes = self.host_bytes or 0
-        pack: Callable[[torch.Tensor], Any] = hooks.pack_hook
+        pack: Callable[[torch.Tensor], object] = hooks.pack_hook
 
         def counted(tensor: torch.Tensor) -> Any:
             packed = pack(tensor)
