@@ -71,7 +71,7 @@ def cluster_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvi
     return None
 
 
-def environment_report(rank: int, world: int) -> dict[str, Any]:
+def environment_report(rank: int, world: int) -> dict[str, object]:
     """What one spawned rank sees: left-over SLURM variables, and the cluster environment and ranks
     Lightning Fabric sets up with memclaims' choice (a rank function for launcher.launch)."""
     from lightning.fabric import Fabric
