@@ -34,7 +34,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memclaims.techniques.base import TechniqueParameters
 
 from memclaims.core import progress as progress_bar
 from memclaims.core.errors import OutOfMemory, UsageError
@@ -260,7 +263,8 @@ def predict(recipe: Recipe, profile: str, exact: bool, devices: int | None = Non
 def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scale: str = "article",
         sizes: Sizes | None = None, exact: bool = True, only: tuple[str, ...] = (),
         progress: Callable[[str], None] | None = None, devices: int | None = None,
-        answering: Callable[[], None] | None = None, parameters: tuple[object, ...] = ()) -> FitResult:
+        answering: Callable[[], None] | None = None,
+        parameters: tuple[TechniqueParameters, ...] = ()) -> FitResult:
     """``parameters``: what is asked of the techniques beyond their names (``--lora-r``: each combination with lora
     or qlora takes it); ``only``: consider combinations of these techniques only (default: every single-process one,
     and with ``devices`` N > 1 every technique); ``devices``: the GPUs a strategy spreads the run over;
