@@ -238,7 +238,7 @@ _CATEGORY = {
 }
 
 
-def _breakdown(snapshot: dict[Any, int]) -> dict[str, int]:
+def _breakdown(snapshot: dict[object, int]) -> dict[str, int]:
     result: dict[str, int] = {}
     for key, value in snapshot.items():
         label = getattr(key, "value", key)
@@ -307,7 +307,7 @@ def _frozen_aware_tracker() -> type[Any]:
                 self._update_peak_stats(_ModState.PEAK_BW if self._mod_tracker.is_bw else _ModState.PEAK_FW)
             return result
 
-        def _update_peak_stats(self, peak_state: Any) -> None:
+        def _update_peak_stats(self, peak_state: object) -> None:
             # MemTracker's global part only (its per-module part is what this class leaves out).
             for device, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snap[_TOTAL_KEY]:
@@ -321,7 +321,7 @@ def _frozen_aware_tracker() -> type[Any]:
                 raise ValueError(f"Invalid type {type}")
             return {device: dict(snap) for device, snap in snapshot.items()}
 
-        def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        def _pre_fw_hook(self, module: nn.Module, inputs: object) -> None:
             if module not in self.memory_tracking:  # MemTracker's first case: the module's states tracked
                 self._track_module_params_and_buffers(module, install_grad_hooks=True)
                 self.memory_tracking[module] = True  # seen (``reset_mod_stats`` forgets it, as MemTracker's stats)
@@ -329,15 +329,15 @@ def _frozen_aware_tracker() -> type[Any]:
                 self._ac_mod = weakref.ref(module)
                 self._in_ac = True
 
-        def _post_fw_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        def _post_fw_hook(self, module: nn.Module, inputs: object, outputs: object) -> None:
             if self._mod_tracker.is_bw and self._ac_mod is not None and self._ac_mod() is module:
                 self._ac_mod = None
                 self._in_ac = False
 
-        def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
+        def _pre_bw_hook(self, module: nn.Module, args: object) -> None:
             pass
 
-        def _post_bw_hook(self, module: nn.Module, args: Any) -> None:
+        def _post_bw_hook(self, module: nn.Module, args: object) -> None:
             pass
 
     return FrozenAwareTracker
