@@ -45,6 +45,7 @@ from memclaims.techniques.base import CLIP_GRAD_NORM
 
 if TYPE_CHECKING:
     from torch.optim.lr_scheduler import LRScheduler
+    from transformers import TrainerCallback
 
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
@@ -231,7 +232,7 @@ def quiet() -> AbstractContextManager[None]:
     return loggers_quiet("transformers", "accelerate")
 
 
-def _phase_callback(engine: HfTrainerDriver) -> Any:
+def _phase_callback(engine: HfTrainerDriver) -> TrainerCallback:
     """The Trainer's callbacks that bracket the optimizer step and the zeroing after it."""
     from transformers import TrainerCallback
 
