@@ -36,7 +36,7 @@ when it is called, inside the engine that calls it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
@@ -106,7 +106,7 @@ class Hooks:
         """The model and optimizer before ``setup`` (Fabric's wrappers are no optimizer to copy)."""
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, Any]:
+                probe: PhaseProbe) -> dict[str, object]:
         """What the technique did, read right after the measured steps: its part of the Record,
         ``{"by_technique": {ENTRY.name: {...}}}`` (``observations``); never a flat field (issue #51)."""
         return {}
@@ -504,7 +504,7 @@ class Stack(Hooks):
         return LoopOrder()
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, Any]:
+                probe: PhaseProbe) -> dict[str, object]:
         """What the stack's driver observed of the run (its switches, what it stepped), as the stack's Record part."""
         assert isinstance(engine, StackRun), f"{self.name} runs by its own driver only"
         return {"by_technique": {self.name: dict(engine.observed)}}
@@ -540,7 +540,7 @@ class Stack(Hooks):
                 f"phase forward, expected {'alive' if alive else 'freed'} (zero_grad {order.zero_grad})")
 
 
-def observations(technique: str, **values: object) -> dict[str, Any]:
+def observations(technique: str, **values: object) -> dict[str, object]:
     """An ``observe`` result (or a loop helper's ``measured_fields``): ``values`` as ``technique``'s part of the Record,
     ``{"by_technique": {technique: {...}}}``, a value it did not observe (None) left out, as the Record's migration
     reads the old form's nulls (``memclaims.core.record.migrate``); nothing at all where it observed nothing."""
@@ -548,11 +548,12 @@ def observations(technique: str, **values: object) -> dict[str, Any]:
     return {"by_technique": {technique: seen}} if seen else {}
 
 
-def merge_observed(into: dict[str, Any], observed: dict[str, Any]) -> None:
+def merge_observed(into: dict[str, Any], observed: Mapping[str, object]) -> None:
     """Add a hook's ``observe`` fields to the Record's: flat fields by name, ``by_technique`` by technique (two parts
     of one technique, e.g. lora's and qlora's own observe, merged key by key)."""
     for key, value in observed.items():
         if key == "by_technique":
+            assert isinstance(value, dict), "a by_technique part is a dict by technique"
             parts = into.setdefault("by_technique", {})
             for technique, part in value.items():
                 parts[technique] = {**parts.get(technique, {}), **part}

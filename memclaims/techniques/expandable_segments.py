@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memclaims.techniques.base import AllocatorSetting, Hooks, Say, Technique, observations
 
@@ -42,7 +42,7 @@ class ExpandableSegments(Hooks):
         return expandable_segments(True, cuda)
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, Any]:
+                probe: PhaseProbe) -> dict[str, object]:
         from memclaims.techniques.impl import cuda_allocator_setting as allocator_setting
 
         cuda = getattr(probe, "cuda", None)  # a CUDA probe's (real or injected) torch.cuda; the CPU's has none

@@ -205,7 +205,7 @@ class Lora(Hooks):
         return lora.apply(model, workload.name, effective(workload, None), False)
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, Any]:
+                probe: PhaseProbe) -> dict[str, object]:
         from memclaims.techniques.impl import peft_adapters as lora
 
         return self.adapted(lora.parameter_fields(model))

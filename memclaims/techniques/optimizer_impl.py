@@ -133,7 +133,7 @@ class OptimizerImplementation(Hooks):
         }
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, Any]:
+                probe: PhaseProbe) -> dict[str, object]:
         # cpu: exact tensor bytes (MemTracker); cuda: the caching allocator's, rounded as it allocates.
         observed = self._observed(optimizer, engine.local, probe.step_growth.get(OPTIMIZER_STEP, []), "allocated_bytes")
         return {"by_technique": {self.name: observed}}

@@ -42,7 +42,7 @@ def paged_state_bytes(states: Iterable[Any]) -> int:
 
 class PagedAdamW8bit(Hooks):
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, Any]:
+                probe: PhaseProbe) -> dict[str, object]:
         paged = paged_state_bytes(state_tensors(optimizer))
         if not paged:
             engine.notes.append(f"{engine.recipe.optimizer}: no optimizer state in unified memory on "

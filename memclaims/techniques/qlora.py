@@ -69,7 +69,7 @@ class Qlora(lora.Lora):
         return model
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, Any]:
+                probe: PhaseProbe) -> dict[str, object]:
         from memclaims.techniques.impl import nf4_base as nf4
 
         seen = next(h for h in engine.helpers if isinstance(h, nf4.FourBitCompute)).seen

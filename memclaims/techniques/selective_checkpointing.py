@@ -135,7 +135,7 @@ class Observed:
 
         return caching, Recompute()
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, object]:
         return observations(NAME, policy="torchtitan op-level SAC (every second matmul recomputed)",
                             saved_ops=dict(sorted(self.saved.items())),
                             recompute_ops=dict(sorted(self.recompute.items())),
@@ -158,7 +158,7 @@ def wrap(model: nn.Module, workload: Any) -> str:
     return f"selective {how}, context_fn=create_selective_checkpoint_contexts(torchtitan's op-level policy)"
 
 
-def observed_fields(model: nn.Module) -> dict[str, Any]:
+def observed_fields(model: nn.Module) -> dict[str, object]:
     """The Record's observation of the model's SAC (empty where none of its modules was wrapped here)."""
     for module in model.modules():
         observed = _OBSERVED.get(module)
@@ -175,7 +175,7 @@ class SelectiveCheckpointing(Hooks):
         return model
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, Any]:
+                probe: PhaseProbe) -> dict[str, object]:
         return observed_fields(model)
 
     def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:

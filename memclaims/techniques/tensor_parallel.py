@@ -180,7 +180,7 @@ class TensorParallel(Strategy):
         engine.notes.append(helper.layout.note())
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, Any]:
+                probe: PhaseProbe) -> dict[str, object]:
         from memclaims.techniques.impl import tensor_parallel_plan as layouts
 
         helper = next(h for h in engine.helpers if isinstance(h, _Watching))

@@ -188,7 +188,7 @@ class LowBitAdamW(Hooks):
         return build(self.optimizer, groups, learning_rate, betas, eps, min_8bit_size, device)
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, Any]:
+                probe: PhaseProbe) -> dict[str, object]:
         inner = getattr(optimizer, "optimizer", optimizer)  # Fabric's wrapper holds torchao's
         fields = state_fields(inner, self.name)
         seen = fields["by_technique"][self.name]
