@@ -101,7 +101,7 @@ evaluation loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -122,6 +122,7 @@ from memclaims.techniques.technique_registry import SHARDINGS, reshard_after_for
 
 if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
+    from memclaims.sim.replay import Session, SimPrecision
 
 WORLD_SIZE = 4  # the article's multi-GPU runs and the ViT-H/14 series: 4 GPUs
 DEFAULT_STREAM, UNSHARD_STREAM, POST_BACKWARD_STREAM = 0, 1, 2
@@ -762,9 +763,9 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
     return ShardedModel(model, units, root, order, run_ahead, comm, offload)
 
 
-def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
-          inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]], precision: Any,
-          attention: Any) -> tuple[dict[str, Any], int]:
+def train(session: Session, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
+          inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]], precision: SimPrecision,
+          attention: AbstractContextManager[object]) -> tuple[dict[str, Any], int]:
     """The 01-2 loop (zero_grad after the forward pass) under FSDP1, on rank 0: the Record's state
     fields, and how many micro-batches repeated the recorded ones and were replayed from their
     allocations (memclaims.sim.repeat)."""

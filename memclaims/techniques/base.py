@@ -566,11 +566,11 @@ class LoopHelper:
     ``Hooks.sim_attach`` or ``Hooks.before_setup``): the loop calls each helper at its fixed points, and the
     hooks object, shared by every run, keeps no state of its own. Each default changes nothing."""
 
-    def forward_context(self) -> AbstractContextManager[Any] | None:
+    def forward_context(self) -> AbstractContextManager[object] | None:
         """A context around each forward pass (saved-tensor hooks); None: none."""
         return None
 
-    def loss(self, model: nn.Module, output: object, targets: object) -> Any:
+    def loss(self, model: nn.Module, output: object, targets: object) -> torch.Tensor | None:
         """The micro-batch's loss from the model's output, in place of cross-entropy over it; None: that."""
         return None
 

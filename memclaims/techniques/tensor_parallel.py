@@ -19,7 +19,7 @@ features, row-wise outputs partial sums before their all-reduce). The sim replay
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from memclaims.techniques.base import (
@@ -93,7 +93,7 @@ class _Watching(LoopHelper):
         if self.watch is not None:
             self.watch.end_forward()
 
-    def forward_context(self) -> Any:
+    def forward_context(self) -> AbstractContextManager[object] | None:
         return self._after_first_forward()
 
 

@@ -26,7 +26,7 @@ Hand-written here, as no library offers it: which layers a base quantizes (trans
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -204,7 +204,7 @@ def quantize_fake(model: nn.Module, workload: Workload, *, compute_dtype: torch.
     return model
 
 
-def upcast_adapters(model: nn.Module, dtype: torch.dtype, move: Callable[[nn.Module, Any], None]) -> None:
+def upcast_adapters(model: nn.Module, dtype: torch.dtype, move: Callable[[nn.Module, torch.dtype | None], None]) -> None:
     """peft's ``cast_adapter_dtype`` on the sim (its ``Module.to`` cannot swap fake tensors): the trainable linear
     layers (the adapters, which peft put in a 4-bit layer's compute dtype) converted to ``dtype`` by ``move``."""
     for module in model.modules():
@@ -407,7 +407,7 @@ class FourBitCompute(LoopHelper):
             self.seen.watching = False
             self.done = True
 
-    def forward_context(self) -> Any:
+    def forward_context(self) -> AbstractContextManager[object] | None:
         return None if self.done else self._first_pass()
 
     def compute_dtypes(self, seen: list[str]) -> list[str]:
