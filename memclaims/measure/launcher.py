@@ -58,7 +58,7 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")
 _STOP_GRACE_S = 5.0  # how long a terminated child gets before it is killed
 
 # fn(rank, world_size, *args) -> a picklable result
-RankFunction = Callable[..., Any]
+RankFunction = Callable[..., object]
 
 
 class LaunchError(MemclaimsError):

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 # scheduler step and fetching the next batch belong to no step phase, only to the enclosing one.
 STEP_PHASES = ("forward", "backward", "optimizer_step", "zero_grad")
 
-PhaseCallback = Callable[[str], AbstractContextManager[Any]]
+PhaseCallback = Callable[[str], AbstractContextManager[object]]
 
 
 def no_phase(name: str) -> AbstractContextManager[object]:

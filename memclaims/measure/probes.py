@@ -14,7 +14,7 @@ import gc
 import sys
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,8 +50,8 @@ class Probe(Protocol):
 
     def prepare(self) -> None: ...
     def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None: ...
-    def phase(self, name: str) -> Any: ...
-    def step_phase(self, name: str) -> Any: ...
+    def phase(self, name: str) -> AbstractContextManager[object]: ...
+    def step_phase(self, name: str) -> AbstractContextManager[object]: ...
     def step_begin(self) -> None: ...
 
 
@@ -401,7 +401,7 @@ class CpuProbe:
             if not tracked:
                 self._set_up += [weakref.ref(storage) for storage in list(tracker._WINFO.keys())]
 
-    def step_phase(self, name: str) -> Any:
+    def step_phase(self, name: str) -> AbstractContextManager[object]:
         """A phase of a training step, inside ``phase("train")`` (outside a phase nothing is tracked)."""
         return self._recorder.measure(name, per_step=True) if self._recorder.active else nullcontext()
 
@@ -492,7 +492,7 @@ class CudaProbe:
             # temporaries, derived by subtraction.
             peak.breakdown[ACTIVATIONS] = max(0, peak.allocated_bytes - sum(peak.breakdown.values()))
 
-    def step_phase(self, name: str) -> Any:
+    def step_phase(self, name: str) -> AbstractContextManager[object]:
         return self._recorder.measure(name, per_step=True)
 
     def step_begin(self) -> None:

@@ -121,6 +121,7 @@ from memclaims.techniques.base import merge_observed
 from memclaims.techniques.technique_registry import SHARDINGS, reshard_after_forward, shard_group_size
 
 if TYPE_CHECKING:
+
     from memclaims.recipes.recipe import Recipe
     from memclaims.sim.replay import Session, SimPrecision
 
@@ -629,7 +630,7 @@ class _Wrapped(nn.Module):
             stack = _get_current_function_mode_stack()
             policy = any(isinstance(m, CudaAutocastPolicy) for m in stack)
 
-            def contexts() -> tuple[Any, Any]:
+            def contexts() -> tuple[AbstractContextManager[object], AbstractContextManager[object]]:
                 return nullcontext(), (CudaAutocastPolicy() if policy else nullcontext())
 
             y = checkpoint(self.block, *args, use_reentrant=False, context_fn=contexts, **kwargs)

@@ -142,7 +142,7 @@ _NO_KERNEL = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.d
 
 
 @functools.cache  # asked once per op dispatched; the schema does not change
-def launches_kernel(func: Any) -> bool:
+def launches_kernel(func: torch._ops.OpOverload) -> bool:
     """False for views (no data moves) and allocation-only ops."""
     if func in _NO_KERNEL:
         return False
@@ -157,7 +157,7 @@ class OpCost:
     compute_bound: bool
 
 
-def op_seconds(func: Any, args: Any, kwargs: Any, out: Any, gpu: GpuPeaks, *, tf32_matmul: bool,
+def op_seconds(func: torch._ops.OpOverload, args: Any, kwargs: Any, out: Any, gpu: GpuPeaks, *, tf32_matmul: bool,
                mixed: bool = False) -> OpCost:
     """The roofline time of one aten op on ``gpu``: FLOPs from torch's own formulas
     (``torch.utils.flop_counter``), bytes as the op's tensor inputs and outputs. ``mixed``: the FLOP-counted
