@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from memclaims.core.errors import UsageError
 from memclaims.measure import launcher
@@ -20,6 +20,7 @@ from memclaims.recipes.run_options import RunOptions, default_devices
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
     from lightning.fabric.plugins.environments import ClusterEnvironment
+    from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
     from lightning.fabric.strategies import Strategy as FabricStrategy
 
     from memclaims.recipes.recipe import Recipe
@@ -43,7 +44,7 @@ def sharded_fabric(recipe: Recipe, options: RunOptions) -> Fabric:
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     environment = cluster_environment()
     fabric = Fabric(accelerator=options.device, devices=per_node, num_nodes=max(1, world // per_node),
-                    strategy=strategy(recipe, world, options.device), precision=cast(Any, recipe.precision),
+                    strategy=strategy(recipe, world, options.device), precision=cast("_PRECISION_INPUT", recipe.precision),
                     plugins=[environment] if environment is not None else None)
     # The processes exist already (LOCAL_RANK is set): launch() only joins the group and picks
     # this rank's GPU.

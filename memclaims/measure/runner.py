@@ -28,6 +28,8 @@ from memclaims.techniques.base import PYTORCH, LoadsReference, SetsAllocator, Se
 from memclaims.techniques.technique_registry import FP32
 
 if TYPE_CHECKING:
+    from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
+
     from memclaims.recipes.recipe import Recipe
 
 SINGLE_THREADED_SCALES = ("smoke", CONVERGED)
@@ -55,7 +57,7 @@ class FabricEngine(pipeline.Engine):
 
                 self.fabric = sharded_fabric(recipe, options)
             else:
-                self.fabric = Fabric(accelerator=options.device, devices=1, precision=cast(Any, recipe.precision))
+                self.fabric = Fabric(accelerator=options.device, devices=1, precision=cast("_PRECISION_INPUT", recipe.precision))
             self.device = self.fabric.device
         if recipe.precision != FP32:
             torch.set_float32_matmul_precision("high")  # as the scripts from 02 on

@@ -25,6 +25,7 @@ from memclaims.techniques.base import (
 
 if TYPE_CHECKING:
     from lightning.fabric.strategies import Strategy as FabricStrategy
+    from lightning.fabric.strategies.fsdp import _SHARDING_STRATEGY
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -148,7 +149,7 @@ class Fsdp(Strategy):
             auto_wrap_policy={block} if plan.wrap_blocks else None,
             activation_checkpointing_policy={block} if plan.checkpoint_blocks else None,
             cpu_offload=plan.offload_params,
-            sharding_strategy=cast(Any, plan.sharding_strategy),
+            sharding_strategy=cast("_SHARDING_STRATEGY", plan.sharding_strategy),
             **mesh,
         )
 
