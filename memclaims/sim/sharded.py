@@ -615,7 +615,7 @@ class _Wrapped(nn.Module):
         except AttributeError:
             return getattr(self.block, name)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> object:
         self.unit.unshard()
         if self.unit not in self.order:
             self.order.append(self.unit)
@@ -765,7 +765,7 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
 
 
 def train(session: Session, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
-          inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]], precision: SimPrecision,
+          inputs_fn: Callable[[object, int], tuple[object, torch.Tensor]], precision: SimPrecision,
           attention: AbstractContextManager[object]) -> tuple[dict[str, Any], int]:
     """The 01-2 loop (zero_grad after the forward pass) under FSDP1, on rank 0: the Record's state
     fields, and how many micro-batches repeated the recorded ones and were replayed from their

@@ -18,7 +18,7 @@ rest in fp32: autocast's policy, approximated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -122,7 +122,7 @@ def predicted_ratio(candidate: tuple[str, ...], reference: tuple[str, ...], gpu:
 CHAIN = registry.CHAIN  # 01-2 -> 06
 
 
-def chain_table(gpu: GpuPeaks = A100_40GB) -> list[dict[str, Any]]:
+def chain_table(gpu: GpuPeaks = A100_40GB) -> list[dict[str, object]]:
     """Predicted time per example of each chain row, and its ratio to the fp32 reference, beside
     the published epoch time and its ratio (published numbers from memclaims/resources/published.json)."""
     from memclaims.core import published
