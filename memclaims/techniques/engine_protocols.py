@@ -111,7 +111,9 @@ class ComputesIn(Protocol):
 
 
 class SimDeviceMemory(Protocol):
-    """What the hooks use of the sim's device accounting (``memclaims.sim.tracker.DeviceMemory``)."""
+    """What the hooks use of the sim's device accounting (``memclaims.sim.tracker.DeviceMemory``): the activation
+    offload's copies outside it and host bytes (``techniques/impl/saved_tensor_offload_fake.py``), qlora's GEMM
+    scratch."""
 
     # The scratch an op's kernel takes inside it, by op (qlora's 4-bit GEMM): bytes from the op's arguments.
     op_scratch: dict[object, Callable[[object, tuple[object, ...], dict[str, object]], int]]
