@@ -87,10 +87,11 @@ class Qlora(lora.Lora):
     def expected_param_bytes(self, record: Record, bytes_per_param: int, expected: int) -> int:
         # A packed 4-bit weight is one stored uint8 element a byte (param_count counts its bytes), and bitsandbytes'
         # forward casts each 4-bit layer's bias to the compute dtype in place; the rest in the precision's dtype.
-        seen, packed = record.by_technique.get(NAME), record.observed(NAME, "quantized_parameter_bytes") or 0
-        if not seen:
+        if not record.by_technique.get(NAME):  # no 4-bit layer observed
             return expected
-        return int(expected - (packed + seen["bias_elements"]) * bytes_per_param + packed + seen["bias_bytes"])
+        packed = record.observed(NAME, "quantized_parameter_bytes") or 0
+        bias_elements, bias_bytes = record.observed(NAME, "bias_elements"), record.observed(NAME, "bias_bytes")
+        return int(expected - (packed + bias_elements) * bytes_per_param + packed + bias_bytes)
 
     def judges_parameter_bytes(self, record: Record) -> bool:
         """4-bit base weights among the precision's (``JudgesParameterBytes``): ``check`` counts them."""

@@ -229,11 +229,11 @@ class TensorParallel(Strategy):
     # --- what reports read ---------------------------------------------------------------------------
 
     def removes(self, after: Record) -> Removal | None:
-        seen = after.by_technique.get(NAME, {})
-        if not seen.get("split_weight_elements"):
+        split = after.observed(NAME, "split_weight_elements")
+        if not split:
             return Removal(no_verdict="the split layers' share of the model was not observed")
-        share = seen["split_weight_elements"] / max(1, after.param_count)
-        tp = seen["tensor_parallel_size"]
+        share = split / max(1, after.param_count)
+        tp = after.observed(NAME, "tensor_parallel_size")
         return Removal(state=1 - share * (1 - 1 / tp), why=f"{share:.0%} of the parameters split over {tp} ranks")
 
     # --- the sim ---------------------------------------------------------------------------------------
