@@ -41,8 +41,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from memclaims.techniques.engine_protocols import StackRun
-
 if TYPE_CHECKING:
     from typing import Self
 
@@ -477,6 +475,17 @@ class LoopOrder:
         if self.zero_grad == ZERO_AS_SCRIPTS and accumulation_steps == 1 or self.zero_grad == ZERO_AT_WINDOW_START:
             return ["forward", "zero_grad", *micro[1:], *clip, "optimizer_step"]
         return [*micro, *clip, "optimizer_step", "zero_grad"]
+
+
+@runtime_checkable
+class StackRun(Protocol):
+    """A real run by a training stack's driver (``memclaims.measure.stacks.stack_driver.StackDriver``); a stack's
+    ``observe`` tells it from the other engines by this protocol."""
+
+    @property
+    def observed(self) -> Mapping[str, object]:
+        """What the driver observed of the stack's loop: the stack's part of the Record."""
+        ...
 
 
 class Stack(Hooks):

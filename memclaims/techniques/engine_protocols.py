@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -58,17 +58,6 @@ class FabricRun(RealRun, Protocol):
 
     @property
     def device(self) -> torch.device: ...
-
-
-@runtime_checkable
-class StackRun(Protocol):
-    """A real run by a training stack's driver (``memclaims.measure.stacks.stack_driver.StackDriver``); a stack's
-    ``observe`` tells it from the other engines by this protocol."""
-
-    @property
-    def observed(self) -> Mapping[str, object]:
-        """What the driver observed of the stack's loop: the stack's part of the Record."""
-        ...
 
 
 class PhaseReading(Protocol):
