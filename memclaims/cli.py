@@ -50,13 +50,13 @@ class _OldSpelling(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
         self.instead = instead
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:
         print(f"memclaims: warning: {option_string} is deprecated, use {self.instead}", file=sys.stderr)
         setattr(namespace, self.dest, values)
 
 
-def _word(option: table.Option, command: str) -> Callable[[str], Any]:
+def _word(option: table.Option, command: str) -> Callable[[str], object]:
     """argparse's ``type`` for ``option``: the table's check, its message after argparse's
     ``argument --NAME:``."""
     def convert(text: str) -> Any:
@@ -71,7 +71,7 @@ def _word(option: table.Option, command: str) -> Callable[[str], Any]:
 
 def add_options(parser: argparse.ArgumentParser, command: str) -> None:
     """Every option of the table that ``command`` takes, as the table defines it."""
-    groups: dict[str, Any] = {}
+    groups: dict[str, object] = {}
     for option, use in table.for_command(command):
         kwargs: dict[str, Any] = {"help": table.help_for(option, "cli", command).replace("%", "%%")}
         if option.kind == "flag":

@@ -343,7 +343,7 @@ _TABLE_ORDER = (REGRESSION, REFUSED, MISSING, NO_BASELINE, STALE, NEW, UPDATED, 
 class Summary:
     """Every comparison of a session, for the terminal table and the JSON file."""
 
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, object]] = field(default_factory=list)
 
     def add(self, comparison: Comparison) -> None:
         self.rows.extend(comparison.rows())

@@ -79,11 +79,11 @@ class Baseline:
     record: Record
     tolerances: dict[str, float | None] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"record": _finite(self.record.to_dict()), "tolerances": dict(self.tolerances)}
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> object:
     """NaN and inf are not JSON: store them as null (``nan_loss``/``nan_step`` keep the fact)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -94,7 +94,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _type_ok(value: Any, kind: str) -> bool:
+def _type_ok(value: object, kind: str) -> bool:
     is_int = isinstance(value, int) and not isinstance(value, bool)
     is_number = (is_int or isinstance(value, float)) and not (isinstance(value, float) and math.isnan(value))
     return {
@@ -105,7 +105,7 @@ def _type_ok(value: Any, kind: str) -> bool:
     }[kind]
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     return f"{type(value).__name__} {json.dumps(value)[:60]}"
 
 
@@ -170,7 +170,7 @@ def parse(text: str, path: Path, environment: str | None = None) -> dict[str, Ba
     return out
 
 
-def dumps(environment: str, baselines: Mapping[str, Baseline | dict[str, Any]]) -> str:
+def dumps(environment: str, baselines: Mapping[str, Baseline | dict[str, object]]) -> str:
     """Sorted, indented JSON so that a reviewer can diff two versions of a baseline file; an entry given as
     a dict is written as it is (a record kept as the file stored it)."""
     data = {"schema": SCHEMA, "environment": environment,
@@ -189,7 +189,7 @@ class BaselineStore:
         self.measured = self.root / "measured"
         self._cache: dict[str, dict[str, Baseline]] = {}
         self._tolerance_file = tolerances
-        self._tolerances: dict[str, Any] | None = None
+        self._tolerances: dict[str, object] | None = None
 
     def path(self, environment: str) -> Path:
         return self.measured / f"{environment}.json"
@@ -262,7 +262,7 @@ class BaselineStore:
             # Record, which would add every field it has since gained, as null): an update changes what it
             # measured and nothing else.
             # A schema 1 file's records are moved to schema 2's form as they are (``migrate``), nothing else.
-            stored: dict[str, Baseline | dict[str, Any]] = {
+            stored: dict[str, Baseline | dict[str, object]] = {
                 key: {**entry, "record": migrate(entry["record"])}
                 for key, entry in (json.loads(path.read_text())["records"] if path.is_file() else {}).items()}
             stored.update(updates)
@@ -355,7 +355,7 @@ class BaselineStore:
                                 f"({type(error).__name__}: {error}); measure it again with "
                                 f"`memclaims baselines spread`") from None
 
-    def tolerances(self) -> dict[str, Any]:
+    def tolerances(self) -> dict[str, object]:
         if self._tolerances is None:
             self._tolerances = read_tolerances(self.tolerance_file())
         return self._tolerances

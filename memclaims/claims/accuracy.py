@@ -109,5 +109,5 @@ def load() -> dict[str, Any]:
     """The claims' measured spread: the ``claims`` section of the packaged tolerance file (memclaims.report.spread)."""
     from memclaims.baselines.store import read_tolerances
 
-    claims: dict[str, Any] = read_tolerances(packaged.resource(packaged.TOLERANCES))["claims"]
+    claims: dict[str, object] = read_tolerances(packaged.resource(packaged.TOLERANCES))["claims"]
     return claims

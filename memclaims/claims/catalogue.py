@@ -53,7 +53,7 @@ class Claim:
     source: str
     kind: str
     document: str
-    published: dict[str, Any]
+    published: dict[str, object]
     checks: dict[str, str]  # tier -> "claims" (its source's module) or the pytest node that checks it
     not_on: dict[str, str]  # tier -> why that tier does not check the claim
     audit: dict[str, str] = field(default_factory=dict)  # {"text": ..., "logs": ...}
@@ -153,7 +153,7 @@ def source_module(document: str) -> str:
     return f"memclaims/claims/sources/{document.replace('-', '_')}.py"
 
 
-def table(last_run: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def table(last_run: dict[str, dict[str, object]]) -> list[dict[str, Any]]:
     """Every claim of the catalogue with its last verdict per tier (memclaims.claims.runs' store), or why a tier
     does not check it: what ``memclaims claims`` and the summary JSON show."""
     rows = []

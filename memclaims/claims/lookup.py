@@ -68,7 +68,7 @@ class Lookup:
     meta device). A missing Record or fact raises KeyError, which reproduce reads as "not measured"."""
 
     records: Callable[[Key], Record]
-    parameters_of: Callable[[str, str], Sequence[Any]] | None = None
+    parameters_of: Callable[[str, str], Sequence[object]] | None = None
 
     def __call__(self, key: Key) -> Record:
         return self.records(key)

@@ -79,7 +79,7 @@ def write(path: Path, entries: dict[str, dict[str, Any]]) -> None:
     path.write_text(json.dumps({"schema": 1, "verdicts": existing}, indent=2, sort_keys=True) + "\n")
 
 
-def read(path: Path) -> dict[str, dict[str, Any]]:
+def read(path: Path) -> dict[str, dict[str, object]]:
     if not path.is_file():
         return {}
     return dict(json.loads(path.read_text()).get("verdicts", {}))

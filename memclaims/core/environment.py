@@ -66,13 +66,13 @@ def cpu_class() -> str:
     return "-".join([cpu_capability(), *half_features()])
 
 
-def cpu_class_description() -> dict[str, Any]:
+def cpu_class_description() -> dict[str, object]:
     """The facts behind the id, stored in each CPU Record (``Record.environment``)."""
     return {"machine": platform.machine(), "capability": cpu_capability(),
             "half_features": half_features(), "torch_build": torch_build()}
 
 
-def cuda_description() -> dict[str, Any]:
+def cuda_description() -> dict[str, object]:
     import torch
 
     return {"gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda,

@@ -43,10 +43,10 @@ def data() -> dict[str, Any]:
     return {**tables, **merge_sources([load_source(f) for f in files])}
 
 
-def merge_sources(loaded: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+def merge_sources(loaded: list[tuple[str, dict[str, Any]]]) -> dict[str, object]:
     """``claims`` (each with its ``document``) and ``sources`` from the loaded source files (``(file
     name, content)``); a claim id in two files is a DataError naming both."""
-    claims: list[dict[str, Any]] = []
+    claims: list[dict[str, object]] = []
     sources: dict[str, dict[str, str]] = {}
     seen: dict[str, str] = {}
     for name, source in loaded:
@@ -66,11 +66,11 @@ def documents() -> dict[str, dict[str, str]]:
     return dict(data()["sources"])
 
 
-def lookup(reference: str, source: dict[str, Any] | None = None) -> Any:
+def lookup(reference: str, source: dict[str, object] | None = None) -> Any:
     """The value at ``@section/row/field`` (``row`` a script name or an index)."""
     if not reference.startswith("@"):
         raise UsageError(f"not a published reference: {reference!r} (expected @section/row/field)")
-    node: Any = source if source is not None else data()
+    node: object = source if source is not None else data()
     for part in reference[1:].split("/"):
         if isinstance(node, dict) and part in node:
             node = node[part]
@@ -87,7 +87,7 @@ def lookup(reference: str, source: dict[str, Any] | None = None) -> Any:
     return node
 
 
-def resolve(value: Any, source: dict[str, Any] | None = None) -> Any:
+def resolve(value: object, source: dict[str, object] | None = None) -> Any:
     return lookup(value, source) if isinstance(value, str) and value.startswith("@") else value
 
 
@@ -112,7 +112,7 @@ def claims() -> list[dict[str, Any]]:
 
 
 def claim(claim_id: str) -> dict[str, Any]:
-    entries: list[dict[str, Any]] = data()["claims"]
+    entries: list[dict[str, object]] = data()["claims"]
     for entry in entries:
         if entry["id"] == claim_id:
             return entry
@@ -139,7 +139,7 @@ def printed(claim_id: str) -> dict[str, str]:
     return {key: kind for key, kind in kinds.items() if kind is not None}
 
 
-def load_published(path: Traversable) -> dict[str, Any]:
+def load_published(path: Traversable) -> dict[str, object]:
     """The article's published numbers (the packaged ``published.json``), schema checked."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -150,7 +150,7 @@ def load_published(path: Traversable) -> dict[str, Any]:
     return data
 
 
-def load_source(path: Traversable) -> tuple[str, dict[str, Any]]:
+def load_source(path: Traversable) -> tuple[str, dict[str, object]]:
     """One source's file (``sources/<document>.json``): its name and content, schema checked."""
     try:
         source = json.loads(path.read_text(encoding="utf-8"))

@@ -207,7 +207,7 @@ class Record:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Record:
+    def from_dict(cls, raw: dict[str, object]) -> Record:
         """The Record of ``raw``, in either form (``migrate``); keys no field has are left out."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in migrate(raw).items() if k in known})

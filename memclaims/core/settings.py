@@ -66,14 +66,14 @@ class BadValue(ValueError):
     end puts the option's spelling before it)."""
 
 
-_UNSET: Any = object()
+_UNSET: object = object()
 
 
 @dataclass(frozen=True)
 class Use:
     """How a command of the ``memclaims`` command line takes an option, where it differs from the table."""
 
-    default: Any = _UNSET
+    default: object = _UNSET
     help: str | None = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
@@ -320,7 +320,7 @@ def for_command(command: str) -> list[tuple[Option, Use]]:
     return [(option, option.cli[command]) for option in OPTIONS if command in option.cli]
 
 
-def default_for(option: Option, command: str | None = None) -> Any:
+def default_for(option: Option, command: str | None = None) -> object:
     """The option's default, in ``command`` where it differs there."""
     use = option.cli.get(command) if command else None
     return option.default if use is None or use.default is _UNSET else use.default
@@ -373,7 +373,7 @@ def text_default(option: Option) -> str | list[str]:
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def parse(option: Option, raw: Any, command: str | None = None) -> Any:
+def parse(option: Option, raw: Any, command: str | None = None) -> object:
     """The value of ``option`` given as ``raw`` (a text; a bool for a pytest flag; a list for an ini
     line list), checked; an empty text means the default. Raises BadValue."""
     kind = option.kind

@@ -32,7 +32,7 @@ FORMAT = "memclaims-alloc-trace/1"
 ACTIONS = ("segment_alloc", "segment_free", "alloc", "free_completed")
 
 
-def from_snapshot(snapshot: dict[str, Any], device: int = 0) -> list[TraceEvent]:
+def from_snapshot(snapshot: dict[str, object], device: int = 0) -> list[TraceEvent]:
     """The memory-changing events of ``torch.cuda.memory._snapshot()``'s history for ``device``."""
     traces = snapshot.get("device_traces")
     if not isinstance(traces, list) or device >= len(traces):
@@ -46,7 +46,7 @@ def from_snapshot(snapshot: dict[str, Any], device: int = 0) -> list[TraceEvent]
             for e in traces[device] if e.get("action") in ACTIONS]
 
 
-def save(path: Path, events: Iterable[TraceEvent], meta: dict[str, Any]) -> None:
+def save(path: Path, events: Iterable[TraceEvent], meta: dict[str, object]) -> None:
     """Write the trace atomically: a reader never sees half a file."""
     document = {"format": FORMAT, "meta": meta, "events": [list(e) for e in events]}
     partial = path.with_name(path.name + ".part")

@@ -103,7 +103,7 @@ def sim_step() -> Step:
     return Step("sim", (sys.executable, "-m", "memclaims.gpu.check", "--sim-rows"), LIMIT_S - 30)
 
 
-def sim_rows() -> dict[str, Any]:
+def sim_rows() -> dict[str, object]:
     from memclaims.recipes.recipe import resolve
     from memclaims.recipes.run_options import RunOptions
     from memclaims.run import run_recipe
@@ -117,14 +117,14 @@ def sim_rows() -> dict[str, Any]:
 # --- steps that run inside this module --------------------------------------------------------
 
 
-def facts() -> dict[str, Any]:
+def facts() -> dict[str, object]:
     """The card, CUDA, and the cuBLAS workspace bytes a first matmul allocates on each handle."""
     import torch
 
     from memclaims.measure.determinism import deterministic
 
     props = torch.cuda.get_device_properties(0)
-    found: dict[str, Any] = {"name": torch.cuda.get_device_name(0), "capability": f"sm{props.major}{props.minor}",
+    found: dict[str, object] = {"name": torch.cuda.get_device_name(0), "capability": f"sm{props.major}{props.minor}",
                              "total_memory_bytes": props.total_memory, "torch": torch.__version__,
                              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
     with deterministic("cuda"):  # the gpu tier's setting: what its Records include
@@ -139,7 +139,7 @@ def facts() -> dict[str, Any]:
     return found
 
 
-def history_cost() -> dict[str, Any]:
+def history_cost() -> dict[str, object]:
     """One article row (bf16-true, 3 steps) with history off and on: step time and snapshot size."""
     import tempfile
 
@@ -149,7 +149,7 @@ def history_cost() -> dict[str, Any]:
     from memclaims.run import run_recipe
 
     recipe = resolve("vit", "article", ("bf16-true",))
-    result: dict[str, Any] = {"recipe": recipe.id}
+    result: dict[str, object] = {"recipe": recipe.id}
     with tempfile.TemporaryDirectory() as folder:
         diagnosis.set_snapshot_dir(Path(folder))
         for entries in (0, HISTORY_ENTRIES):
@@ -164,7 +164,7 @@ def history_cost() -> dict[str, Any]:
     return result
 
 
-def allocator_trace(path: Path) -> dict[str, Any]:
+def allocator_trace(path: Path) -> dict[str, object]:
     """ViT-H/14 16-mixed at the article's scale, history on: the GPU's peaks, its trace (saved to
     ``path``) replayed through the allocator model, and the sim's prediction of the same run."""
     import pickle
@@ -205,7 +205,7 @@ def allocator_trace(path: Path) -> dict[str, Any]:
 # --- the report ------------------------------------------------------------------------------
 
 
-def _gb(value: Any) -> str:
+def _gb(value: object) -> str:
     return f"{value / GB:.2f}" if isinstance(value, (int, float)) else "-"
 
 
@@ -256,7 +256,7 @@ def _trace_report(found: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _last_json(text: str) -> Any:
+def _last_json(text: str) -> object:
     """The JSON document a command printed last (Records are printed with indent)."""
     start = text.rfind("\n{\n") + 1 if "\n{\n" in text else text.find("{")
     try:
@@ -265,8 +265,8 @@ def _last_json(text: str) -> Any:
         return None
 
 
-def _record(outdir: Path, results: dict[str, dict[str, Any]], step: Step, status: str, out: str,
-            parsed: Any, started: float) -> None:
+def _record(outdir: Path, results: dict[str, dict[str, object]], step: Step, status: str, out: str,
+            parsed: object, started: float) -> None:
     results[step.name] = {"status": status, "seconds": time.monotonic() - started, "json": parsed}
     (outdir / "logs" / f"{step.name}.log").write_text(out)
     print(f"gpu-check: {step.name}: {status} ({results[step.name]['seconds']:.0f} s)", file=sys.stderr)
@@ -276,7 +276,7 @@ def _record(outdir: Path, results: dict[str, dict[str, Any]], step: Step, status
 def run_all(outdir: Path) -> int:
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "logs").mkdir(exist_ok=True)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, object]] = {}
     sims = sim_step()
     sims_started = time.monotonic()
     background = subprocess.Popen(sims.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

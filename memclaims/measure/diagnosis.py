@@ -129,7 +129,7 @@ def start_history(cuda: Any, max_entries: int) -> None:
 
 
 def breakdown_report(case_id: str, record: Record, baseline: Record,
-                     failing_metrics: Iterable[str]) -> dict[str, Any]:
+                     failing_metrics: Iterable[str]) -> dict[str, object]:
     categories = [c for c in CATEGORIES] + sorted((set(record.breakdown) | set(baseline.breakdown)) - set(CATEGORIES))
     rows = {}
     for category in categories:
@@ -149,7 +149,7 @@ def breakdown_report(case_id: str, record: Record, baseline: Record,
 
 
 def save_memory_failure(directory: Path, case_id: str, record: Record, baseline: Record,
-                        failing_metrics: Iterable[str], cuda: Any = None) -> list[Path]:
+                        failing_metrics: Iterable[str], cuda: object = None) -> list[Path]:
     """Save the breakdown JSON (always) and the CUDA snapshot (CUDA runs with history on)."""
     directory.mkdir(parents=True, exist_ok=True)
     stem = case_file_stem(case_id)

@@ -71,13 +71,13 @@ class DistributedResult:
                    launcher="torchrun" if launcher.torchrun_env() else "spawn", records=list(records))
 
     @property
-    def rank0(self) -> dict[str, Any]:
+    def rank0(self) -> dict[str, object]:
         return self.records[0].to_dict()
 
     @property
     def max_over_ranks(self) -> dict[str, Any]:
         """Per measured key (bytes, seconds, breakdown categories), the largest value of any rank."""
-        result: dict[str, Any] = {}
+        result: dict[str, object] = {}
         dicts = [r.to_dict() for r in self.records]
         for key, value in dicts[0].items():
             # Numbers only: host_state_bytes is a dict by category, not one figure.
@@ -234,7 +234,7 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else tensor
 
 
-def _cast_floating(batch: Any, dtype: torch.dtype) -> Any:
+def _cast_floating(batch: Any, dtype: torch.dtype) -> object:
     if isinstance(batch, dict):
         return {k: _cast_floating(v, dtype) for k, v in batch.items()}
     return batch.to(dtype) if batch.is_floating_point() else batch
@@ -298,7 +298,7 @@ class CpuShardedEngine(pipeline.Engine):
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
         return _local(tensor)
 
-    def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
+    def logits(self, model: nn.Module, inputs: object) -> torch.Tensor:
         """As Fabric's module wrapper: floating inputs in a true-half recipe's dtype, autocast for
         mixed precision, logits back in float32."""
         dtype = self.spec.input_dtype(fsdp=True)
@@ -309,7 +309,7 @@ class CpuShardedEngine(pipeline.Engine):
         with context:
             return self.recipe.workload.logits(model, inputs).float()  # casts_output, a no-op for 32-true
 
-    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, model: nn.Module, inputs: object, targets: torch.Tensor) -> torch.Tensor:
         """The loss of this rank's share of the global micro-batch; after the first forward pass, how
         many parameter elements FSDP2 left unsharded (it swaps a module's DTensor shards for plain
         unsharded parameters while they are gathered)."""
@@ -319,7 +319,7 @@ class CpuShardedEngine(pipeline.Engine):
             self.forward_unsharded_params = unsharded_params(model)
         return loss
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         return {**super().measured_fields(), "forward_unsharded_params": self.forward_unsharded_params,
                 "fsdp_api": FSDP2_API}  # fully_shard, whichever FSDP the recipe asked for (rank_notes say so)
 

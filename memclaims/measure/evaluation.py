@@ -8,14 +8,13 @@ of its accuracy phase (``Record.epoch_evaluations``), read with torchmetrics.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 
 @torch.no_grad()
-def evaluate(logits_of: Callable[[Any], torch.Tensor], batches: Iterable[tuple[Any, torch.Tensor]],
+def evaluate(logits_of: Callable[[object], torch.Tensor], batches: Iterable[tuple[object, torch.Tensor]],
              num_classes: int, device: torch.device) -> dict[str, float]:
     """Mean cross-entropy per example, accuracy and F1 over ``batches`` (the caller sets eval mode).
 

@@ -58,7 +58,7 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")
 _STOP_GRACE_S = 5.0  # how long a terminated child gets before it is killed
 
 # fn(rank, world_size, *args) -> a picklable result
-RankFunction = Callable[..., Any]
+RankFunction = Callable[..., object]
 
 
 class LaunchError(MemclaimsError):
@@ -104,7 +104,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def launch(fn: RankFunction, world_size: int, args: Sequence[Any] = (), *, backend: str = "gloo",
+def launch(fn: RankFunction, world_size: int, args: Sequence[object] = (), *, backend: str = "gloo",
            timeout_s: float | None, port: int | None = None) -> list[Any]:
     """``fn(rank, world_size, *args)`` on every rank; the results, indexed by rank; ``timeout_s``: how long the
     ranks may take (None: no limit; memclaims.recipes.run_options.DEFAULT_TIMEOUT_S for a run's).
@@ -127,8 +127,8 @@ def launch(fn: RankFunction, world_size: int, args: Sequence[Any] = (), *, backe
 # --- under torchrun ---------------------------------------------------------------------------
 
 
-def _run_in_existing_group(fn: RankFunction, env: TorchrunEnv, args: Sequence[Any], backend: str,
-                           timeout_s: float | None) -> list[Any]:
+def _run_in_existing_group(fn: RankFunction, env: TorchrunEnv, args: Sequence[object], backend: str,
+                           timeout_s: float | None) -> list[object]:
     import torch.distributed as dist
 
     created = not dist.is_initialized()
@@ -138,7 +138,7 @@ def _run_in_existing_group(fn: RankFunction, env: TorchrunEnv, args: Sequence[An
         dist.init_process_group(backend=backend, timeout=_group_timeout(timeout_s))
     try:
         result = fn(env.rank, env.world_size, *args)
-        gathered: list[Any] = [None] * env.world_size
+        gathered: list[object] = [None] * env.world_size
         dist.all_gather_object(gathered, result)
         return gathered
     finally:
@@ -159,7 +159,7 @@ def _group_timeout(timeout_s: float | None) -> timedelta | None:
 
 
 def _child(rank: int, fn: RankFunction, world_size: int, port: int, backend: str, timeout_s: float | None,
-           folder: str, args: tuple[Any, ...]) -> None:
+           folder: str, args: tuple[object, ...]) -> None:
     """One spawned rank: join the group, run ``fn``, leave the result or the error text in ``folder``."""
     # The same variables torchrun sets, so that Lightning sees processes created externally and
     # never launches its own.
@@ -206,8 +206,8 @@ def _pin_gpu(local_rank: int) -> None:
     torch.cuda.set_device(local_rank)
 
 
-def _spawn(fn: RankFunction, world_size: int, args: tuple[Any, ...], backend: str, timeout_s: float | None,
-           port: int) -> list[Any]:
+def _spawn(fn: RankFunction, world_size: int, args: tuple[object, ...], backend: str, timeout_s: float | None,
+           port: int) -> list[object]:
     context = multiprocessing.get_context("spawn")
     processes: list[multiprocessing.process.BaseProcess] = []
     with tempfile.TemporaryDirectory(prefix="memclaims-ranks-") as folder:
@@ -294,7 +294,7 @@ def stop(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
 # whatever import mode pytest runs in.
 
 
-def check_worker(rank: int, world_size: int, behaviour: str = "all-reduce", arg: float = 0.0) -> Any:
+def check_worker(rank: int, world_size: int, behaviour: str = "all-reduce", arg: float = 0.0) -> object:
     """``all-reduce``: the sum of all ranks (proves the group works); ``pid``: this process id;
     ``raise``: raise on rank ``arg``; ``exit``: rank ``arg`` dies without a word; ``sleep``: every
     rank sleeps ``arg`` seconds; ``progress``: every rank works ``arg`` seconds, beating as a run's phases do."""

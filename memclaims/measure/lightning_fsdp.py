@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from memclaims.core.errors import UsageError
 from memclaims.measure import launcher
 from memclaims.recipes.run_options import RunOptions, default_devices
 
 if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins.environments import ClusterEnvironment
+    from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
+    from lightning.fabric.strategies import Strategy as FabricStrategy
+
     from memclaims.recipes.recipe import Recipe
 
 
-def strategy(recipe: Recipe, world: int | None = None, device: str = "cuda") -> Any:
+def strategy(recipe: Recipe, world: int | None = None, device: str = "cuda") -> str | FabricStrategy:
     """Lightning's strategy of a multi-device recipe on ``world`` ranks (None: every GPU, or the CPU's default):
     the recipe's strategy builds it from its plan (``Strategy.lightning_strategy``)."""
     chosen = recipe.distributed
@@ -30,7 +35,7 @@ def strategy(recipe: Recipe, world: int | None = None, device: str = "cuda") -> 
     return chosen.lightning_strategy(recipe.strategy_plan(world or default_devices(device)), recipe, device)
 
 
-def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
+def sharded_fabric(recipe: Recipe, options: RunOptions) -> Fabric:
     """The Fabric one rank of a multi-device run uses (CUDA ranks; CPU ranks for DDP and DeepSpeed)."""
     from lightning.fabric import Fabric
 
@@ -39,7 +44,7 @@ def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     environment = cluster_environment()
     fabric = Fabric(accelerator=options.device, devices=per_node, num_nodes=max(1, world // per_node),
-                    strategy=strategy(recipe, world, options.device), precision=cast(Any, recipe.precision),
+                    strategy=strategy(recipe, world, options.device), precision=cast("_PRECISION_INPUT", recipe.precision),
                     plugins=[environment] if environment is not None else None)
     # The processes exist already (LOCAL_RANK is set): launch() only joins the group and picks
     # this rank's GPU.
@@ -47,7 +52,7 @@ def sharded_fabric(recipe: Recipe, options: RunOptions) -> Any:
     return fabric
 
 
-def cluster_environment(environ: Mapping[str, str] | None = None) -> Any:
+def cluster_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvironment | None:
     """The Lightning cluster environment of a rank, chosen here rather than detected by Lightning.
 
     Lightning tries SLURMEnvironment first; inside a SLURM allocation it would win for ranks that
@@ -67,7 +72,7 @@ def cluster_environment(environ: Mapping[str, str] | None = None) -> Any:
     return None
 
 
-def environment_report(rank: int, world: int) -> dict[str, Any]:
+def environment_report(rank: int, world: int) -> dict[str, object]:
     """What one spawned rank sees: left-over SLURM variables, and the cluster environment and ranks
     Lightning Fabric sets up with memclaims' choice (a rank function for launcher.launch)."""
     from lightning.fabric import Fabric

@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -35,15 +35,18 @@ from memclaims.techniques.base import (
     merge_observed,
 )
 
+if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LRScheduler
+
 # The phases of a training step, in the order of scripts 01-04 and 06 (05 zeroes after the step).
 # The loss (and its scaling under accumulation) belongs to ``forward``; reading its value, the
 # scheduler step and fetching the next batch belong to no step phase, only to the enclosing one.
 STEP_PHASES = ("forward", "backward", "optimizer_step", "zero_grad")
 
-PhaseCallback = Callable[[str], AbstractContextManager[Any]]
+PhaseCallback = Callable[[str], AbstractContextManager[object]]
 
 
-def no_phase(name: str) -> AbstractContextManager[Any]:
+def no_phase(name: str) -> AbstractContextManager[object]:
     return nullcontext()
 
 
@@ -79,7 +82,7 @@ class TrainingLoop:
 
     # --- what a subclass provides -------------------------------------------------------------
 
-    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, model: nn.Module, inputs: object, targets: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -97,10 +100,10 @@ class TrainingLoop:
     def storage_bytes(self, tensors: Iterator[torch.Tensor]) -> int:
         return storage_bytes(tensors)
 
-    def step(self, optimizer: Any) -> None:
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
-    def after_step(self, optimizer: Any) -> None:
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Right after the optimizer step's phase has closed."""
 
     def clip(self, model: nn.Module) -> None:
@@ -110,7 +113,7 @@ class TrainingLoop:
     def synchronize(self) -> None:
         """Wait for queued device work, so that step times are real."""
 
-    def technique_loss(self, model: nn.Module, output: Any, targets: torch.Tensor) -> torch.Tensor | None:
+    def technique_loss(self, model: nn.Module, output: object, targets: torch.Tensor) -> torch.Tensor | None:
         """A helper's loss from the model's output (fused-linear-ce's), or None: cross-entropy over it."""
         for helper in self.helpers:
             loss: torch.Tensor | None = helper.loss(model, output, targets)
@@ -129,7 +132,7 @@ class TrainingLoop:
 
     # --- the loop -----------------------------------------------------------------------------
 
-    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[Any],
               optimizer_steps: int, on_step: Callable[[], None] | None = None,
               phase: PhaseCallback = no_phase) -> None:
         """``optimizer_steps`` optimizer steps (or until ``batches`` runs out when negative);
@@ -197,9 +200,9 @@ class TrainingLoop:
             if done == optimizer_steps:
                 return
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         """The Record's fields of what the loop observed (batch, accumulation, compute dtype)."""
-        fields: dict[str, Any] = dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
+        fields: dict[str, object] = dict(step_examples=self.step_examples, step_micro_batches=self.step_micro_batches,
                                       compute_dtypes=list(self.compute_dtypes), grad_digest=self.grad_digest,
                                       recomputed_linear_calls=self.recomputed_linear_calls)
         for helper in self.helpers:  # each technique's part of the Record (by_technique)
@@ -218,7 +221,7 @@ class TrainingLoop:
             self.nan_step = len(self.losses) - 1
 
 
-def prefetched(batches: Iterator[Any], window: int) -> Iterator[Any]:
+def prefetched(batches: Iterator[object], window: int) -> Iterator[object]:
     """``batches`` a window at a time: all micro-batches of a step fetched before its first forward, and held until
     the next window is fetched (the HF Trainer's ``get_batch_samples`` list)."""
     source = iter(batches)
@@ -243,7 +246,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def batch_examples(inputs: Any, targets: torch.Tensor) -> int:
+def batch_examples(inputs: object, targets: torch.Tensor) -> int:
     """Examples in a micro-batch: the leading dimension of the inputs' first tensor (a tensor, or the first
     in a mapping, tuple or list of them), never the targets' where the inputs have one: a causal LM's targets
     are its tokens, one per position, and flattened labels (``target.view(-1)``) lead with batch x sequence.
@@ -256,7 +259,7 @@ def watch_linear_outputs(model: nn.Module) -> Callable[[], list[str]]:
     """Hooks every ``nn.Linear``; the returned function removes them and names the output dtypes seen."""
     seen: dict[str, None] = {}
 
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
+    def hook(module: nn.Module, args: object, output: object) -> None:
         if isinstance(output, torch.Tensor):
             seen[dtype_name(output.dtype)] = None
 
@@ -274,7 +277,7 @@ def count_linear_calls(model: nn.Module) -> Callable[[], int]:
     """Hooks every ``nn.Linear``; the returned function removes them and says how often they ran."""
     calls = [0]
 
-    def hook(module: nn.Module, args: Any) -> None:
+    def hook(module: nn.Module, args: object) -> None:
         calls[0] += 1
 
     handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]

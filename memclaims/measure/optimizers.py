@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -44,7 +44,7 @@ def training_arguments_defaults() -> dict[str, float]:
     return {k: float(defaults[k]) for k in ("adam_beta1", "adam_beta2", "adam_epsilon")}
 
 
-def parameter_groups(model: nn.Module, weight_decay: float = WEIGHT_DECAY) -> list[dict[str, Any]]:
+def parameter_groups(model: nn.Module, weight_decay: float = WEIGHT_DECAY) -> list[dict[str, object]]:
     """The course's two groups: decay on everything except LayerNorm weights and all biases."""
     from transformers.trainer_pt_utils import get_parameter_names
 

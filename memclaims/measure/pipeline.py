@@ -54,7 +54,7 @@ class Engine(TrainingLoop):
     def device_name(self) -> str:
         raise NotImplementedError
 
-    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
         return train, test
 
     def reference_load(self, probe: probe_module.Probe) -> int | None:
@@ -70,7 +70,7 @@ class Engine(TrainingLoop):
         Trainer's ``optim``)."""
         return _make_optimizer(self, model, steps_per_epoch, memory_steps)
 
-    def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         return model, optimizer
 
     def batches(self, loader: Any) -> Iterator[Any]:
@@ -85,10 +85,10 @@ class Engine(TrainingLoop):
     def gradients(self, model: nn.Module) -> Iterator[torch.Tensor]:
         return (self.local(p.grad) for p in model.parameters() if p.grad is not None)
 
-    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
         raise NotImplementedError
 
-    def evaluation(self, model: nn.Module, loader: Any) -> dict[str, float]:
+    def evaluation(self, model: nn.Module, loader: object) -> dict[str, float]:
         """Eval loss, accuracy and F1 (memclaims.measure.evaluation), for RunOptions.evaluate_each_epoch."""
         raise NotImplementedError(f"{type(self).__name__} does not evaluate after each epoch")
 
@@ -105,7 +105,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # every device's generator, CUDA's included
 
 
-def cycle(batches: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+def cycle(batches: Callable[[], Iterator[object]]) -> Iterator[Any]:
     """The loader's batches over and over (a budget may be longer than an epoch of a small set)."""
     while True:
         yielded = False
@@ -126,7 +126,7 @@ def never_reset_reserved(phases: dict[str, probe_module.PhasePeak]) -> int | Non
     return max(peaks) if peaks else None
 
 
-def observed_fields(engine: Engine, model: nn.Module, optimizer: Any, probe: probe_module.Probe) -> dict[str, Any]:
+def observed_fields(engine: Engine, model: nn.Module, optimizer: torch.optim.Optimizer, probe: probe_module.Probe) -> dict[str, Any]:
     """The Record's observed-technique fields, read right after the measured steps: the loop's, the model
     state's, and what each of the recipe's techniques observes of itself (``Hooks.observe``)."""
     recipe, local = engine.recipe, engine.local
@@ -145,7 +145,7 @@ def observed_fields(engine: Engine, model: nn.Module, optimizer: Any, probe: pro
     return observed
 
 
-def host_state_bytes(engine: Engine, model: nn.Module, optimizer: Any) -> dict[str, int]:
+def host_state_bytes(engine: Engine, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Model state on the host while training on a device (CPU offload), by category; empty on the
     cpu device (the host is the device there) and where nothing sits on the host."""
     if engine.options.device == "cpu":
@@ -178,7 +178,7 @@ def scheduled_steps(engine: Engine, steps_per_epoch: int, memory_steps: int) -> 
     return int(schedule["epochs"]) * steps_per_epoch
 
 
-def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[Any, Any]:
+def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[object, object]:
     """The optimizer and scheduler, the schedule long enough for every step the run will take."""
     recipe = engine.recipe
     return optimizers.build(recipe.optimizer, model, recipe.learning_rate,
@@ -198,7 +198,7 @@ def measure(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Rec
     train_loader = DataLoader(bundle.train, batch_size=recipe.micro_batch_size, shuffle=True, drop_last=True,
                               generator=torch.Generator().manual_seed(options.seed), collate_fn=collate)
     schedule = engine.accuracy_schedule
-    test_set: Dataset[Any] = bundle.test
+    test_set: Dataset[object] = bundle.test
     if schedule["test_examples"] is not None and len(cast(Sized, test_set)) > schedule["test_examples"]:
         test_set = Subset(test_set, range(schedule["test_examples"]))
     train_loader, test_loader = engine.setup_loaders(
@@ -231,7 +231,7 @@ def measure(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Rec
     if isinstance(probe, probe_module.CudaProbe):  # the snapshot of this recipe, at its peak
         probe.capture_snapshot(recipe.id)
     local = engine.local
-    states: dict[str, Any] = {
+    states: dict[str, object] = {
         "param_bytes": tensors.storage_bytes(local(p) for p in model.parameters()),
         "grad_bytes": engine.grad_bytes or 0,
         "optimizer_state_bytes": tensors.storage_bytes(

@@ -14,7 +14,7 @@ import gc
 import sys
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,8 +50,8 @@ class Probe(Protocol):
 
     def prepare(self) -> None: ...
     def track(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None: ...
-    def phase(self, name: str) -> Any: ...
-    def step_phase(self, name: str) -> Any: ...
+    def phase(self, name: str) -> AbstractContextManager[object]: ...
+    def step_phase(self, name: str) -> AbstractContextManager[object]: ...
     def step_begin(self) -> None: ...
 
 
@@ -238,7 +238,7 @@ _CATEGORY = {
 }
 
 
-def _breakdown(snapshot: dict[Any, int]) -> dict[str, int]:
+def _breakdown(snapshot: dict[object, int]) -> dict[str, int]:
     result: dict[str, int] = {}
     for key, value in snapshot.items():
         label = getattr(key, "value", key)
@@ -286,7 +286,8 @@ def _frozen_aware_tracker() -> type[Any]:
                         self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
             if DTensor in types:  # DTensor desugars into local ops first, which are tracked
                 return NotImplemented
             if func is torch.ops._c10d_functional.wait_tensor.default and active_fake_mode():
@@ -306,7 +307,7 @@ def _frozen_aware_tracker() -> type[Any]:
                 self._update_peak_stats(_ModState.PEAK_BW if self._mod_tracker.is_bw else _ModState.PEAK_FW)
             return result
 
-        def _update_peak_stats(self, peak_state: Any) -> None:
+        def _update_peak_stats(self, peak_state: object) -> None:
             # MemTracker's global part only (its per-module part is what this class leaves out).
             for device, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snap[_TOTAL_KEY]:
@@ -320,7 +321,7 @@ def _frozen_aware_tracker() -> type[Any]:
                 raise ValueError(f"Invalid type {type}")
             return {device: dict(snap) for device, snap in snapshot.items()}
 
-        def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        def _pre_fw_hook(self, module: nn.Module, inputs: object) -> None:
             if module not in self.memory_tracking:  # MemTracker's first case: the module's states tracked
                 self._track_module_params_and_buffers(module, install_grad_hooks=True)
                 self.memory_tracking[module] = True  # seen (``reset_mod_stats`` forgets it, as MemTracker's stats)
@@ -328,15 +329,15 @@ def _frozen_aware_tracker() -> type[Any]:
                 self._ac_mod = weakref.ref(module)
                 self._in_ac = True
 
-        def _post_fw_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        def _post_fw_hook(self, module: nn.Module, inputs: object, outputs: object) -> None:
             if self._mod_tracker.is_bw and self._ac_mod is not None and self._ac_mod() is module:
                 self._ac_mod = None
                 self._in_ac = False
 
-        def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
+        def _pre_bw_hook(self, module: nn.Module, args: object) -> None:
             pass
 
-        def _post_bw_hook(self, module: nn.Module, args: Any) -> None:
+        def _post_bw_hook(self, module: nn.Module, args: object) -> None:
             pass
 
     return FrozenAwareTracker
@@ -400,7 +401,7 @@ class CpuProbe:
             if not tracked:
                 self._set_up += [weakref.ref(storage) for storage in list(tracker._WINFO.keys())]
 
-    def step_phase(self, name: str) -> Any:
+    def step_phase(self, name: str) -> AbstractContextManager[object]:
         """A phase of a training step, inside ``phase("train")`` (outside a phase nothing is tracked)."""
         return self._recorder.measure(name, per_step=True) if self._recorder.active else nullcontext()
 
@@ -491,7 +492,7 @@ class CudaProbe:
             # temporaries, derived by subtraction.
             peak.breakdown[ACTIVATIONS] = max(0, peak.allocated_bytes - sum(peak.breakdown.values()))
 
-    def step_phase(self, name: str) -> Any:
+    def step_phase(self, name: str) -> AbstractContextManager[object]:
         return self._recorder.measure(name, per_step=True)
 
     def step_begin(self) -> None:

@@ -32,7 +32,7 @@ def failed_phase(finished: Collection[str], phases: Sequence[str] = TOP_PHASES) 
 
 
 # What a run that watched no loss records (the sim: fake tensors have no value to read).
-NO_LOSS: Mapping[str, Any] = {"final_loss": None, "nan_loss": False, "nan_step": None}
+NO_LOSS: Mapping[str, object] = {"final_loss": None, "nan_loss": False, "nan_step": None}
 
 
 def phase_fields(phases: Mapping[str, PhasePeak]) -> dict[str, dict[str, Any]]:

@@ -28,12 +28,14 @@ from memclaims.techniques.base import PYTORCH, LoadsReference, SetsAllocator, Se
 from memclaims.techniques.technique_registry import FP32
 
 if TYPE_CHECKING:
+    from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
+
     from memclaims.recipes.recipe import Recipe
 
 SINGLE_THREADED_SCALES = ("smoke", CONVERGED)
 
 
-def _to_device(batch: Any, device: torch.device) -> Any:
+def _to_device(batch: Any, device: torch.device) -> object:
     if isinstance(batch, dict):
         return {k: v.to(device) for k, v in batch.items()}
     return batch.to(device)
@@ -55,7 +57,7 @@ class FabricEngine(pipeline.Engine):
 
                 self.fabric = sharded_fabric(recipe, options)
             else:
-                self.fabric = Fabric(accelerator=options.device, devices=1, precision=cast(Any, recipe.precision))
+                self.fabric = Fabric(accelerator=options.device, devices=1, precision=cast("_PRECISION_INPUT", recipe.precision))
             self.device = self.fabric.device
         if recipe.precision != FP32:
             torch.set_float32_matmul_precision("high")  # as the scripts from 02 on
@@ -73,7 +75,7 @@ class FabricEngine(pipeline.Engine):
     def device_name(self) -> str:
         return device_name(self.options.device)
 
-    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
         if self.fabric is None:
             return train, test
         strategy, devices = self.recipe.distributed, self.options.devices
@@ -108,7 +110,7 @@ class FabricEngine(pipeline.Engine):
                 return peak
         return None
 
-    def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         if self.fabric is None:
             return model, optimizer
         options: dict[str, Any] = {"move_to_device": True}
@@ -134,7 +136,7 @@ class FabricEngine(pipeline.Engine):
                 inputs, targets = _to_device(inputs, self.device), targets.to(self.device)
             yield inputs, targets
 
-    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, model: nn.Module, inputs: object, targets: torch.Tensor) -> torch.Tensor:
         logits = self.recipe.workload.logits(model, inputs)
         loss = self.technique_loss(model, logits, targets)  # fused-linear-ce's, from the hidden states
         return loss if loss is not None else F.cross_entropy(logits, targets)
@@ -152,7 +154,7 @@ class FabricEngine(pipeline.Engine):
     # --- evaluate --------------------------------------------------------------------------
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
@@ -165,13 +167,13 @@ class FabricEngine(pipeline.Engine):
             metric.update(predicted, targets)
         return float(metric.compute())
 
-    def evaluation(self, model: nn.Module, loader: Any) -> dict[str, float]:
+    def evaluation(self, model: nn.Module, loader: object) -> dict[str, float]:
         model.eval()
         return evaluation.evaluate(lambda inputs: self.recipe.workload.logits(model, inputs), self.batches(loader),
                                    self.recipe.workload.num_classes, self.device)
 
 
-def follow_parameters(optimizer: Any, before: list[nn.Parameter], after: list[nn.Parameter]) -> None:
+def follow_parameters(optimizer: torch.optim.Optimizer, before: list[nn.Parameter], after: list[nn.Parameter]) -> None:
     """Point ``optimizer``'s parameter groups (no state yet) from the parameters ``before`` setup to those that
     replaced them ``after`` it, by position: parallelize_module and fully_shard re-register each parameter under
     its own name, so the order stays, and a DTensor has its whole tensor's shape."""

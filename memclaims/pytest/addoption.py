@@ -11,8 +11,6 @@ No ``choices`` or ``type`` here: pytest's argparse would answer a bad value with
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from memclaims.core.settings import MATRICES, OPTIONS, help_for, metavar_for, text_default
@@ -24,7 +22,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("memclaims", "memclaims: memory-claim regression cases")
     for option in OPTIONS:
         if option.pytest:
-            kwargs: dict[str, Any] = {"dest": option.pytest_dest,
+            kwargs: dict[str, object] = {"dest": option.pytest_dest,
                                       "help": help_for(option, "pytest").replace("%", "%%")}
             if option.kind != "flag":
                 kwargs.update(default=None, metavar=metavar_for(option))

@@ -7,8 +7,6 @@ writes once, from the controller, at the end of the session.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from memclaims.claims import runs as claim_runs
@@ -19,7 +17,7 @@ class ClaimRecorder:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.session = claim_runs.now()
-        self.entries: dict[str, dict[str, Any]] = {}
+        self.entries: dict[str, dict[str, object]] = {}
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

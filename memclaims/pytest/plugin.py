@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from memclaims.baselines.compare import Summary
     from memclaims.core.errors import OutOfMemory
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.base import TechniqueParameters
 
 # Before it is imported (by a user's test module): a failed assert in the matrix's test shows its values.
 pytest.register_assert_rewrite("memclaims.pytest.cases")
@@ -67,7 +68,7 @@ MARKERS = {
 SETTINGS_KEY = pytest.StashKey[Settings]()
 
 
-def _given(config: pytest.Config, option: Option) -> tuple[Any, str]:
+def _given(config: pytest.Config, option: Option) -> tuple[object, str]:
     """What the session was given for ``option`` (the command line wins over the ini file), and
     how the user spelled it, for an error line."""
     if option.pytest:
@@ -112,7 +113,7 @@ def resolve(workload: str, scale: str, techniques: tuple[str, ...], config: pyte
     return resolve_recipe(workload, scale, techniques, parameters=asked)
 
 
-def asked_parameters(config: pytest.Config) -> tuple[Any, ...]:
+def asked_parameters(config: pytest.Config) -> tuple[TechniqueParameters, ...]:
     """What ``--memclaims-lora-r`` and the rest ask (``memclaims.techniques.lora.asked_by``); () where none is given."""
     from memclaims.techniques import lora
 

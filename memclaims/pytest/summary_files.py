@@ -124,7 +124,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(RunSummary(config), "memclaims-run-summary")
 
 
-def claims_table(entries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def claims_table(entries: dict[str, dict[str, object]]) -> list[dict[str, object]]:
     """The catalogue's table with this run's verdicts, imported when a run has verdicts to show (the catalogue
     imports the recipes and torch: not at pytest's start)."""
     from memclaims.claims import catalogue

@@ -54,7 +54,7 @@ def make_project(pytester: pytest.Pytester, root: Path, conftest: str = CHECKOUT
     return pytester
 
 
-def fake_record(recipe: str = "vit-smoke/fake-a", **changes: Any) -> Record:
+def fake_record(recipe: str = "vit-smoke/fake-a", **changes: object) -> Record:
     """A cpu-tier Record of a bf16-true smoke recipe; ``changes`` overrides any field."""
     values: dict[str, Any] = dict(
         recipe=recipe, workload="vit", scale="smoke", techniques=["bf16-true"], device="cpu",
@@ -67,7 +67,7 @@ def fake_record(recipe: str = "vit-smoke/fake-a", **changes: Any) -> Record:
     return Record(**values)
 
 
-def with_observed(record: Record, technique: str, **values: Any) -> Record:
+def with_observed(record: Record, technique: str, **values: object) -> Record:
     """``record`` with ``values`` in ``technique``'s part of it (``Record.by_technique``), the rest as it was."""
     parts = {**record.by_technique, technique: {**record.by_technique.get(technique, {}), **values}}
     return dataclasses.replace(record, by_technique=parts)

@@ -9,7 +9,16 @@ from typing import Any
 
 from memclaims.core.errors import UsageError
 from memclaims.techniques import technique_registry as registry
-from memclaims.techniques.base import FABRIC, BuildsOptimizer, Hooks, LoopOrder, Stack, Strategy, StrategyPlan
+from memclaims.techniques.base import (
+    FABRIC,
+    BuildsOptimizer,
+    Hooks,
+    LoopOrder,
+    Stack,
+    Strategy,
+    StrategyPlan,
+    TechniqueParameters,
+)
 from memclaims.workloads.registry import workload as find_workload
 from memclaims.workloads.types import Scale, Workload
 
@@ -65,7 +74,7 @@ class Recipe:
     optimizer_impl: str | None = None
     # What the recipe asks of its techniques beyond their names (``Technique.parameters``: lora's rank, ...), by
     # technique name; only what differs from the workload's defaults, so that the id says exactly what was asked.
-    parameters: tuple[tuple[str, Any], ...] = ()
+    parameters: tuple[tuple[str, TechniqueParameters], ...] = ()
 
     @property
     def id(self) -> str:
@@ -76,7 +85,7 @@ class Recipe:
         asked = self.parameters_of(name)
         return "" if asked is None else str(asked.suffix())
 
-    def parameters_of(self, name: str) -> Any:
+    def parameters_of(self, name: str) -> TechniqueParameters | None:
         """What the recipe asks of its technique ``name`` (its ``Technique.parameters``' value), or None."""
         return dict(self.parameters).get(name)
 
@@ -181,11 +190,12 @@ def for_workload(workload_name: str, selection: Iterable[tuple[str, ...]]) -> li
     return [combo for combo in selection if workload_refusal(work, combo) is None]
 
 
-def _asked(work: Workload, technique_names: Iterable[str], given: Iterable[Any]) -> tuple[list[str], dict[str, Any]]:
+def _asked(work: Workload, technique_names: Iterable[str],
+           given: Iterable[TechniqueParameters]) -> tuple[list[str], dict[str, TechniqueParameters]]:
     """The technique names without their parameters (``lora[r=4]`` -> ``lora``) and what is asked of each: in a name
     (a recipe id), or ``given`` (an option's object, for the technique of the recipe that takes its kind)."""
     names: list[str] = []
-    asked: dict[str, Any] = {}
+    asked: dict[str, TechniqueParameters] = {}
     for text in technique_names:
         bracketed = _BRACKETED.match(text)
         name = bracketed.group("name") if bracketed else text
@@ -205,7 +215,7 @@ def _asked(work: Workload, technique_names: Iterable[str], given: Iterable[Any])
     return names, {name: value.beyond(work) for name, value in asked.items()}
 
 
-def applicable(parameters: Iterable[Any], names: Iterable[str]) -> tuple[Any, ...]:
+def applicable(parameters: Iterable[TechniqueParameters], names: Iterable[str]) -> tuple[TechniqueParameters, ...]:
     """Those of ``parameters`` a technique of ``names`` takes: what an option asks, given to a matrix's or fit's
     combinations that have a technique to take it (lora's rank to the lora and qlora ones)."""
     kinds = {registry.technique(name).parameters for name in names}
@@ -213,7 +223,7 @@ def applicable(parameters: Iterable[Any], names: Iterable[str]) -> tuple[Any, ..
 
 
 def resolve(workload_name: str, scale_name: str, technique_names: Iterable[str], sizes: Sizes = Sizes(),
-            parameters: Iterable[Any] = ()) -> Recipe:
+            parameters: Iterable[TechniqueParameters] = ()) -> Recipe:
     """The recipe; ``parameters``: what is asked of its techniques beyond their names (``Technique.parameters``'
     values, e.g. ``lora.LoraParameters(r=4)``), each for the recipe's technique that takes it."""
     work = find_workload(workload_name)

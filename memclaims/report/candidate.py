@@ -22,7 +22,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from memclaims.claims import accuracy
 from memclaims.core import offline, progress
@@ -90,7 +89,7 @@ def done(path: Path) -> set[tuple[str, str, int | None]]:
     return found
 
 
-def measure_case(tier: str, recipe: Recipe, options: RunOptions) -> list[dict[str, Any]]:
+def measure_case(tier: str, recipe: Recipe, options: RunOptions) -> list[dict[str, object]]:
     """The case's lines: one per Record (a sharded run has one per rank), or why it has none."""
     from memclaims.run import run_recipe
 

@@ -47,7 +47,7 @@ class FidelityRow:
     def states_ratio(self) -> float:
         return self.model_states_bytes / self.reference_bytes
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "predicted_ratio": round(self.predicted_ratio, 4),
                 "model_states_ratio": round(self.states_ratio, 4)}
 

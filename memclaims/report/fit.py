@@ -34,7 +34,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memclaims.techniques.base import TechniqueParameters
 
 from memclaims.core import progress as progress_bar
 from memclaims.core.errors import OutOfMemory, UsageError
@@ -161,7 +164,7 @@ class FitRow:
     frees_cache: bool = False  # fits only because the allocator frees its cache and retries
     asked: bool = False  # the combination given with -t: always predicted and shown
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -207,7 +210,7 @@ class FitResult:
 
         return sorted(self.rows, key=key)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"workload": self.workload, "scale": self.scale, "profile": self.profile,
                 "memory_bytes": self.memory_bytes, "devices": self.devices, "method": self.method,
                 "batch_size": self.batch_size, "input_size": self.input_size, "size_knob": self.size_knob,
@@ -260,7 +263,8 @@ def predict(recipe: Recipe, profile: str, exact: bool, devices: int | None = Non
 def fit(workload_name: str, memory_bytes: int, *, profile: str = "article", scale: str = "article",
         sizes: Sizes | None = None, exact: bool = True, only: tuple[str, ...] = (),
         progress: Callable[[str], None] | None = None, devices: int | None = None,
-        answering: Callable[[], None] | None = None, parameters: tuple[Any, ...] = ()) -> FitResult:
+        answering: Callable[[], None] | None = None,
+        parameters: tuple[TechniqueParameters, ...] = ()) -> FitResult:
     """``parameters``: what is asked of the techniques beyond their names (``--lora-r``: each combination with lora
     or qlora takes it); ``only``: consider combinations of these techniques only (default: every single-process one,
     and with ``devices`` N > 1 every technique); ``devices``: the GPUs a strategy spreads the run over;

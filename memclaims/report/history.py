@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from memclaims.baselines.compare import ACCURACY, LOSSES, STEP_TIME, fmt_short
 from memclaims.core.errors import UsageError
@@ -48,7 +47,7 @@ class Trends:
     series: dict[Key, list[tuple[int, float]]] = field(default_factory=dict)  # run index, value
     moves: list[Move] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"runs": [{"path": str(r.path), "started": r.started, "versions": r.versions} for r in self.runs],
                 "series": [{"environment": k[0], "case": k[1], "metric": k[2],
                             "values": [{"run": i, "value": v} for i, v in points]}

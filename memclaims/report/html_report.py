@@ -136,7 +136,7 @@ def _bar(value: float | None, top: float, kind: str) -> str:
     return f'<div class="{kind}" style="width:{width:.1f}%"></div>'
 
 
-def _phases(data: dict[str, Any]) -> str:
+def _phases(data: dict[str, object]) -> str:
     parts = ['<h2 id="phases">Memory per phase against the baseline</h2>',
              "<p class='muted'>Each phase's absolute peak (reserved where the device has an allocator, else "
              "allocated); grey: baseline, blue: this run, red: this run above its baseline. MiB = 2^20 B.</p>"]
@@ -186,7 +186,7 @@ def _diagnosis(data: dict[str, Any], here: Path) -> str:
     return parts[0] + f"<ul>{''.join(items)}</ul>"
 
 
-def render(data: dict[str, Any], here: Path = Path()) -> str:
+def render(data: dict[str, object], here: Path = Path()) -> str:
     """The page; ``here``: the folder it is written to (links to saved files are relative to it)."""
     # What failed and why, then the cases that ran, then the claims they decided (those only).
     sections = (_status(data), _failures(data), _comparisons(data), _phases(data), _claims(data),

@@ -40,7 +40,7 @@ def published() -> dict[tuple[str, str], Any]:
     # The package's own file, not one under the working directory: the table is the same wherever
     # ``memclaims reproduce --device sim --all`` runs.
     data = published_numbers.data()
-    numbers: dict[tuple[str, str], Any] = {}
+    numbers: dict[tuple[str, str], object] = {}
     for entry in data["vit_chain"] + data["multi_gpu"] + data["llm_bonus"]:
         numbers[("peak_reserved_gb", entry["script"])] = entry.get("peak_reserved_gb")
         numbers[("time_min", entry["script"])] = entry.get("time_min")

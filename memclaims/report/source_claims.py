@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from memclaims.claims import catalogue
 from memclaims.claims.lookup import Key, Lookup, load_only, recipe_of
@@ -27,7 +26,7 @@ SIM_SCALE = "article"
 class SourceRow:
     claim: str
     phrase: str
-    published: dict[str, Any]
+    published: dict[str, object]
     verdict: str  # holds | does not hold | not checked on the sim
     detail: str
 

@@ -157,7 +157,7 @@ def _round_up(value: float, step: float = 0.0005) -> float:
 
 def document(by_seed: Mapping[str, Mapping[str, float]], mutated: Mapping[str, Mapping[str, float]],
              accuracy_changes: Mapping[str, Mapping[str, float]], loss_changes: Mapping[str, list[float]],
-             measured_on: Mapping[str, Any], versions: Mapping[str, str | None], seconds: float) -> dict[str, Any]:
+             measured_on: Mapping[str, object], versions: Mapping[str, str | None], seconds: float) -> dict[str, Any]:
     """The tolerance file: every number measured, the tolerances drawn from them, and how."""
     from memclaims.claims import accuracy
 
@@ -258,7 +258,7 @@ def measure_noise(baselines_root: Path, out: Path, classes: Sequence[str], chang
     return data
 
 
-def write_atomically(path: Path, data: dict[str, Any]) -> None:
+def write_atomically(path: Path, data: dict[str, object]) -> None:
     temp = path.with_name(f".{path.name}.tmp")
     temp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(temp, path)

@@ -35,7 +35,7 @@ def load(path: Path) -> dict[str, Any]:
     return load_dict(data, str(path))
 
 
-def load_dict(data: Any, where: str = "summary") -> dict[str, Any]:
+def load_dict(data: object, where: str = "summary") -> dict[str, object]:
     """A parsed summary with every key a reader uses (an older schema's missing ones empty)."""
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise UsageError(f"{where}: not a memclaims summary JSON (no 'rows' list); write one with pytest "
@@ -47,7 +47,7 @@ def load_dict(data: Any, where: str = "summary") -> dict[str, Any]:
     return data
 
 
-def dump(data: dict[str, Any]) -> str:
+def dump(data: dict[str, object]) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -241,7 +241,7 @@ class Report:
                     entry["within_tolerance"] += 1
         return out
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"regressions": self.regressions, "improvements": self.improvements, "counts": self.counts(),
                 "stack": self.stack, "lock_change": {p: list(v) for p, v in self.lock_change.items()},
                 "not_run": [{"tier": t, "recipe": r, "why": w} for t, r, w in self.not_run],

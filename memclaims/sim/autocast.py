@@ -12,7 +12,7 @@ so the float32 copies a GPU saves for backward are what the replay saves.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -41,18 +41,19 @@ _SET_DTYPE = {
 }
 
 
-def _is_half(value: Any) -> bool:
+def _is_half(value: object) -> bool:
     return isinstance(value, Tensor) and value.dtype in HALF
 
 
 class CudaAutocastPolicy(TorchFunctionMode):
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Callable[..., object], types: tuple[type, ...], args: tuple[object, ...] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
         kwargs = kwargs or {}
         if func in _SET_DTYPE and args and _is_half(args[0]) and kwargs.get("dtype") is None \
                 and not any(isinstance(a, torch.dtype) for a in args):
             return func(*args, **{**kwargs, "dtype": torch.float32})
         if func in _FP32 and any(_is_half(a) for a in (*args, *kwargs.values())):
-            def up(value: Any) -> Any:
+            def up(value: Any) -> object:
                 return value.float() if _is_half(value) else value
 
             with torch.autocast("cpu", enabled=False):

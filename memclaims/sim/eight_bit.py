@@ -81,7 +81,7 @@ class EightBitStateModel(torch.optim.Optimizer):
     # Narrower than Optimizer.step's overloads on purpose: the state model computes no loss, so it
     # takes no closure to return one from.
     @torch.no_grad()
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
         for group in self.param_groups:
             for param in group["params"]:
                 if param.grad is None:

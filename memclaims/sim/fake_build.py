@@ -29,7 +29,7 @@ class _SameModeCopy(TorchFunctionMode):
     """``Tensor.__deepcopy__`` as ``detach().clone()`` in the mode that made the tensor, keeping
     what a deep copy keeps (parameter-ness, ``requires_grad``, the memo that shares tied tensors)."""
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
         if func is not torch.Tensor.__deepcopy__:
             return func(*args, **(kwargs or {}))
         tensor, memo = args

@@ -28,7 +28,7 @@ def matmul4bit_keeps_input() -> Iterator[None]:
     installed = MatMul4Bit.forward
     function = cast(Any, MatMul4Bit)  # its forward is swapped for the block, then put back
 
-    def forward(ctx: Any, A: Any, B: Any, *args: Any, **kwargs: Any) -> Any:
+    def forward(ctx: Any, A: Any, B: Any, *args: Any, **kwargs: Any) -> object:
         output = installed(ctx, A, B, *args, **kwargs)
         if not ctx.is_empty and any(ctx.needs_input_grad[:2]):
             ctx.tensors = (A, ctx.tensors[1])

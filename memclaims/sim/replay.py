@@ -257,13 +257,13 @@ def with_allocator_settings(chosen: Profile, recipe: Recipe) -> Profile:
     return chosen if allocator == chosen.allocator else dataclasses.replace(chosen, allocator=allocator)
 
 
-def merged(states: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+def merged(states: dict[str, object], after: dict[str, object]) -> dict[str, object]:
     merged = dict(states)
     merge_observed(merged, after)
     return merged
 
 
-def observed_after(session: Session, recipe: Recipe) -> dict[str, Any]:
+def observed_after(session: Session, recipe: Recipe) -> dict[str, object]:
     """What the allocator model shows of the recipe's techniques once the replay has ended (memclaims.measure.active)."""
     observed: dict[str, Any] = {}
     for hooks in recipe.hooks:
@@ -329,9 +329,9 @@ class Session:
         with reading_values(workload, model), self.fake.knowing_values():
             yield
 
-    def data(self, inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]]) -> Callable[[Any, int], tuple[Any, torch.Tensor]]:
+    def data(self, inputs_fn: Callable[[object, int], tuple[object, torch.Tensor]]) -> Callable[[Any, int], tuple[Any, torch.Tensor]]:
         """``inputs_fn`` making its batches with values unknown: a batch is data, whatever it was filled with."""
-        def made(scale: Any, batch: int) -> tuple[Any, torch.Tensor]:
+        def made(scale: object, batch: int) -> tuple[Any, torch.Tensor]:
             with self.fake.knowing_values(False):
                 return inputs_fn(scale, batch)
 
@@ -355,7 +355,7 @@ def attention_context(profile: Profile, dtype: torch.dtype) -> Any:
 # --- load --------------------------------------------------------------------------------------
 
 
-def load_recipe_model(session: Session, recipe: Recipe, build: Callable[[Any, int | None], nn.Module]) -> nn.Module:
+def load_recipe_model(session: Session, recipe: Recipe, build: Callable[[object, int | None], nn.Module]) -> nn.Module:
     """The recipe's load phase, as ``runner.FabricEngine.build`` + ``fabric.setup`` do it on a GPU."""
     classes = recipe.workload.num_classes
     spec = PRECISIONS[recipe.precision]
@@ -402,7 +402,7 @@ def _load_only(session: Session, mode: str, scale: Any, num_classes: int | None,
     return model
 
 
-def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit", scale: Any = "article",
+def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit", scale: object = "article",
                   num_classes: int | None = None, precision: str = "16-true", lora: bool = False) -> LoadResult:
     """Replay a model-load-only script on the simulated GPU.
 
@@ -415,13 +415,13 @@ def simulate_load(mode: str, *, profile: str = "article", workload: str = "vit",
     return result
 
 
-def _adapting(build: Callable[[Any, int | None], nn.Module], workload_name: str) -> Callable[[Any, int | None], nn.Module]:
+def _adapting(build: Callable[[Any, int | None], nn.Module], workload_name: str) -> Callable[[object, int | None], nn.Module]:
     """``build`` followed by the lora technique's adapters, as the real engines' load puts them on."""
     from memclaims.workloads.registry import workload as find_workload
 
     work = find_workload(workload_name)
 
-    def adapted(scale: Any, num_classes: int | None) -> nn.Module:
+    def adapted(scale: object, num_classes: int | None) -> nn.Module:
         model = build(scale, num_classes)
         with naming_the_module(work.name):
             return adapt(model, work.name, lora_parameters.effective(work, None), False,
@@ -481,7 +481,7 @@ class SimPrecision:
         self.compute = self.spec.compute_dtype
         self.scale: torch.Tensor | None = None
 
-    def convert_input(self, inputs: Any) -> Any:
+    def convert_input(self, inputs: object) -> Any:
         """Each floating tensor of a batch (a tensor, or a mapping, tuple or list of them: Lightning's
         ``apply_to_collection``) in the plugin's input dtype."""
         dtype = self.spec.input_dtype()
@@ -527,7 +527,7 @@ class _SimLoop(TrainingLoop):
         for hooks in recipe.hooks:  # activation-offload's saved-tensor hooks, the fused loss, on fake tensors
             hooks.sim_attach(self, session)
 
-    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, model: nn.Module, inputs: object, targets: torch.Tensor) -> torch.Tensor:
         with self.attention:
             if self.recipe.stack == PYTORCH:
                 self.logits = self.recipe.workload.logits(model, inputs)
@@ -609,7 +609,7 @@ def implementation_notes(recipe: Recipe, chosen: Profile) -> list[str]:
 
 
 def train(session: Session, recipe: Recipe, model: nn.Module, memory_steps: int,
-           inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]]) -> dict[str, Any]:
+           inputs_fn: Callable[[object, int], tuple[object, torch.Tensor]]) -> dict[str, Any]:
     """The measured steps of the real engines' loop, on fake tensors; the Record's state fields."""
     memory = session.memory
     optimizer, scheduler = _optimizer(recipe, model, memory)
@@ -647,7 +647,7 @@ def out_of_memory(recipe: Recipe, chosen: Profile, limit_bytes: int | None,
                           full.requested, str(full)) from None
 
 
-def allocator_notes(site: dict[str, Any], session: Session) -> list[str]:
+def allocator_notes(site: dict[str, object], session: Session) -> list[str]:
     """What set the reserved peak (``site``: the allocator's record of it), then the limit's notes."""
     notes = []
     if site:

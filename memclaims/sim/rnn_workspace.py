@@ -21,7 +21,7 @@ RNN_LAYER = torch.ops.aten.mkldnn_rnn_layer.default
 _WORKSPACE = 3  # the index of the workspace among mkldnn_rnn_layer's outputs
 
 
-def _key(value: Any) -> Any:
+def _key(value: object) -> object:
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.dtype)
     if isinstance(value, (list, tuple)):
@@ -29,7 +29,7 @@ def _key(value: Any) -> Any:
     return value
 
 
-def _real(key: Any) -> Any:
+def _real(key: object) -> Any:
     if isinstance(key, tuple) and key[:1] == ("tensor",):
         return torch.zeros(key[1], dtype=key[2])
     if isinstance(key, tuple):
@@ -38,7 +38,7 @@ def _real(key: Any) -> Any:
 
 
 @lru_cache(maxsize=64)
-def _workspace_bytes(key: tuple[Any, ...]) -> int:
+def _workspace_bytes(key: tuple[object, ...]) -> int:
     # Not under no_grad: the kernel makes its workspace only where autograd could need it.
     with _disable_current_modes():
         out = RNN_LAYER(*_real(key))
@@ -46,7 +46,7 @@ def _workspace_bytes(key: tuple[Any, ...]) -> int:
     return nbytes
 
 
-def with_workspace(args: Any, out: Any) -> Any:
+def with_workspace(args: Any, out: Any) -> object:
     """``mkldnn_rnn_layer``'s fake outputs with a workspace of the real kernel's size (made in the
     running fake mode, so that it lives, and is counted, as long as autograd keeps it). ``new_empty`` on
     a fake output, not ``torch.empty``: this runs inside the fake mode's own dispatch, where the mode is

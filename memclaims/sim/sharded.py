@@ -101,7 +101,7 @@ evaluation loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -121,7 +121,9 @@ from memclaims.techniques.base import merge_observed
 from memclaims.techniques.technique_registry import SHARDINGS, reshard_after_forward, shard_group_size
 
 if TYPE_CHECKING:
+
     from memclaims.recipes.recipe import Recipe
+    from memclaims.sim.replay import Session, SimPrecision
 
 WORLD_SIZE = 4  # the article's multi-GPU runs and the ViT-H/14 series: 4 GPUs
 DEFAULT_STREAM, UNSHARD_STREAM, POST_BACKWARD_STREAM = 0, 1, 2
@@ -613,7 +615,7 @@ class _Wrapped(nn.Module):
         except AttributeError:
             return getattr(self.block, name)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> object:
         self.unit.unshard()
         if self.unit not in self.order:
             self.order.append(self.unit)
@@ -628,7 +630,7 @@ class _Wrapped(nn.Module):
             stack = _get_current_function_mode_stack()
             policy = any(isinstance(m, CudaAutocastPolicy) for m in stack)
 
-            def contexts() -> tuple[Any, Any]:
+            def contexts() -> tuple[AbstractContextManager[object], AbstractContextManager[object]]:
                 return nullcontext(), (CudaAutocastPolicy() if policy else nullcontext())
 
             y = checkpoint(self.block, *args, use_reentrant=False, context_fn=contexts, **kwargs)
@@ -682,7 +684,7 @@ class ShardedModel:
     def expect_gradients(self, loss: torch.Tensor) -> None:
         """Count, per unit, the parameters ``loss``'s backward will give a gradient (its graph's leaves)."""
         reached: set[int] = set()
-        seen: set[Any] = set()
+        seen: set[object] = set()
         stack = [loss.grad_fn]
         while stack:
             node = stack.pop()
@@ -762,9 +764,9 @@ def wrap(model: nn.Module, block_class: type[nn.Module], memory: DeviceMemory, *
     return ShardedModel(model, units, root, order, run_ahead, comm, offload)
 
 
-def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
-          inputs_fn: Callable[[Any, int], tuple[Any, torch.Tensor]], precision: Any,
-          attention: Any) -> tuple[dict[str, Any], int]:
+def train(session: Session, recipe: Recipe, sharded: ShardedModel, memory_steps: int,
+          inputs_fn: Callable[[object, int], tuple[object, torch.Tensor]], precision: SimPrecision,
+          attention: AbstractContextManager[object]) -> tuple[dict[str, Any], int]:
     """The 01-2 loop (zero_grad after the forward pass) under FSDP1, on rank 0: the Record's state
     fields, and how many micro-batches repeated the recorded ones and were replayed from their
     allocations (memclaims.sim.repeat)."""
@@ -854,7 +856,7 @@ def train(session: Any, recipe: Recipe, sharded: ShardedModel, memory_steps: int
                   GRADIENTS: memory.host_bytes(s.grad for s in shards if s.grad is not None),
                   OPTIMIZER_STATE: memory.host_bytes(state)} if offload else {}
     del inputs, targets, logits, loss
-    states: dict[str, Any] = {
+    states: dict[str, object] = {
         "param_bytes": memory.device_bytes(iter(shards)), "grad_bytes": grad_bytes,
         "optimizer_state_bytes": device_state, "host_state_bytes": host_state,
         "forward_unsharded_params": forward_unsharded, "fsdp_api": sharded.api,

@@ -88,7 +88,8 @@ def dispatch_seconds(repeats: int = 5, steps: int = 50) -> float:
     class Count(TorchDispatchMode):
         ops = 0
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
             Count.ops += 1
             return func(*args, **(kwargs or {}))
 
@@ -117,7 +118,7 @@ def dispatch_seconds(repeats: int = 5, steps: int = 50) -> float:
     return statistics.median(samples)
 
 
-def op_tensors(values: Any) -> Iterator[torch.Tensor]:
+def op_tensors(values: object) -> Iterator[torch.Tensor]:
     """The tensors among an aten op's arguments or results: tensors, and tuples, lists and dicts of them.
     By hand, not ``tree_flatten``: it runs once per op and the pytree machinery, general over
     registered containers, cost BigBird's replay more than the roofline arithmetic."""
@@ -131,7 +132,7 @@ def op_tensors(values: Any) -> Iterator[torch.Tensor]:
             yield from op_tensors(value)
 
 
-def _nbytes(values: Any) -> int:
+def _nbytes(values: object) -> int:
     return sum(t.numel() * t.element_size() for t in op_tensors(values))
 
 
@@ -141,7 +142,7 @@ _NO_KERNEL = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.d
 
 
 @functools.cache  # asked once per op dispatched; the schema does not change
-def launches_kernel(func: Any) -> bool:
+def launches_kernel(func: torch._ops.OpOverload) -> bool:
     """False for views (no data moves) and allocation-only ops."""
     if func in _NO_KERNEL:
         return False
@@ -156,7 +157,7 @@ class OpCost:
     compute_bound: bool
 
 
-def op_seconds(func: Any, args: Any, kwargs: Any, out: Any, gpu: GpuPeaks, *, tf32_matmul: bool,
+def op_seconds(func: torch._ops.OpOverload, args: Any, kwargs: Any, out: Any, gpu: GpuPeaks, *, tf32_matmul: bool,
                mixed: bool = False) -> OpCost:
     """The roofline time of one aten op on ``gpu``: FLOPs from torch's own formulas
     (``torch.utils.flop_counter``), bytes as the op's tensor inputs and outputs. ``mixed``: the FLOP-counted

@@ -18,7 +18,7 @@ rest in fp32: autocast's policy, approximated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -44,7 +44,8 @@ class RooflineMode(TorchDispatchMode):
         self.gpu, self.tf32_matmul, self.mixed = gpu, tf32_matmul, mixed
         self.tally = Tally()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
@@ -121,7 +122,7 @@ def predicted_ratio(candidate: tuple[str, ...], reference: tuple[str, ...], gpu:
 CHAIN = registry.CHAIN  # 01-2 -> 06
 
 
-def chain_table(gpu: GpuPeaks = A100_40GB) -> list[dict[str, Any]]:
+def chain_table(gpu: GpuPeaks = A100_40GB) -> list[dict[str, object]]:
     """Predicted time per example of each chain row, and its ratio to the fp32 reference, beside
     the published epoch time and its ratio (published numbers from memclaims/resources/published.json)."""
     from memclaims.core import published

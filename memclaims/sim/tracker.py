@@ -86,12 +86,12 @@ class DeviceMemory(TorchDispatchMode):
 
     # --- dispatch ---------------------------------------------------------------------------
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
         if func is _DEVICE or not self.counting:
             return func(*args, **(kwargs or {}))
         return self.dispatch(func, args, kwargs, lambda: func(*args, **(kwargs or {})))
 
-    def dispatch(self, func: Any, args: Any, kwargs: Any, run: Callable[[], Any]) -> Any:
+    def dispatch(self, func: Any, args: Any, kwargs: Any, run: Callable[[], Any]) -> object:
         if func in _GEMMS:
             self._ensure_workspace()
         kernel = None
@@ -357,7 +357,7 @@ def _blhd(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.new_empty((batch, length, heads, head_dim)).transpose(1, 2)
 
 
-def _blhd_outputs(func: Any, out: Any) -> Any:
+def _blhd_outputs(func: Any, out: Any) -> object:
     """The memory-efficient and flash-v1 kernels' layouts.
 
     The CPU flash kernel (like CUDA's flash-attention v2) lays its output out like the query, which
@@ -372,14 +372,14 @@ def _blhd_outputs(func: Any, out: Any) -> Any:
 
 
 @functools.cache
-def _aliased_returns(func: Any) -> tuple[bool, ...]:
+def _aliased_returns(func: object) -> tuple[bool, ...]:
     """Per output of an op, whether its schema declares it an alias of an input (``Tensor(a)``); an
     operator without a schema (a higher-order op) counts as one fresh output."""
     schema = getattr(func, "_schema", None)
     return (False,) if schema is None else tuple(ret.alias_info is not None for ret in schema.returns)
 
 
-def _fresh_returns(func: Any, out: Any) -> Any:
+def _fresh_returns(func: object, out: object) -> object:
     """``out`` with a tensor its op returned twice as two fresh outputs, where the schema declares no alias.
 
     A fake kernel run without FakeTensorMode's dispatch cache (an op's first call with its signature, before the
@@ -438,7 +438,7 @@ def tracked_fake_mode(memory: DeviceMemory) -> Any:
                 return bool(super().may_turn_const(t))
             return known_values.small_enough(t) and not self.is_our_fake(t)
 
-        def _run(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        def _run(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> object:
             made = known_values.known_factory(self, func, args, kwargs) if self.knowing else None
             return made if made is not None else _fresh_returns(func, self.dispatch(func, types, args, kwargs))
 
@@ -449,7 +449,7 @@ def tracked_fake_mode(memory: DeviceMemory) -> Any:
             # through ctypes. Whether this machine has a GPU does not change during a replay.
             return self.no_device
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
             # ``dispatch`` is what FakeTensorMode's own ``__torch_dispatch__`` calls, less its wrappers
             # (an op counter and a second dynamo guard: this method already has one).
             if self.inside or func is _DEVICE or not memory.counting:

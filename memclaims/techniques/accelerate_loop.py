@@ -11,7 +11,7 @@ are gone in the next forward, unlike the article scripts' loop without accumulat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memclaims.techniques.base import (
     ZERO_AFTER_STEP,
@@ -40,7 +40,7 @@ CONFLICTS: tuple[tuple[str, str], ...] = (
 )
 
 
-def accelerator_arguments(recipe: Recipe) -> dict[str, Any]:
+def accelerator_arguments(recipe: Recipe) -> dict[str, object]:
     """The recipe as the Accelerator's switches (the engine adds ``cpu=`` for the device)."""
     return {"mixed_precision": MIXED_PRECISION[recipe.precision],
             "gradient_accumulation_steps": recipe.accumulation_steps}
@@ -59,14 +59,13 @@ class AccelerateLoop(Stack):
         super().check(recipe, record, without, say)
         if record.device == "sim":
             return
-        seen = record.by_technique.get(NAME, {})
         expected = accelerator_arguments(recipe)
         for key in ("mixed_precision", "gradient_accumulation_steps"):
-            if seen.get(key) != expected[key]:
-                say(f"the Accelerator ran {key}={seen.get(key)!r} after phase load, the recipe asks {expected[key]!r}")
+            if record.observed(NAME, key) != expected[key]:
+                say(f"the Accelerator ran {key}={record.observed(NAME, key)!r} after phase load, the recipe asks {expected[key]!r}")
         # The optimizer's real steps (torch's step hook) against the micro-batches the loop trained: one per window of
         # gradient_accumulation_steps, not what the stack reports as synced.
-        steps, micro_batches = seen.get("optimizer_steps"), seen.get("micro_batches")
+        steps, micro_batches = record.observed(NAME, "optimizer_steps"), record.observed(NAME, "micro_batches")
         if not isinstance(steps, int) or steps != record.memory_steps or micro_batches != steps * recipe.accumulation_steps:
             say(f"the optimizer stepped {steps} times over {micro_batches} micro-batches in phase train, expected "
                 f"{record.memory_steps} (one per {recipe.accumulation_steps} micro-batch(es) under accelerator.accumulate)")

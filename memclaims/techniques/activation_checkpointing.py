@@ -10,7 +10,7 @@ It shows against the same recipe without it: the forward pass keeps less for the
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memclaims.techniques.base import Hooks, Removal, Say, StrategyPlan, Technique
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import RealRun
 
 
 
@@ -37,7 +38,7 @@ def forward_keeps_less(record: Record, without: Record | None, say: Say) -> None
 class ActivationCheckpointing(Hooks):
     convert_order = 0  # the blocks as built, before a head bypass or adapters change the model
 
-    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+    def convert_module(self, model: nn.Module, engine: RealRun) -> nn.Module:
         strategy, stack = engine.recipe.distributed, engine.recipe.stack_hooks
         if stack is not None and stack.checkpoints_blocks:  # the stack's own switch (the HF Trainer's) does it
             return model

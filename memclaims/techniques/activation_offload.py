@@ -8,20 +8,22 @@ The loop enters the helper's hooks around each forward pass and counts what the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memclaims.techniques.base import Hooks, Say, Technique
 from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import RealRun, SimLoop, SimSession
 
 NAME = "activation-offload"  # the technique's registry name, and its part of the Record (``by_technique``)
 
 
 class ActivationOffload(Hooks):
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: RealRun) -> None:
         from memclaims.techniques.impl.saved_tensor_offload import ActivationOffload as Offload
 
         engine.helpers.append(Offload(engine.options.device, NAME))
@@ -34,7 +36,7 @@ class ActivationOffload(Hooks):
             say(f"offloaded_activation_bytes is {moved} B: no tensor saved for backward in phase forward went "
                 "through save_on_cpu's pack hook to host memory")
 
-    def sim_attach(self, loop: Any, session: Any) -> None:
+    def sim_attach(self, loop: SimLoop, session: SimSession) -> None:
         from memclaims.techniques.impl.saved_tensor_offload_fake import SimulatedOffload
 
         loop.helpers.append(SimulatedOffload(session.memory, NAME))

@@ -36,18 +36,24 @@ when it is called, inside the engine that calls it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
+    from typing import Self
+
     import torch
+    from _typeshed import DataclassInstance
+    from lightning.fabric.strategies import Strategy as FabricStrategy
     from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
+    from memclaims.techniques.engine_protocols import FabricRun, PhaseProbe, RealRun, SimLoop, SimSession
     from memclaims.workloads.types import Workload
 
 # Precision names are Lightning Fabric's own ``precision=`` strings.
@@ -79,14 +85,14 @@ class Hooks:
         """Why ``recipe`` cannot run on ``options.device`` (a UsageError's text), or None."""
         return None
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: RealRun) -> None:
         """Put the technique's helpers on the engine's training loop (``engine``: a ``pipeline.Engine``)."""
 
-    def init_context(self, engine: Any) -> AbstractContextManager[Any] | None:
+    def init_context(self, engine: FabricRun) -> AbstractContextManager[object] | None:
         """A context the model is built inside (Fabric's ``init_module``); None: built as the workload builds it."""
         return None
 
-    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+    def convert_module(self, model: nn.Module, engine: RealRun) -> nn.Module:
         """The model after the build, in the load phase, before the optimizer sees its parameters."""
         return model
 
@@ -94,10 +100,11 @@ class Hooks:
         """07_01's reference model (built in fp32, then converted) as this technique changes the recipe's."""
         return model
 
-    def before_setup(self, engine: Any, model: nn.Module, optimizer: Any) -> None:
+    def before_setup(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """The model and optimizer before ``setup`` (Fabric's wrappers are no optimizer to copy)."""
 
-    def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, object]:
         """What the technique did, read right after the measured steps: its part of the Record,
         ``{"by_technique": {ENTRY.name: {...}}}`` (``observations``); never a flat field (issue #51)."""
         return {}
@@ -135,20 +142,20 @@ class Hooks:
         """Whether the model is built on the device (``init_module``) rather than on the host and moved."""
         return False
 
-    def sim_attach(self, loop: Any, session: Any) -> None:
+    def sim_attach(self, loop: SimLoop, session: SimSession) -> None:
         """Put the technique's fake-tensor helpers on the sim's loop (``session``: the replay's session)."""
 
-    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, Any], None]) -> nn.Module:
+    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, torch.dtype | None], None]) -> nn.Module:
         """The fake model as built, before it is moved to the device (by ``convert_order``)."""
         return model
 
     def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         """The fake model after the load, in the load phase."""
 
-    def sim_before_train(self, loop: Any, optimizer: Any) -> None:
+    def sim_before_train(self, loop: SimLoop, optimizer: torch.optim.Optimizer) -> None:
         """The sim's loop and optimizer before the measured steps."""
 
-    def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer, session: SimSession) -> dict[str, object]:
         """The Record's fields of what the technique did on the sim, right after the measured steps."""
         return {}
 
@@ -191,6 +198,9 @@ class Hooks:
 
 NO_HOOKS = Hooks()
 
+# The sim profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) as an allocator setting changes it.
+AllocatorSetting = TypeVar("AllocatorSetting", bound="DataclassInstance")
+
 
 # --- narrow protocols: a point only the techniques that need it implement; the engines find it with isinstance -----
 
@@ -200,15 +210,16 @@ class SetsAllocator(Protocol):
     """A setting of the CUDA caching allocator (expandable-segments): around a real CUDA run, in the sim's allocator
     model, and what that model shows once the replay has ended."""
 
-    def run_context(self, recipe: Recipe, options: RunOptions, cuda: Any) -> AbstractContextManager[Any] | None:
+    def run_context(self, recipe: Recipe, options: RunOptions,
+                    cuda: object) -> AbstractContextManager[object] | None:
         """A context around the whole run (the allocator setting); None: none on ``options.device``."""
         ...
 
-    def sim_allocator(self, allocator: Any) -> Any:
+    def sim_allocator(self, allocator: AllocatorSetting) -> AllocatorSetting:
         """The profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) under the setting."""
         ...
 
-    def sim_observe_run(self, session: Any) -> dict[str, Any]:
+    def sim_observe_run(self, session: SimSession) -> dict[str, object]:
         """The Record's fields of what the setting did on the sim, read once the replay has ended."""
         ...
 
@@ -217,7 +228,7 @@ class SetsAllocator(Protocol):
 class LoadsReference(Protocol):
     """A technique measured against a reference load before the recipe's own (init-module: 07_01's)."""
 
-    def reference_load(self, engine: Any, probe: Any) -> int | None:
+    def reference_load(self, engine: FabricRun, probe: PhaseProbe) -> int | None:
         """The reference load on a real run (``engine``: the pipeline's engine): its peak; None: none."""
         ...
 
@@ -242,7 +253,7 @@ class PlacesOnDevice(Protocol):
 class SetsUpOptions(Protocol):
     """A technique that changes how Fabric's ``setup`` treats the model (cpu-offload: FSDP moves what it needs)."""
 
-    def setup_options(self) -> dict[str, Any]:
+    def setup_options(self) -> dict[str, object]:
         """Keyword arguments of Fabric's ``setup``."""
         ...
 
@@ -273,7 +284,7 @@ class BuildsOptimizer(Protocol):
     builder (memclaims.measure.optimizers) asks the recipe's techniques for this protocol (``Recipe.optimizer_owner``)
     where the optimizer is none of the core field's own (torch's, bitsandbytes', transformers' Adafactor)."""
 
-    def build_optimizer(self, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float],
+    def build_optimizer(self, groups: list[dict[str, object]], learning_rate: float, betas: tuple[float, float],
                         eps: float, min_8bit_size: int | None, device: str) -> torch.optim.Optimizer:
         """The optimizer over the course's parameter groups, with the course's AdamW arguments."""
         ...
@@ -344,8 +355,8 @@ class StrategyPlan:
     buffer_dtype: str | None = None
     cast_forward_inputs: bool = False
     cast_root_forward_inputs: bool = True
-    wrap_policy: Any = None
-    checkpoint_options: tuple[tuple[str, Any], ...] = ()
+    wrap_policy: object = None
+    checkpoint_options: tuple[tuple[str, object], ...] = ()
     configured_by: str = ""
     notes: tuple[tuple[str, str], ...] = ()  # (where: ON_CPU_RANKS, ON_SIM; the note), in the order written
 
@@ -397,11 +408,11 @@ class Strategy(Hooks):
         """Its own configuration for ``recipe`` on ``world`` ranks, before the other techniques change it."""
         return StrategyPlan(world=world)
 
-    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> str | FabricStrategy:
         """Lightning Fabric's ``strategy=`` (an object or its name) for a rank on ``device``."""
         raise NotImplementedError(f"{type(self).__name__} runs on Lightning's ranks only where it says so")
 
-    def parallelize(self, plan: StrategyPlan, model: nn.Module, mesh: Any, workload: Workload) -> nn.Module:
+    def parallelize(self, plan: StrategyPlan, model: nn.Module, mesh: DeviceMesh | None, workload: Workload) -> nn.Module:
         """The model as one of the CPU ranks' sharded engine holds it (``mesh``: the plan's device mesh, or None)."""
         raise NotImplementedError(f"{type(self).__name__} has no engine of its own on the CPU ranks")
 
@@ -466,6 +477,17 @@ class LoopOrder:
         return [*micro, *clip, "optimizer_step", "zero_grad"]
 
 
+@runtime_checkable
+class StackRun(Protocol):
+    """A real run by a training stack's driver (``memclaims.measure.stacks.stack_driver.StackDriver``); a stack's
+    ``observe`` tells it from the other engines by this protocol."""
+
+    @property
+    def observed(self) -> Mapping[str, object]:
+        """What the driver observed of the stack's loop: the stack's part of the Record."""
+        ...
+
+
 class Stack(Hooks):
     """A training stack that runs the recipe's loop itself (the HF Trainer, Accelerate, Lightning's Trainer), beside the
     ``Hooks`` every technique has: the door (memclaims.run) runs it on its engine (``engine``, a module of
@@ -490,8 +512,10 @@ class Stack(Hooks):
         """The order the stack runs a step of ``recipe`` in."""
         return LoopOrder()
 
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, object]:
         """What the stack's driver observed of the run (its switches, what it stepped), as the stack's Record part."""
+        assert isinstance(engine, StackRun), f"{self.name} runs by its own driver only"
         return {"by_technique": {self.name: dict(engine.observed)}}
 
     def unexpressed(self, recipe: Recipe) -> str | None:
@@ -514,19 +538,18 @@ class Stack(Hooks):
         not, as that order says. The sim runs the declared order itself: nothing to observe there."""
         if record.device == "sim":
             return
-        seen = record.by_technique.get(recipe.stack, {})
         order = self.loop_order(recipe)
         expected = order.step_phases(recipe.accumulation_steps)
-        if seen.get("step_phases") != expected:
-            say(f"a step ran its phases in the order {seen.get('step_phases')}, expected {expected} (the stack's "
+        if record.observed(recipe.stack, "step_phases") != expected:
+            say(f"a step ran its phases in the order {record.observed(recipe.stack, 'step_phases')}, expected {expected} (the stack's "
                 f"loop order: zero_grad {order.zero_grad})")
         alive = order.gradients_in_forward(recipe.accumulation_steps)
-        if seen.get("gradients_in_forward") != alive:
-            say(f"the previous step's gradients were {'alive' if seen.get('gradients_in_forward') else 'freed'} in "
+        if record.observed(recipe.stack, "gradients_in_forward") != alive:
+            say(f"the previous step's gradients were {'alive' if record.observed(recipe.stack, 'gradients_in_forward') else 'freed'} in "
                 f"phase forward, expected {'alive' if alive else 'freed'} (zero_grad {order.zero_grad})")
 
 
-def observations(technique: str, **values: Any) -> dict[str, Any]:
+def observations(technique: str, **values: object) -> dict[str, object]:
     """An ``observe`` result (or a loop helper's ``measured_fields``): ``values`` as ``technique``'s part of the Record,
     ``{"by_technique": {technique: {...}}}``, a value it did not observe (None) left out, as the Record's migration
     reads the old form's nulls (``memclaims.core.record.migrate``); nothing at all where it observed nothing."""
@@ -534,11 +557,12 @@ def observations(technique: str, **values: Any) -> dict[str, Any]:
     return {"by_technique": {technique: seen}} if seen else {}
 
 
-def merge_observed(into: dict[str, Any], observed: dict[str, Any]) -> None:
+def merge_observed(into: dict[str, Any], observed: Mapping[str, object]) -> None:
     """Add a hook's ``observe`` fields to the Record's: flat fields by name, ``by_technique`` by technique (two parts
     of one technique, e.g. lora's and qlora's own observe, merged key by key)."""
     for key, value in observed.items():
         if key == "by_technique":
+            assert isinstance(value, dict), "a by_technique part is a dict by technique"
             parts = into.setdefault("by_technique", {})
             for technique, part in value.items():
                 parts[technique] = {**parts.get(technique, {}), **part}
@@ -551,11 +575,11 @@ class LoopHelper:
     ``Hooks.sim_attach`` or ``Hooks.before_setup``): the loop calls each helper at its fixed points, and the
     hooks object, shared by every run, keeps no state of its own. Each default changes nothing."""
 
-    def forward_context(self) -> AbstractContextManager[Any] | None:
+    def forward_context(self) -> AbstractContextManager[object] | None:
         """A context around each forward pass (saved-tensor hooks); None: none."""
         return None
 
-    def loss(self, model: nn.Module, output: Any, targets: Any) -> Any:
+    def loss(self, model: nn.Module, output: object, targets: object) -> torch.Tensor | None:
         """The micro-batch's loss from the model's output, in place of cross-entropy over it; None: that."""
         return None
 
@@ -563,9 +587,35 @@ class LoopHelper:
         """The dtypes the first forward pass computed in, given those its linear layers' outputs had."""
         return seen
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         """The Record's fields of what the helper saw over the measured steps."""
         return {}
+
+
+class TechniqueParameters(Protocol):
+    """The values a technique takes beyond its name (``Technique.parameters``: lora's ``LoraParameters``), a frozen class
+    whose default instance is the workload's defaults."""
+
+    @classmethod
+    def parse(cls, text: str) -> Self:
+        """The values a recipe id's ``name[k=v,...]`` gives (``text``: ``k=v,...``)."""
+        ...
+
+    def suffix(self) -> str:
+        """``parse``'s inverse: the id's ``[k=v,...]``, empty for the defaults."""
+        ...
+
+    def options(self) -> str:
+        """The command-line options that ask for these values."""
+        ...
+
+    def described(self, workload: Workload) -> str:
+        """What the technique runs with on ``workload``, the defaults included, in words."""
+        ...
+
+    def beyond(self, workload: Workload) -> Self:
+        """Only what differs from ``workload``'s defaults."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -616,7 +666,7 @@ class Technique:
     # The values it takes beyond its name (lora's rank, ...): a frozen class with ``parse(text)`` (a recipe id's
     # ``name[k=v,...]``), ``suffix()`` (its inverse) and ``beyond(workload)`` (what differs from the workload's
     # defaults); ``memclaims.recipes.recipe.Recipe.parameters`` holds a recipe's. None: it takes none.
-    parameters: Any = None
+    parameters: type[TechniqueParameters] | None = None
     # What it does to a run (``Hooks``; a multi-device technique's: a ``Strategy``); not part of the entry's identity.
     hooks: Hooks = field(default=NO_HOOKS, compare=False, repr=False)
 

@@ -8,7 +8,7 @@ the sim's FSDP replay execute; Fabric's setup leaves the model on the host throu
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memclaims.techniques.base import Hooks, Removal, Say, StandIn, StrategyPlan, Technique
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class CpuOffload(Hooks):
-    def setup_options(self) -> dict[str, Any]:
+    def setup_options(self) -> dict[str, object]:
         return {"move_to_device": False}  # FSDP moves what it needs
 
     def plan_strategy(self, plan: StrategyPlan) -> StrategyPlan:

@@ -6,11 +6,13 @@ rank holds more than its partition.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memclaims.techniques.base import Say, StandIn, Strategy, StrategyPlan, Technique
 
 if TYPE_CHECKING:
+    from lightning.fabric.strategies import Strategy as FabricStrategy
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
     from memclaims.workloads.types import Workload
@@ -30,7 +32,7 @@ ZERO2_SLACK = 1.01
 class DeepSpeedZero2(Strategy):
     sim_replay = "memclaims.sim.replays.zero:ZeroReplay"
 
-    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> str | FabricStrategy:
         return "deepspeed_stage_2"  # Lightning's defaults (memclaims.sim.replays.zero.LIGHTNING_DEFAULTS)
 
     def rank_notes(self, plan: StrategyPlan, rank: int, device: str) -> list[str]:

@@ -5,14 +5,17 @@ FSDP replay build the model themselves, on the host either way: the plan's notes
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memclaims.techniques.engine_protocols import FabricRun
 
 from memclaims.techniques.base import ON_CPU_RANKS, ON_SIM, Hooks, StrategyPlan, Technique
 
 
 class DelayedInit(Hooks):
-    def init_context(self, engine: Any) -> AbstractContextManager[Any] | None:
-        context: AbstractContextManager[Any] = engine.fabric.init_module(empty_init=False)
+    def init_context(self, engine: FabricRun) -> AbstractContextManager[object] | None:
+        context: AbstractContextManager[object] = engine.fabric.init_module(empty_init=False)
         return context
 
     def plan_strategy(self, plan: StrategyPlan) -> StrategyPlan:

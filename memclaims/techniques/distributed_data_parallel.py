@@ -21,8 +21,13 @@ from memclaims.techniques.base import (
 )
 
 if TYPE_CHECKING:
+    import torch
+    from lightning.fabric.strategies import Strategy as FabricStrategy
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import RealRun
     from memclaims.workloads.types import Workload
 
 
@@ -33,7 +38,7 @@ class Ddp(Strategy):
                     "of torch's default caps (gradient_as_bucket_view=False, as Lightning sets it); not modelled: "
                     "gloo/NCCL buffers")
 
-    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> str | FabricStrategy:
         """``"ddp"`` by name, with Lightning's defaults (torch's 25 MiB buckets, ``gradient_as_bucket_view=False``),
         but where the workload or the CPU ranks need a DDP option."""
         from lightning.fabric.strategies import DDPStrategy
@@ -57,10 +62,10 @@ class Ddp(Strategy):
                            "gradient")
         return None
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: RealRun) -> None:
         engine.digests_gradients = True  # the ranks compare them (rank_check)
 
-    def before_setup(self, engine: Any, model: Any, optimizer: Any) -> None:
+    def before_setup(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """DDP's start on gloo (CPU ranks), made deterministic: every parameter and buffer broadcast from rank 0
         in place, one tensor at a time, before ``DistributedDataParallel`` is built with ``init_sync=False``
         (``lightning_strategy``).

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from memclaims.techniques.base import Hooks, Say, Technique, observations
+from memclaims.techniques.base import AllocatorSetting, Hooks, Say, Technique, observations
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimSession
 
 NAME = "expandable-segments"  # the technique's registry name, and its part of the Record (``by_technique``)
 
@@ -29,14 +33,16 @@ class ExpandableSegments(Hooks):
         return (f"{recipe.id}: expandable-segments is a setting of the CUDA caching allocator, which the CPU has "
                 "none of; run it with --device cuda, or --device sim for the allocator model's prediction")
 
-    def run_context(self, recipe: Recipe, options: RunOptions, cuda: Any) -> AbstractContextManager[Any] | None:
+    def run_context(self, recipe: Recipe, options: RunOptions,
+                    cuda: object) -> AbstractContextManager[object] | None:
         if options.device != "cuda":
             return None
         from memclaims.techniques.impl.cuda_allocator_setting import expandable_segments
 
         return expandable_segments(True, cuda)
 
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, object]:
         from memclaims.techniques.impl import cuda_allocator_setting as allocator_setting
 
         cuda = getattr(probe, "cuda", None)  # a CUDA probe's (real or injected) torch.cuda; the CPU's has none
@@ -52,10 +58,10 @@ class ExpandableSegments(Hooks):
             say(f"expandable_segment_bytes is {mapped} B after phase train: no segment of the run was expandable "
                 "(the allocator made a segment per request as by default)")
 
-    def sim_allocator(self, allocator: Any) -> Any:
+    def sim_allocator(self, allocator: AllocatorSetting) -> AllocatorSetting:
         return dataclasses.replace(allocator, expandable_segments=True)
 
-    def sim_observe_run(self, session: Any) -> dict[str, Any]:
+    def sim_observe_run(self, session: SimSession) -> dict[str, object]:
         return observations(NAME, expandable_segment_bytes=session.allocator.expandable_bytes)
 
 

@@ -24,7 +24,10 @@ from memclaims.techniques.base import (
 )
 
 if TYPE_CHECKING:
+    from lightning.fabric.strategies import Strategy as FabricStrategy
+    from lightning.fabric.strategies.fsdp import _SHARDING_STRATEGY
     from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
@@ -122,7 +125,7 @@ class Fsdp(Strategy):
     def rank_refusal(self, recipe: Recipe, device: str, world: int) -> str | None:
         return _uneven_nodes(self.sharding_strategy, world)  # the mesh needs the ranks to split into the nodes
 
-    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> str | FabricStrategy:
         """Scripts 08/09/11: Lightning's ``FSDPStrategy``, wrapping and checkpointing the workload's block,
         optionally offloading to the CPU, with the recipe's sharding strategy (FULL_SHARD, the article's, unless a
         technique of issue #27 says otherwise; HYBRID_SHARD with the plan's device mesh: without one, one node's
@@ -146,7 +149,7 @@ class Fsdp(Strategy):
             auto_wrap_policy={block} if plan.wrap_blocks else None,
             activation_checkpointing_policy={block} if plan.checkpoint_blocks else None,
             cpu_offload=plan.offload_params,
-            sharding_strategy=cast(Any, plan.sharding_strategy),
+            sharding_strategy=cast("_SHARDING_STRATEGY", plan.sharding_strategy),
             **mesh,
         )
 
@@ -194,7 +197,7 @@ class Fsdp(Strategy):
                 f"it, where the recipe asks {wanted!r} (phase setup: what FSDPStrategy.setup_module passes to "
                 "FullyShardedDataParallel)" for setting, wanted, got in settings if wanted != got]
 
-    def parallelize(self, plan: StrategyPlan, model: nn.Module, mesh: Any, workload: Workload) -> nn.Module:
+    def parallelize(self, plan: StrategyPlan, model: nn.Module, mesh: DeviceMesh | None, workload: Workload) -> nn.Module:
         """A plan Lightning configured (``configured``): its configuration executed with FSDP2's ``fully_shard``
         (memclaims.techniques.impl.lightning_fsdp_plan.shard). Otherwise (FSDP2 as asked): FSDP2's ``fully_shard`` on
         each block with the plan's ``reshard_after_forward`` (and mesh), then on the root with FSDP2's own (and the

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import RealRun, SimLoop, SimSession
 
 NAME = "fused-linear-ce"  # the technique's registry name, and its part of the Record (``by_technique``)
 
@@ -175,7 +176,7 @@ class FusedLoss(LoopHelper):
             return seen
         return sorted({*seen, str(self.compute_dtype).removeprefix("torch.")})
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         """The technique's part of the Record: the op's calls, the tokens of the last call, its classes (the
         vocabulary), the rows of one chunk of the tokens (the op's resolved batch_chunk_size: the logits buffer is
         chunk x vocabulary), and calls in which the op ignored its options and materialized the logits whole."""
@@ -230,12 +231,12 @@ def _head(recipe: Recipe) -> Callable[[nn.Module], nn.Module]:
 
 
 class FusedLinearCrossEntropy(Hooks):
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: RealRun) -> None:
         from memclaims.core.precision import PRECISIONS
 
         engine.helpers.append(FusedLoss(PRECISIONS[engine.precision_ran].compute_dtype))  # under what Lightning ran
 
-    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+    def convert_module(self, model: nn.Module, engine: RealRun) -> nn.Module:
         return apply(model, _head(engine.recipe))  # the head bypassed in training, before any adapters
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
@@ -255,10 +256,10 @@ class FusedLinearCrossEntropy(Hooks):
             say(f"fused_loss_chunk_rows is {chunk} for {rows} tokens after phase train: one chunk of every token "
                 "materializes the whole logits")
 
-    def sim_attach(self, loop: Any, session: Any) -> None:
+    def sim_attach(self, loop: SimLoop, session: SimSession) -> None:
         loop.helpers.append(SimulatedFusedLoss(loop.precision.compute))
 
-    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, Any], None]) -> nn.Module:
+    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, torch.dtype | None], None]) -> nn.Module:
         head = recipe.workload.fused_loss_head
         return model if head is None else apply(model, head)
 

@@ -28,9 +28,13 @@ from memclaims.techniques.base import (
 from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGIES
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
+    from memclaims.techniques.engine_protocols import SimLoop, SimSession
 
 NAME = "hf-trainer"
 # The course's weight decay on the decayed group (memclaims.measure.optimizers.WEIGHT_DECAY, repeated here because a
@@ -69,7 +73,7 @@ class TrainerBuilt:
     """What the Trainer's ``create_optimizer`` builds: the class and its keyword arguments."""
 
     optimizer_class: str  # ``type(optimizer).__name__``, as the real run observes it
-    kwargs: dict[str, Any]  # the optimizer's arguments (``fused``, ``foreach``, ``betas``, ...), without the groups
+    kwargs: dict[str, object]  # the optimizer's arguments (``fused``, ``foreach``, ``betas``, ...), without the groups
     lineage: tuple[str, ...] = ()  # the class's bases by name (AdamW's: AdamW, Adam, Optimizer, object)
 
     @property
@@ -133,7 +137,7 @@ def trainer_arguments(recipe: Recipe) -> dict[str, Any]:
     return arguments
 
 
-def checkpointing(model: Any) -> bool:
+def checkpointing(model: object) -> bool:
     """Whether a transformers model checkpoints its layers (``is_activation_checkpointing``; before transformers 5.2x,
     ``is_gradient_checkpointing``, a deprecated alias since)."""
     name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
@@ -170,21 +174,20 @@ class HfTrainer(Stack):
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         super().check(recipe, record, without, say)
-        seen = record.by_technique.get(NAME, {})
         chosen, built = trainer_optimizer(recipe), trainer_built(recipe)
         asked = f"optim={chosen.optim}" if chosen.optim else "optimizers=(...)" if chosen.given else "its default optim"
-        if record.device != "sim" and seen.get("optimizer_class") != built.optimizer_class:
-            say(f"the Trainer stepped {seen.get('optimizer_class')} after phase optimizer_step, expected "
+        if record.device != "sim" and record.observed(NAME, "optimizer_class") != built.optimizer_class:
+            say(f"the Trainer stepped {record.observed(NAME, 'optimizer_class')} after phase optimizer_step, expected "
                 f"{built.optimizer_class} ({asked})")
-        if built.fused and seen.get("fused") is not True:  # the sim replays it fused too
-            say(f"the Trainer's {built.optimizer_class} ({asked}) stepped with fused={seen.get('fused')} after phase "
+        if built.fused and record.observed(NAME, "fused") is not True:  # the sim replays it fused too
+            say(f"the Trainer's {built.optimizer_class} ({asked}) stepped with fused={record.observed(NAME, 'fused')} after phase "
                 "optimizer_step")
         requested = trainer_arguments(recipe)["checkpointing"]
-        if seen.get("checkpointing") != requested:
-            say(f"the model's activation checkpointing is {seen.get('checkpointing')} after phase load, the Trainer "
+        if record.observed(NAME, "checkpointing") != requested:
+            say(f"the model's activation checkpointing is {record.observed(NAME, 'checkpointing')} after phase load, the Trainer "
                 f"was asked for {requested}")
 
-    def sim_before_train(self, loop: Any, optimizer: Any) -> None:
+    def sim_before_train(self, loop: SimLoop, optimizer: torch.optim.Optimizer) -> None:
         """The replay steps what the Trainer would build (``trainer_built``): its arguments set on the replay's groups
         (the default optim's ``fused=True``: no parameter-sized temporaries in the step), not a choice of memclaims'.
         The learning rate stays the schedule's; a class of another family than the replay's is refused by name."""
@@ -200,7 +203,8 @@ class HfTrainer(Stack):
             if built.fused:  # fused and foreach exclude each other; the replay's groups default to foreach on CUDA
                 group["foreach"] = False
 
-    def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, object]:
         # What the replay stepped (memclaims' optimizer on fake tensors, bitsandbytes' by its state layout): whether
         # the step ran fused, and the checkpointing; the Trainer's class is the real run's to observe.
         groups = getattr(optimizer, "param_groups", [{}])

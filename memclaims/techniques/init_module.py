@@ -16,16 +16,17 @@ from memclaims.techniques.base import ON_CPU_RANKS, TRUE_HALF_PRECISIONS, Hooks,
 if TYPE_CHECKING:
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import FabricRun, PhaseProbe
 
 
 class InitModule(Hooks):
-    def init_context(self, engine: Any) -> AbstractContextManager[Any] | None:
+    def init_context(self, engine: FabricRun) -> AbstractContextManager[object] | None:
         if "delayed-init" in engine.recipe.techniques:  # its own init_module(empty_init=False) builds the model
             return None
-        context: AbstractContextManager[Any] = engine.fabric.init_module()
+        context: AbstractContextManager[object] = engine.fabric.init_module()
         return context
 
-    def reference_load(self, engine: Any, probe: Any) -> int | None:
+    def reference_load(self, engine: FabricRun, probe: PhaseProbe) -> int | None:
         """07_01: build on the CPU in fp32, then ``.to(device).to(dtype)``; returns its peak."""
         from memclaims.core.precision import precision
 

@@ -60,14 +60,13 @@ class LightningTrainer(Stack):
         super().check(recipe, record, without, say)
         if record.device == "sim":
             return
-        seen = record.by_technique.get(NAME, {})
         expected = trainer_arguments(recipe)
         for key in ("precision", "accumulate_grad_batches"):
-            if seen.get(key) != expected[key]:
-                say(f"the Trainer ran {key}={seen.get(key)!r} after phase load, the recipe asks {expected[key]!r}")
+            if record.observed(NAME, key) != expected[key]:
+                say(f"the Trainer ran {key}={record.observed(NAME, key)!r} after phase load, the recipe asks {expected[key]!r}")
         half = HALF_DTYPES.get(recipe.precision)
-        if half is not None and seen.get("param_dtypes") != [half]:  # Lightning#19721: bf16-true kept fp32 weights
-            say(f"the parameters were {seen.get('param_dtypes')} after phase train under precision "
+        if half is not None and record.observed(NAME, "param_dtypes") != [half]:  # Lightning#19721: bf16-true kept fp32 weights
+            say(f"the parameters were {record.observed(NAME, 'param_dtypes')} after phase train under precision "
                 f"{recipe.precision!r}, expected [{half!r}]")
 
     def sim_builds_on_device(self) -> bool:

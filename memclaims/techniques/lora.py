@@ -25,11 +25,13 @@ from memclaims.techniques.base import Hooks, Say, Technique, observations
 from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from memclaims.core.record import Record
     from memclaims.core.settings import Settings
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimSession
     from memclaims.workloads.types import Workload
 
 NAME = "lora"  # the technique's registry name, and its part of the Record (``by_technique``)
@@ -44,7 +46,7 @@ LORA_STEP_BYTES_PER_TENSOR = 8
 
 # memclaims' defaults where a workload states none; every stored lora Record ran them. peft's own LoraConfig
 # defaults are r=8, lora_alpha=8, lora_dropout=0.0; alpha 16 (scale 2) and dropout 0.1 are its examples' choice.
-DEFAULTS: dict[str, Any] = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.1}
+DEFAULTS: dict[str, object] = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.1}
 # peft's name -> its short name in a recipe id, and the command-line option that sets it (pytest's: --memclaims-...).
 ID_NAMES = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "targets"}
 OPTIONS = {"r": "--lora-r", "lora_alpha": "--lora-alpha", "lora_dropout": "--lora-dropout",
@@ -171,7 +173,7 @@ def effective(workload: Workload, asked: LoraParameters | None) -> dict[str, Any
     LoraParameters(targets.r, targets.lora_alpha, targets.lora_dropout, targets.target_modules).checked(
         {name: f"workload {workload.name!r}'s lora {name}" for name in OPTIONS})  # define(lora=...)'s values
     asked = asked or LoraParameters()
-    chosen: dict[str, Any] = {}
+    chosen: dict[str, object] = {}
     for name in ("r", "lora_alpha", "lora_dropout", "target_modules"):
         value = getattr(asked, name)
         own = getattr(targets, name)
@@ -190,7 +192,7 @@ class Lora(Hooks):
     convert_order = 2  # after the fused loss's head bypass: the adapters go on the model the loss trains
     name = "lora"  # the entry whose parameters (``Recipe.parameters_of``) these hooks read
 
-    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+    def convert_module(self, model: nn.Module, engine: RealRun) -> nn.Module:
         from memclaims.techniques.impl import peft_adapters as lora
 
         recipe = engine.recipe  # frozen base, adapters and head trainable
@@ -202,12 +204,13 @@ class Lora(Hooks):
 
         return lora.apply(model, workload.name, effective(workload, None), False)
 
-    def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, object]:
         from memclaims.techniques.impl import peft_adapters as lora
 
         return self.adapted(lora.parameter_fields(model))
 
-    def adapted(self, counts: dict[str, Any]) -> dict[str, Any]:
+    def adapted(self, counts: dict[str, object]) -> dict[str, Any]:
         """The adapted model's counts (``peft_adapters.parameter_fields``) as the Record's parts: lora's parameter
         elements that require a gradient (the adapters and the trained head) and all of them (frozen base weights
         included), counted on the model as the load phase left it."""
@@ -239,14 +242,15 @@ class Lora(Hooks):
                 f"the {bound:,} B that {trainable:,} trainable parameters can hold: the optimizer kept state for "
                 "frozen base weights")
 
-    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, Any], None]) -> nn.Module:
+    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, torch.dtype | None], None]) -> nn.Module:
         from memclaims.techniques.impl.peft_adapters_fake import apply
 
         asked = asked_of(recipe, self.name)
         return apply(model, recipe.workload.name, effective(recipe.workload, asked), asked is not None,
                      lambda module, dtype: move(module, dtype))
 
-    def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, object]:
         from memclaims.techniques.impl.peft_adapters import parameter_fields
 
         return self.adapted(parameter_fields(model))

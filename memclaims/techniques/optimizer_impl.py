@@ -31,8 +31,12 @@ from memclaims.techniques import optimizer_in_backward
 from memclaims.techniques.base import Hooks, Say, Technique
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimSession
 
 # The optimizers whose step the implementations shape (Adam's ``sqrt`` and division); SGD without momentum keeps no
 # temporary in any implementation, so only its param groups can show which one runs.
@@ -79,7 +83,7 @@ TRAINER_OPTIMS: dict[str, TrainerOptim] = {
 }
 
 
-def trainer_optim(optim: Any) -> TrainerOptim:
+def trainer_optim(optim: object) -> TrainerOptim:
     """The (optimizer, implementation) techniques of a ``TrainingArguments.optim`` value: a name
     (``"adamw_torch_fused"``) or transformers' ``OptimizerNames`` member. ``adamw_torch_fused`` ->
     ``("adamw", "fused")``, ``adamw_torch`` -> ``("adamw", None)``, torch's default for the device (the for-loop on
@@ -100,7 +104,7 @@ def _parameter_bytes(params: Iterable[Any]) -> list[int]:
     return [int(p.numel()) * int(p.element_size()) for p in params]
 
 
-def _one(values: list[Any]) -> Any:
+def _one(values: list[object]) -> object:
     """The groups' common value, or all of them where they differ."""
     return values[0] if len(set(values)) == 1 else values
 
@@ -111,8 +115,8 @@ class OptimizerImplementation(Hooks):
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def _observed(self, optimizer: Any, local: Callable[[Any], Any], growth: list[dict[str, int]],
-                  temporaries_key: str) -> dict[str, Any]:
+    def _observed(self, optimizer: torch.optim.Optimizer, local: Callable[[Any], Any], growth: list[dict[str, int]],
+                  temporaries_key: str) -> dict[str, object]:
         groups = optimizer.param_groups
         # Each param group is stepped by its own call (AdamW's course groups: two), so foreach's tensor lists are
         # a group's parameters, not all of them.
@@ -128,12 +132,14 @@ class OptimizerImplementation(Hooks):
             "step_temporary_bytes": None if last is None else last[temporaries_key],
         }
 
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, object]:
         # cpu: exact tensor bytes (MemTracker); cuda: the caching allocator's, rounded as it allocates.
         observed = self._observed(optimizer, engine.local, probe.step_growth.get(OPTIMIZER_STEP, []), "allocated_bytes")
         return {"by_technique": {self.name: observed}}
 
-    def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, object]:
         growth = session.recorder.step_growth.get(OPTIMIZER_STEP, [])
         # Live tensor bytes, exact (what the cpu tier counts), and the allocator model's, rounded as CUDA's.
         observed = self._observed(optimizer, lambda p: p, growth, "live_bytes")

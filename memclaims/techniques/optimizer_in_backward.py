@@ -8,20 +8,24 @@ setup (its wrapper is no optimizer to copy) and on the sim after the gradient-ta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memclaims.techniques.base import Hooks, Say, Technique
 from memclaims.techniques.shared_conflicts import FSDP1_SHARDINGS, FSDP2_TECHNIQUES
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import RealRun, SimLoop
 
 NAME = "optimizer-in-backward"  # the technique's registry name, and its part of the Record (``by_technique``)
 
 
 class OptimizerInBackward(Hooks):
-    def before_setup(self, engine: Any, model: Any, optimizer: Any) -> None:
+    def before_setup(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         # On the optimizer itself; setup on one device moves and converts the parameters in place, so the
         # hooks stay on them.
         from memclaims.techniques.impl.per_parameter_optimizers import OptimizerInBackward as PerParameter
@@ -46,7 +50,7 @@ class OptimizerInBackward(Hooks):
             say(f"backward_grad_peak_bytes is {peak} B in phase backward, not below the {record.param_bytes:,} B "
                 "of all gradients: they all lived at once")
 
-    def sim_before_train(self, loop: Any, optimizer: Any) -> None:
+    def sim_before_train(self, loop: SimLoop, optimizer: torch.optim.Optimizer) -> None:
         from memclaims.techniques.impl.per_parameter_optimizers import OptimizerInBackward as PerParameter
 
         loop.helpers.append(PerParameter(optimizer, loop.step, NAME))  # after the tagging hooks: tagged before freed

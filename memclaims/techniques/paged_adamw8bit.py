@@ -15,13 +15,17 @@ from memclaims.core.optimizer_choices import PAGED_MIN_NUMEL
 from memclaims.techniques.base import Hooks, Say, Technique, observations
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimSession
 
 NAME = "paged-adamw8bit"  # the technique's registry name, and its part of the Record (``by_technique``)
 
 
-def state_tensors(optimizer: Any) -> Iterator[Any]:
+def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[Any]:
     """The optimizer's state tensors (``memclaims.measure.tensors.optimizer_state_tensors``' walk)."""
     import torch
 
@@ -37,7 +41,8 @@ def paged_state_bytes(states: Iterable[Any]) -> int:
 
 
 class PagedAdamW8bit(Hooks):
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, object]:
         paged = paged_state_bytes(state_tensors(optimizer))
         if not paged:
             engine.notes.append(f"{engine.recipe.optimizer}: no optimizer state in unified memory on "
@@ -52,7 +57,8 @@ class PagedAdamW8bit(Hooks):
             say(f"paged_state_bytes is {paged} B after phase optimizer_step: no optimizer state in "
                 f"unified memory (bitsandbytes pages states of {PAGED_MIN_NUMEL:,} elements or more)")
 
-    def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, object]:
         # Unified memory: the state tensors the device does not hold.
         return observations(NAME, paged_state_bytes=session.memory.host_bytes(state_tensors(optimizer)))
 

@@ -24,10 +24,14 @@ from memclaims.techniques import qlora_no_double_quant as no_double_quant
 from memclaims.techniques.base import Say, Technique, merge_observed, observations
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
     from torch import nn
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimLoop, SimSession
 
 NAME = "qlora"
 
@@ -37,19 +41,19 @@ def double_quant(recipe: Recipe) -> bool:
     return no_double_quant.NAME not in recipe.techniques
 
 
-def _dtype_name(dtype: Any) -> str:
+def _dtype_name(dtype: object) -> str:
     return str(dtype).removeprefix("torch.")
 
 
 class Qlora(lora.Lora):
     name = NAME  # its parameters are lora's (``lora.LoraParameters``), asked of qlora: ``qlora[r=4]``
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: RealRun) -> None:
         from memclaims.techniques.impl import nf4_base as nf4
 
         engine.helpers.append(nf4.FourBitCompute(nf4.GemmSeen(), dispatch=True))
 
-    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+    def convert_module(self, model: nn.Module, engine: RealRun) -> nn.Module:
         from memclaims.core.precision import PRECISIONS
         from memclaims.techniques.impl import nf4_base as nf4
 
@@ -64,15 +68,16 @@ class Qlora(lora.Lora):
             cast_adapter_dtype(model, adapter_name="default", autocast_adapter_dtype=True)
         return model
 
-    def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, object]:
         from memclaims.techniques.impl import nf4_base as nf4
 
         seen = next(h for h in engine.helpers if isinstance(h, nf4.FourBitCompute)).seen
         observed = super().observe(engine, model, optimizer, probe)
-        merge_observed(observed, {"by_technique": {NAME: {**nf4.storage(model), **seen.fields()}}})
+        merge_observed(observed, observations(NAME, **nf4.storage(model), **seen.fields()))
         return observed
 
-    def adapted(self, counts: dict[str, Any]) -> dict[str, Any]:
+    def adapted(self, counts: dict[str, object]) -> dict[str, Any]:
         """lora's parts, and qlora's ``quantized_parameter_bytes``: the bytes of the parameters stored quantized
         (bitsandbytes' 4-bit weights, packed in uint8)."""
         observed = super().adapted(counts)
@@ -82,10 +87,11 @@ class Qlora(lora.Lora):
     def expected_param_bytes(self, record: Record, bytes_per_param: int, expected: int) -> int:
         # A packed 4-bit weight is one stored uint8 element a byte (param_count counts its bytes), and bitsandbytes'
         # forward casts each 4-bit layer's bias to the compute dtype in place; the rest in the precision's dtype.
-        seen, packed = record.by_technique.get(NAME), record.observed(NAME, "quantized_parameter_bytes") or 0
-        if not seen:
+        if not record.by_technique.get(NAME):  # no 4-bit layer observed
             return expected
-        return int(expected - (packed + seen["bias_elements"]) * bytes_per_param + packed + seen["bias_bytes"])
+        packed = record.observed(NAME, "quantized_parameter_bytes") or 0
+        bias_elements, bias_bytes = record.observed(NAME, "bias_elements"), record.observed(NAME, "bias_bytes")
+        return int(expected - (packed + bias_elements) * bytes_per_param + packed + bias_bytes)
 
     def judges_parameter_bytes(self, record: Record) -> bool:
         """4-bit base weights among the precision's (``JudgesParameterBytes``): ``check`` counts them."""
@@ -129,7 +135,7 @@ class Qlora(lora.Lora):
                 f"{seen['gemm_absmax_8bit']} in the first phase forward: the absmax was not double-quantized "
                 "(compress_statistics ignored)")
 
-    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Any) -> nn.Module:
+    def sim_adapt(self, model: nn.Module, recipe: Recipe, move: Callable[[nn.Module, torch.dtype | None], None]) -> nn.Module:
         from memclaims.core.precision import PRECISIONS
         from memclaims.techniques.impl import nf4_base as nf4
 
@@ -146,7 +152,7 @@ class Qlora(lora.Lora):
 
         nf4.place_on_device(model)
 
-    def sim_attach(self, loop: Any, session: Any) -> None:
+    def sim_attach(self, loop: SimLoop, session: SimSession) -> None:
         from memclaims.techniques.impl import nf4_base as nf4
 
         # The CPU's default gemm_4bit kernel under the cpu-kernels profile, CUDA's everywhere else.
@@ -154,12 +160,14 @@ class Qlora(lora.Lora):
         session.memory.op_scratch[nf4.gemm_op()] = scratch
         loop.helpers.append(nf4.FourBitCompute(scratch, dispatch=False))
 
-    def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, object]:
         from memclaims.techniques.impl import nf4_base as nf4
 
         scratch = session.memory.op_scratch[nf4.gemm_op()]
+        assert isinstance(scratch, nf4.GemmScratch), "sim_attach put the 4-bit GEMM's scratch model there"
         observed = super().sim_observe(model, optimizer, session)
-        merge_observed(observed, {"by_technique": {NAME: {**nf4.storage(model), **scratch.fields()}}})
+        merge_observed(observed, observations(NAME, **nf4.storage(model), **scratch.fields()))
         return observed
 
 

@@ -21,17 +21,17 @@ if TYPE_CHECKING:
     from memclaims.recipes.recipe import Recipe
 
 NAME = "qlora-no-double-quant"
+QLORA = "qlora"  # whose Record part shows how the base was quantized
 
 
 class NoDoubleQuant(Hooks):
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
-        seen = record.by_technique.get("qlora", {})
-        if seen.get("double_quant") != [False] or seen.get("absmax_dtype") != ["float32"]:
-            say(f"by_technique.qlora.double_quant is {seen.get('double_quant')}, absmax_dtype "
-                f"{seen.get('absmax_dtype')} after phase load: the absmax was not kept in fp32 (compress_statistics "
+        if record.observed(QLORA, "double_quant") != [False] or record.observed(QLORA, "absmax_dtype") != ["float32"]:
+            say(f"by_technique.qlora.double_quant is {record.observed(QLORA, 'double_quant')}, absmax_dtype "
+                f"{record.observed(QLORA, 'absmax_dtype')} after phase load: the absmax was not kept in fp32 (compress_statistics "
                 "was not turned off)")
-        if seen.get("gemm_absmax_8bit") not in ([False], None):
-            say(f"by_technique.qlora.gemm_absmax_8bit is {seen.get('gemm_absmax_8bit')} in the first phase "
+        if record.observed(QLORA, "gemm_absmax_8bit") not in ([False], None):
+            say(f"by_technique.qlora.gemm_absmax_8bit is {record.observed(QLORA, 'gemm_absmax_8bit')} in the first phase "
                 "forward: the 4-bit GEMMs were given an 8-bit absmax")
 
 

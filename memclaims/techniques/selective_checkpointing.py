@@ -30,14 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 from memclaims.core.torch_ops import MATMULS
 from memclaims.techniques.activation_checkpointing import forward_keeps_less
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique, observations
 from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimSession
 
 NAME = "selective-checkpointing"
 # torchtitan's save list (its Llama's ``_op_sac_save_list``), by name: ops a torch release lacks are left out.
@@ -52,7 +54,7 @@ TORCHTITAN_SAVE = ("aten.mm.default", "aten._scaled_dot_product_efficient_attent
 ADDED_SAVE = ("aten.addmm.default", "aten._scaled_dot_product_flash_attention_for_cpu.default")
 
 
-def save_list() -> frozenset[Any]:
+def save_list() -> frozenset[object]:
     """The policy's ops to save (OpOverloads of the installed torch)."""
     import torch
 
@@ -65,7 +67,7 @@ def save_list() -> frozenset[Any]:
     return frozenset(found)
 
 
-def sac_ignored_ops() -> frozenset[Any]:
+def sac_ignored_ops() -> frozenset[object]:
     """The ops SAC neither asks the policy about nor caches (``torch.utils.checkpoint.SAC_IGNORED_OPS``: the
     detaches checkpointing adds, metadata queries): they run again in every recompute, whatever the policy."""
     import torch
@@ -92,7 +94,7 @@ class Observed:
 
         matmuls = [0]
 
-        def decide(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        def decide(ctx: object, func: object, *args: object, **kwargs: object) -> object:
             name = str(func)
             if name in MATMULS:
                 matmuls[0] += 1
@@ -102,7 +104,7 @@ class Observed:
 
         return decide
 
-    def context_fn(self) -> tuple[Any, Any]:
+    def context_fn(self) -> tuple[object, object]:
         """``checkpoint``'s ``context_fn``: SAC's two modes, with a counter of what runs again below SAC's
         recompute mode (written by hand: torch counts nothing of what SAC recomputes)."""
         from contextlib import ExitStack
@@ -114,7 +116,8 @@ class Observed:
         recomputed, ignored = self.recomputed, sac_ignored_ops()
 
         class Counting(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
                 if func not in ignored:
                     recomputed[str(func)] += 1
                 return func(*args, **(kwargs or {}))
@@ -127,22 +130,22 @@ class Observed:
                 self.stack.enter_context(Counting())  # type: ignore[no-untyped-call]
                 self.stack.enter_context(cached)
 
-            def __exit__(self, *exc: Any) -> None:
+            def __exit__(self, *exc: object) -> None:
                 self.stack.close()
 
         return caching, Recompute()
 
-    def fields(self) -> dict[str, Any]:
-        return {"by_technique": {NAME: {"policy": "torchtitan op-level SAC (every second matmul recomputed)",
-                                        "saved_ops": dict(sorted(self.saved.items())),
-                                        "recompute_ops": dict(sorted(self.recompute.items())),
-                                        "recomputed_ops": dict(sorted(self.recomputed.items()))}}}
+    def fields(self) -> dict[str, object]:
+        return observations(NAME, policy="torchtitan op-level SAC (every second matmul recomputed)",
+                            saved_ops=dict(sorted(self.saved.items())),
+                            recompute_ops=dict(sorted(self.recompute.items())),
+                            recomputed_ops=dict(sorted(self.recomputed.items())))
 
 
 # Each wrapped model's observations, found again from the model the observe hooks get (Fabric's wrapper holds
 # the model as a submodule). Weak: a model's entry goes with it. Kept here because the sim wraps its model in
 # the load phase (``sim_after_load``), before its training loop exists to hold a helper.
-_OBSERVED: weakref.WeakKeyDictionary[Any, Observed] = weakref.WeakKeyDictionary()
+_OBSERVED: weakref.WeakKeyDictionary[object, Observed] = weakref.WeakKeyDictionary()
 
 
 def wrap(model: nn.Module, workload: Any) -> str:
@@ -155,7 +158,7 @@ def wrap(model: nn.Module, workload: Any) -> str:
     return f"selective {how}, context_fn=create_selective_checkpoint_contexts(torchtitan's op-level policy)"
 
 
-def observed_fields(model: nn.Module) -> dict[str, Any]:
+def observed_fields(model: nn.Module) -> dict[str, object]:
     """The Record's observation of the model's SAC (empty where none of its modules was wrapped here)."""
     for module in model.modules():
         observed = _OBSERVED.get(module)
@@ -167,17 +170,19 @@ def observed_fields(model: nn.Module) -> dict[str, Any]:
 class SelectiveCheckpointing(Hooks):
     convert_order = 0  # the blocks as built, as activation-checkpointing
 
-    def convert_module(self, model: nn.Module, engine: Any) -> nn.Module:
+    def convert_module(self, model: nn.Module, engine: RealRun) -> nn.Module:
         engine.notes.append(wrap(model, engine.recipe.workload))
         return model
 
-    def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, object]:
         return observed_fields(model)
 
     def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         notes.append(wrap(model, recipe.workload))  # as the real engine's: the wrap allocates nothing
 
-    def sim_observe(self, model: nn.Module, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, object]:
         return observed_fields(model)
 
     def compare_without(self) -> bool:

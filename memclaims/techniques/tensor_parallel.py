@@ -19,7 +19,7 @@ features, row-wise outputs partial sums before their all-reduce). The sim replay
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from memclaims.techniques.base import (
@@ -37,10 +37,13 @@ from memclaims.techniques.base import (
 from memclaims.techniques.fsdp import FSDP_SHARE_SLACK, Fsdp, reshard_after_forward
 
 if TYPE_CHECKING:
+    import torch
+    from lightning.fabric.strategies import Strategy as FabricStrategy
     from torch import nn
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun
 
 NAME = "tensor-parallel"
 # With fsdp2: tensor parallelism within pairs of ranks (the fast links of a node, in practice), FSDP2 across the
@@ -70,6 +73,12 @@ def meta_model(recipe: Recipe) -> nn.Module:
     return model
 
 
+def _world(engine: RealRun) -> int:
+    """The ranks of a tensor-parallel run (its engine runs on ranks only: their count is always given)."""
+    assert engine.options.devices is not None, "a tensor-parallel rank runs among a known number of ranks"
+    return engine.options.devices
+
+
 class _Watching(LoopHelper):
     """The rank's model and layout, and the hooks that watch its first training forward (``ForwardWatch``)."""
 
@@ -84,7 +93,7 @@ class _Watching(LoopHelper):
         if self.watch is not None:
             self.watch.end_forward()
 
-    def forward_context(self) -> Any:
+    def forward_context(self) -> AbstractContextManager[object] | None:
         return self._after_first_forward()
 
 
@@ -131,7 +140,7 @@ class TensorParallel(Strategy):
                                   recipe.workload.tensor_parallel_plan)
         return f"{recipe.id}: {refused}" if refused else None
 
-    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> Any:
+    def lightning_strategy(self, plan: StrategyPlan, recipe: Recipe, device: str) -> str | FabricStrategy:
         """``ModelParallelStrategy(parallelize_fn=TensorParallelize(...), data_parallel_size, tensor_parallel_size)``."""
         from lightning.fabric.strategies.model_parallel import ModelParallelStrategy
 
@@ -153,16 +162,16 @@ class TensorParallel(Strategy):
 
     # --- the real run -------------------------------------------------------------------------------
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: RealRun) -> None:
         engine.helpers.append(_Watching())
 
-    def before_setup(self, engine: Any, model: nn.Module, optimizer: Any) -> None:
+    def before_setup(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """The layout of the model as built, and hooks on its split linears for the first training forward
         (registered before the plan's own, so they see each layer's output before its redistribution)."""
         from memclaims.techniques.impl import tensor_parallel_plan as layouts
 
         helper = next(h for h in engine.helpers if isinstance(h, _Watching))
-        plan = engine.recipe.strategy_plan(engine.options.devices)
+        plan = engine.recipe.strategy_plan(_world(engine))
         _, tp = mesh_sizes(plan)
         helper.model, helper.layout = model, layouts.layout(model, engine.recipe.workload.block_class(),
                                                               engine.recipe.workload.tensor_parallel_plan)
@@ -170,11 +179,12 @@ class TensorParallel(Strategy):
         helper.watch.install(model, helper.layout, tp)
         engine.notes.append(helper.layout.note())
 
-    def observe(self, engine: Any, model: nn.Module, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, object]:
         from memclaims.techniques.impl import tensor_parallel_plan as layouts
 
         helper = next(h for h in engine.helpers if isinstance(h, _Watching))
-        dp, tp = mesh_sizes(engine.recipe.strategy_plan(engine.options.devices))
+        dp, tp = mesh_sizes(engine.recipe.strategy_plan(_world(engine)))
         return {"by_technique": {NAME: layouts.observed(helper.model, helper.layout, tp, dp, helper.watch)}}
 
     # --- the active check ----------------------------------------------------------------------------
@@ -219,11 +229,11 @@ class TensorParallel(Strategy):
     # --- what reports read ---------------------------------------------------------------------------
 
     def removes(self, after: Record) -> Removal | None:
-        seen = after.by_technique.get(NAME, {})
-        if not seen.get("split_weight_elements"):
+        split = after.observed(NAME, "split_weight_elements")
+        if not split:
             return Removal(no_verdict="the split layers' share of the model was not observed")
-        share = seen["split_weight_elements"] / max(1, after.param_count)
-        tp = seen["tensor_parallel_size"]
+        share = split / max(1, after.param_count)
+        tp = after.observed(NAME, "tensor_parallel_size")
         return Removal(state=1 - share * (1 - 1 / tp), why=f"{share:.0%} of the parameters split over {tp} ranks")
 
     # --- the sim ---------------------------------------------------------------------------------------

@@ -32,11 +32,15 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Say, Technique, observations
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
+    from memclaims.techniques.engine_protocols import PhaseProbe, RealRun, SimSession
 
 # The recipe's optimizer (its core field) -> torchao.optim's class.
 CLASSES = {"ao_adamw8bit": "AdamW8bit", "ao_adamw4bit": "AdamW4bit", "ao_adamw_fp8": "AdamWFp8"}
@@ -116,7 +120,7 @@ def optimizer_class(name: str, min_numel: int | None, eager: bool) -> type:
             buffer: torch.Tensor = super()._new_buffer(p, signed)
             return buffer
 
-        def step(self, closure: Any = None) -> Any:
+        def step(self, closure: object = None) -> object:
             if not eager:
                 return super().step(closure)
             with torch.compiler.set_stance("force_eager"):
@@ -126,7 +130,7 @@ def optimizer_class(name: str, min_numel: int | None, eager: bool) -> type:
     return Configured
 
 
-def build(name: str, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float], eps: float,
+def build(name: str, groups: list[dict[str, object]], learning_rate: float, betas: tuple[float, float], eps: float,
           min_numel: int | None, device: str) -> Any:
     """torchao's optimizer ``name`` over the course's parameter groups (``memclaims.measure.optimizers``)."""
     _warm_quantization_maps()
@@ -142,7 +146,7 @@ def state_fields(optimizer: Any, technique: str) -> dict[str, Any]:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     block, smallest = int(optimizer.block_size), int(getattr(optimizer, "smallest_quantized", TORCHAO_MIN_NUMEL))
-    subclasses: dict[str, dict[str, Any]] = {}
+    subclasses: dict[str, dict[str, object]] = {}
     plain = {"tensors": 0, "elements": 0, "bytes": 0, "quantizable": 0}
     steps = 0
     for state in optimizer.state.values():
@@ -166,10 +170,9 @@ def state_fields(optimizer: Any, technique: str) -> dict[str, Any]:
                 plain["elements"] += numel
                 plain["bytes"] += numel * value.element_size()
                 plain["quantizable"] += numel >= smallest and numel % block == 0
-    return {"by_technique": {technique: {
-        "optimizer": type(optimizer).__name__, "torchao": torchao.__version__, "block_size": block,
-        "min_quantized_numel": smallest, "eager": bool(getattr(optimizer, "steps_eagerly", False)),
-        "state_subclasses": subclasses, "plain_states": plain, "step_bytes": steps}}}
+    return observations(technique, optimizer=type(optimizer).__name__, torchao=torchao.__version__, block_size=block,
+                        min_quantized_numel=smallest, eager=bool(getattr(optimizer, "steps_eagerly", False)),
+                        state_subclasses=subclasses, plain_states=plain, step_bytes=steps)
 
 
 class LowBitAdamW(Hooks):
@@ -179,12 +182,13 @@ class LowBitAdamW(Hooks):
         self.optimizer = optimizer
         self.name = technique_of(optimizer)
 
-    def build_optimizer(self, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float],
-                        eps: float, min_8bit_size: int | None, device: str) -> Any:
+    def build_optimizer(self, groups: list[dict[str, object]], learning_rate: float, betas: tuple[float, float],
+                        eps: float, min_8bit_size: int | None, device: str) -> object:
         """torchao's optimizer (``BuildsOptimizer``), quantizing from ``min_8bit_size`` where given."""
         return build(self.optimizer, groups, learning_rate, betas, eps, min_8bit_size, device)
 
-    def observe(self, engine: Any, model: Any, optimizer: Any, probe: Any) -> dict[str, Any]:
+    def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
+                probe: PhaseProbe) -> dict[str, object]:
         inner = getattr(optimizer, "optimizer", optimizer)  # Fabric's wrapper holds torchao's
         fields = state_fields(inner, self.name)
         seen = fields["by_technique"][self.name]
@@ -194,12 +198,13 @@ class LowBitAdamW(Hooks):
                             f"{seen['min_quantized_numel']:,} elements or more quantized, in blocks of {seen['block_size']}")
         return fields
 
-    def sim_after_load(self, model: Any, recipe: Recipe, notes: list[str]) -> None:
+    def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         notes.append(f"{self.name}: torchao's {CLASSES[self.optimizer]} on fake tensors, stepped eagerly (on CUDA "
                      "torchao compiles each parameter's step, without the eager step's float32 temporaries: a few "
                      "of the largest parameter at most)")
 
-    def sim_observe(self, model: Any, optimizer: Any, session: Any) -> dict[str, Any]:
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    session: SimSession) -> dict[str, object]:
         return state_fields(optimizer, self.name)
 
     def sim_refusal(self, recipe: Recipe) -> str | None:

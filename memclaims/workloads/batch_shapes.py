@@ -46,7 +46,7 @@ class BatchShapes:
                  collate_fn: Callable[[list[Any]], Any] | None) -> None:
         self.workload, self.train_data = workload, train_data
         self.collate = collate_fn or default_collate
-        self._read: dict[Scale, tuple[list[_Leaf | Any], Any]] = {}
+        self._read: dict[Scale, tuple[list[_Leaf | object], object]] = {}
 
     def _leaves(self, scale: Scale) -> tuple[list[_Leaf | Any], Any]:
         if scale not in self._read:
@@ -60,7 +60,7 @@ class BatchShapes:
                 raise UsageError(f"workload {self.workload!r}: a collated batch must be (inputs, labels), got "
                                  f"{type(batch).__name__}; the sim shapes its fake batches from it")
             leaves, spec = tree_flatten(batch)
-            kept: list[_Leaf | Any] = []
+            kept: list[_Leaf | object] = []
             for leaf in leaves:
                 if isinstance(leaf, torch.Tensor):
                     if leaf.dim() == 0 or leaf.shape[0] == 0 or leaf.shape[0] % count:

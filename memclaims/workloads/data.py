@@ -35,8 +35,8 @@ class DataBundle:
     name: str  # what the Record calls the data set
     # Examples only the bundle's collate step (the DataLoader's default, or TextBundle.collate_fn)
     # interprets: the built-in sets yield ``Example``, a user workload's sets anything.
-    train: Dataset[Any]
-    test: Dataset[Any]
+    train: Dataset[object]
+    test: Dataset[object]
 
 
 class ResizedImages(Dataset[Example]):

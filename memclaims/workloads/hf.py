@@ -81,7 +81,7 @@ def plan_of(text: str) -> dict[str, str]:
 # --- names -------------------------------------------------------------------------------------
 
 
-def parse_config(text: str) -> dict[str, Any]:
+def parse_config(text: str) -> dict[str, object]:
     """``key=value,key=value`` -> {key: value}; one clear error for a malformed item."""
     overrides: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -95,7 +95,7 @@ def parse_config(text: str) -> dict[str, Any]:
     return overrides
 
 
-def name_of(model_type: str, overrides: dict[str, Any]) -> str:
+def name_of(model_type: str, overrides: dict[str, object]) -> str:
     """The canonical workload name: keys sorted, so one shape has one id."""
     if not overrides:
         return f"{HF_PREFIX}{model_type}"
@@ -133,7 +133,7 @@ def with_config(workload_name: str, config_text: str | None, note: Callable[[str
 _ABOUT_THE_FILE = ("architectures", "dtype", "torch_dtype", "transformers_version", "_name_or_path", "model_type")
 
 
-def config_file(path: Path, model_type: str) -> tuple[dict[str, Any], list[str]]:
+def config_file(path: Path, model_type: str) -> tuple[dict[str, object], list[str]]:
     """A config.json read as transformers reads it (``AutoConfig.from_pretrained`` on the file): the keys whose
     value differs from the model type's defaults, and those left out (not a scalar, or about the file)."""
     from transformers import AutoConfig
@@ -271,7 +271,7 @@ def spec(name: str) -> HfSpec:
     return HfSpec(model_type, overrides, head, attention)
 
 
-def positions(config: Any) -> int | None:
+def positions(config: object) -> int | None:
     value = getattr(config, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) else None
 
@@ -314,7 +314,7 @@ def architecture(spec_: HfSpec, scale: Scale) -> nn.Module:
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-def fused_loss_head(spec_: HfSpec, config: Any) -> Callable[[nn.Module], nn.Module] | None:
+def fused_loss_head(spec_: HfSpec, config: object) -> Callable[[nn.Module], nn.Module] | None:
     """The vocabulary projection of a causal LM whose logits are that projection alone (for the
     ``fused-linear-ce`` technique); None for classification heads and transformed logits."""
     if spec_.head != "causal-lm" or any(getattr(config, key, None) not in (None, 1, 1.0) for key in LOGIT_TRANSFORMS):
@@ -527,9 +527,9 @@ def _workload(canonical: str) -> Workload:
     )
 
 
-def _pseudo(chosen: HfSpec) -> dict[str, Any]:
+def _pseudo(chosen: HfSpec) -> dict[str, object]:
     """Non-default head / attention, kept in the canonical name."""
-    extra: dict[str, Any] = {}
+    extra: dict[str, object] = {}
     if chosen.head != default_head(chosen.model_type):
         extra["head"] = chosen.head
     if chosen.attn_implementation != "sdpa":

@@ -23,7 +23,7 @@ _SCALARS = (bool, int, float, str, type(None))
 _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a word", type(None): "none"}
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str) -> object:
     """``--config`` values: integers, floats, true/false/none, else the string itself."""
     lowered = text.lower()
     if lowered in ("true", "false"):
@@ -38,7 +38,7 @@ def parse_value(text: str) -> Any:
     return text
 
 
-def format_value(value: Any) -> str:
+def format_value(value: object) -> str:
     if value is None:
         return "none"
     if isinstance(value, bool):
@@ -46,14 +46,14 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def field_types(config_class: type) -> dict[str, Any]:
+def field_types(config_class: type) -> dict[str, object]:
     """Each field's annotation (a type object; a string annotation is left to the validators)."""
     if not dataclasses.is_dataclass(config_class):
         return {}  # a config without annotated fields: its own __init__ and validators decide
     return {f.name: f.type for f in dataclasses.fields(config_class) if not isinstance(f.type, str)}
 
 
-def _allowed(annotation: Any) -> tuple[Any, ...]:
+def _allowed(annotation: object) -> tuple[Any, ...]:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return typing.get_args(annotation)
     return (annotation,)
@@ -87,11 +87,11 @@ def convert(key: str, value: Any, annotation: Any, owner: str) -> Any:
                      f"got {format_value(value)!r}")
 
 
-def converted(overrides: Mapping[str, Any], config_class: type, attribute_map: Mapping[str, str]) -> dict[str, Any]:
+def converted(overrides: Mapping[str, object], config_class: type, attribute_map: Mapping[str, str]) -> dict[str, Any]:
     """Every override as its field's type (a key spelled through ``attribute_map``, as GPT-2's
     ``num_hidden_layers`` for ``n_layer``, takes the mapped field's type)."""
     annotations = field_types(config_class)
-    result: dict[str, Any] = {}
+    result: dict[str, object] = {}
     for key, value in overrides.items():
         annotation = annotations.get(attribute_map.get(key, key))
         result[key] = value if annotation is None else convert(key, value, annotation, config_class.__name__)
@@ -107,7 +107,7 @@ def _reason(error: BaseException) -> str:
     return " ".join(f"{type(cause).__name__}: {cause}".split())
 
 
-def refused(what: str, overrides: Mapping[str, Any], build: Callable[[], _T]) -> _T:
+def refused(what: str, overrides: Mapping[str, object], build: Callable[[], _T]) -> _T:
     """``build()`` (a config, or a model from one), with a refusal of the user's ``overrides`` as one
     UsageError line. Without overrides a failure is not the user's: it propagates as it is; so do
     memclaims' own errors and running out of memory."""
@@ -123,7 +123,7 @@ def refused(what: str, overrides: Mapping[str, Any], build: Callable[[], _T]) ->
         raise refusal(what, overrides, error) from error
 
 
-def refusal(what: str, overrides: Mapping[str, Any], error: BaseException) -> UsageError:
+def refusal(what: str, overrides: Mapping[str, object], error: BaseException) -> UsageError:
     """The one line for ``what`` (a config, a model, its forward) refusing the user's values."""
     given = ",".join(f"{k}={format_value(v)}" for k, v in sorted(overrides.items()))
     return UsageError(f"--config {given}: {what} refuses it: {_reason(error)}")

@@ -100,7 +100,7 @@ class Workload:
     # For the sim: the randomly initialised architecture (scale, num_classes or None for the stock
     # head) and a micro-batch of synthetic inputs at full size (scale, batch) -> (inputs, targets).
     architecture: Callable[[Scale, int | None], nn.Module] | None = None
-    fake_inputs: Callable[[Scale, int], tuple[Any, torch.Tensor]] | None = None
+    fake_inputs: Callable[[Scale, int], tuple[object, torch.Tensor]] | None = None
     # (model, inputs) -> logits of shape (N, classes), when not ``model(**inputs).logits`` /
     # ``model(inputs)`` (a causal LM flattens its next-token logits).
     logits_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
@@ -124,7 +124,7 @@ class Workload:
                 f"unknown scale {name!r} for workload {self.name!r}; valid scales: {', '.join(self.scales)}"
             ) from None
 
-    def logits(self, model: nn.Module, inputs: Any) -> torch.Tensor:
+    def logits(self, model: nn.Module, inputs: object) -> torch.Tensor:
         if self.logits_fn is not None:
             return self.logits_fn(model, inputs)
         # nn.Module.__call__ is typed Any: the logits' type is the workload's contract.

@@ -34,12 +34,12 @@ _registered: dict[str, Workload] = {}
 _env_specs_loaded: set[str] = set()
 
 
-def define(name: str, *, build_model: Callable[[Scale], nn.Module], train_data: Callable[[Scale], Dataset[Any]],
-           test_data: Callable[[Scale], Dataset[Any]], block_class: type[nn.Module], num_classes: int,
+def define(name: str, *, build_model: Callable[[Scale], nn.Module], train_data: Callable[[Scale], Dataset[object]],
+           test_data: Callable[[Scale], Dataset[object]], block_class: type[nn.Module], num_classes: int,
            smoke_batch_size: int = 16, article_batch_size: int = 64, learning_rate: float = 1e-3,
            summary: str = "", collate_fn: Callable[[list[Any]], Any] | None = None,
            fsdp_auto_wrap: bool = True, memory_steps: int = 3, accuracy_epochs: int = 1,
-           lora: Mapping[str, Any] | None = None, tensor_parallel_plan: Mapping[str, str] | None = None) -> Workload:
+           lora: Mapping[str, object] | None = None, tensor_parallel_plan: Mapping[str, str] | None = None) -> Workload:
     """A workload from the pieces a user has: ``build_model(scale)`` returns a randomly initialised
     (or loaded) model whose ``forward(inputs)`` gives (N, num_classes) logits; the data callables
     return map-style datasets of (inputs, label). ``scale.name`` is ``smoke`` (the CPU tier) or
@@ -63,7 +63,7 @@ def define(name: str, *, build_model: Callable[[Scale], nn.Module], train_data: 
                      sgd_learning_rate=learning_rate * 10, memory_steps=memory_steps,
                      accuracy_epochs=accuracy_epochs)
 
-    def load(scale: Scale, data_dir: Any) -> data.DataBundle:
+    def load(scale: Scale, data_dir: object) -> data.DataBundle:
 
         return data.TextBundle(name=f"{name} (user data)", train=train_data(scale), test=test_data(scale),
                           collate_fn=collate_fn)

@@ -127,7 +127,7 @@ def _course_through_stacks(claim: str, tier: str, get: Lookup) -> tuple[bool, st
     parts, ok = [], True
     for key in COURSE_STACKS:
         record = get(key)
-        counted = record.by_technique.get(key[0], {}).get(f"course_optimizer_size_{unit}")
+        counted = record.observed(key[0], f"course_optimizer_size_{unit}")
         ok = ok and counted == expected[unit]
         parts.append(f"{record.recipe}: {counted:,} {unit}" if counted is not None else f"{record.recipe}: not counted")
     return ok, (f"through the course's code paths at smoke scale, compute_optimizer_size over the optimizer's state: "

@@ -162,9 +162,9 @@ FOR_LOOP_LARGEST = 3
 
 def _temporaries(record: Record, implementation: str) -> tuple[int, int, int]:
     """(step temporaries, largest parameter, largest param group), in bytes, as the implementation observed them."""
-    seen = record.by_technique.get(implementation, {})
-    groups = seen.get("group_parameter_bytes") or [0]
-    return int(seen.get("step_temporary_bytes") or 0), int(seen.get("largest_parameter_bytes") or 0), int(max(groups))
+    groups = record.observed(implementation, "group_parameter_bytes") or [0]
+    return (int(record.observed(implementation, "step_temporary_bytes") or 0),
+            int(record.observed(implementation, "largest_parameter_bytes") or 0), int(max(groups)))
 
 
 def _foreach_sizeof_params_more(tier: str, get: Lookup) -> Verdict:
@@ -213,8 +213,8 @@ def _selective_between(tier: str, get: Lookup) -> Verdict:
     plain, full, selective = get(("fabric",)), get(FULL_CHECKPOINTING), get(SELECTIVE)
     kept = [record.phases.get("forward", {}).get("above_start_bytes", 0) for record in (plain, full, selective)]
     peaks = [record.peak_allocated_bytes for record in (plain, full, selective)]
-    seen = selective.by_technique.get(SELECTIVE[0], {})
-    saved, marked, rerun = (seen.get(key, {}) for key in ("saved_ops", "recompute_ops", "recomputed_ops"))
+    saved, marked, rerun = (selective.observed(SELECTIVE[0], key) or {}
+                            for key in ("saved_ops", "recompute_ops", "recomputed_ops"))
     forward_ops, rerun_ops = sum(saved.values()) + sum(marked.values()), sum(rerun.values())
     matmuls = {key: (rerun.get(key, 0), saved.get(key, 0) + marked.get(key, 0)) for key in sorted(MATMULS)}
     matmuls_rerun = sum(again for again, _ in matmuls.values())

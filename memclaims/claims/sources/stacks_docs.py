@@ -105,7 +105,7 @@ def _fused_default(tier: str, get: Lookup) -> Verdict:
     mine = get(("hf-trainer",))
     state = mine.param_bytes + mine.grad_bytes + mine.optimizer_state_bytes
     extra = int(mine.phases.get("optimizer_step", {}).get("allocated_bytes", 0)) - state
-    fused = mine.by_technique.get("hf-trainer", {}).get("fused")
+    fused = mine.observed("hf-trainer", "fused")
     share = extra / mine.param_bytes
     return Verdict(fused is True and share <= FUSED_EXTRA,
                    f"{mine.recipe} stepped fused={fused}: phase optimizer_step peaks {in_mib(extra)} above the model state "

@@ -41,6 +41,8 @@ from memclaims.measure.stacks.stack_driver import (
 from memclaims.techniques import accelerate_loop
 
 if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LRScheduler
+
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
 
@@ -67,7 +69,7 @@ class AccelerateDriver(StackDriver):
     def precision_ran(self) -> str:
         return PRECISION_RAN.get(str(self.accelerator.mixed_precision), str(self.accelerator.mixed_precision))
 
-    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
         return self.accelerator.prepare(train), test
 
     def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
@@ -94,7 +96,7 @@ class AccelerateDriver(StackDriver):
         self.outputs = self.recipe.workload.logits(model, inputs)
         return torch.nn.functional.cross_entropy(self.outputs, targets)
 
-    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any], optimizer_steps: int,
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[object], optimizer_steps: int,
               on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
         if scheduler is not None and self._scheduler is None:
             self._scheduler = self.accelerator.prepare(scheduler)
@@ -106,7 +108,7 @@ class AccelerateDriver(StackDriver):
         self._raw_steps = None
         self.observed.update(course_optimizer_size(optimizer))  # over accelerator.prepare's optimizer, as the course
 
-    def _train(self, model: nn.Module, optimizer: Any, batches: Iterator[Any], optimizer_steps: int,
+    def _train(self, model: nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator[Any], optimizer_steps: int,
                on_step: Callable[[], None] | None, phase: PhaseCallback) -> int:
         """The loop; returns the micro-batches it trained."""
         accelerator, accumulation = self.accelerator, self.recipe.accumulation_steps

@@ -44,6 +44,9 @@ from memclaims.techniques import hf_trainer
 from memclaims.techniques.base import CLIP_GRAD_NORM
 
 if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LRScheduler
+    from transformers import TrainerCallback
+
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
 
@@ -93,8 +96,8 @@ class HfTrainerDriver(StackDriver):
         super().__init__(recipe, options)
         self.trainer: Any = None
         self._directory = tempfile.TemporaryDirectory(prefix="memclaims-hf-trainer-")  # the Trainer writes nothing
-        self._train: Any = None
-        self._test: Any = None
+        self._train: object = None
+        self._test: object = None
         self._collate: Any = None
         self._eval_batch: Callable[[], None] | None = None
 
@@ -105,7 +108,7 @@ class HfTrainerDriver(StackDriver):
         args = self.trainer.args
         return "bf16-mixed" if args.bf16 else "16-mixed" if args.fp16 else "32-true"
 
-    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
         # The Trainer makes its own loaders from the data sets (per_device_*_batch_size, dataloader_drop_last).
         self._train, self._test, self._collate = train.dataset, test.dataset, train.collate_fn
         return train, test
@@ -131,7 +134,7 @@ class HfTrainerDriver(StackDriver):
         self.observed.update(self._arguments_seen(model, given is not None))
         return self.trainer.optimizer, None
 
-    def _make_trainer(self, model: nn.Module, optimizer: Any) -> Any:
+    def _make_trainer(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Any:
         from transformers import Trainer, TrainingArguments
 
         arguments = hf_trainer.trainer_arguments(self.recipe)
@@ -155,7 +158,7 @@ class HfTrainerDriver(StackDriver):
         self._instrument(trainer)
         return trainer
 
-    def _arguments_seen(self, model: nn.Module, given: bool) -> dict[str, Any]:
+    def _arguments_seen(self, model: nn.Module, given: bool) -> dict[str, object]:
         args = self.trainer.args
         return {"optim": None if given else str(getattr(args.optim, "value", args.optim)),  # the default's, if none asked
                 "per_device_train_batch_size": args.per_device_train_batch_size,
@@ -168,7 +171,7 @@ class HfTrainerDriver(StackDriver):
         compute_loss, backward = trainer.compute_loss, trainer.accelerator.backward
         clip = trainer.accelerator.clip_grad_norm_
 
-        def measured_loss(model: nn.Module, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        def measured_loss(model: nn.Module, inputs: dict[str, Any], *args: object, **kwargs: object) -> object:
             if not model.training:  # the evaluation loop's prediction step
                 return compute_loss(model, inputs, *args, **kwargs)
             engine.micro_batch(inputs, inputs["labels"])
@@ -180,7 +183,7 @@ class HfTrainerDriver(StackDriver):
             with engine.phase_around("backward", trainer.model):
                 backward(loss, **kwargs)
 
-        def measured_clip(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
+        def measured_clip(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> object:
             engine.before_step(trainer.model)
             with engine.phase_around(CLIP_GRAD_NORM):
                 return clip(parameters, max_norm, *args, **kwargs)
@@ -191,7 +194,7 @@ class HfTrainerDriver(StackDriver):
 
     # --- train ------------------------------------------------------------------------------------------
 
-    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any], optimizer_steps: int,
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[object], optimizer_steps: int,
               on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
         """``optimizer_steps`` steps of ``trainer.train()`` (an epoch when negative); ``batches`` is the pipeline's,
         unused: the Trainer draws from its own loader."""
@@ -201,7 +204,7 @@ class HfTrainerDriver(StackDriver):
             self.trainer.train()
         self.observed.update(self._optimizer_seen(model))
 
-    def _optimizer_seen(self, model: nn.Module) -> dict[str, Any]:
+    def _optimizer_seen(self, model: nn.Module) -> dict[str, object]:
         optimizer = self.trainer.optimizer
         inner = getattr(optimizer, "optimizer", optimizer)
         defaults = getattr(inner, "defaults", {})
@@ -211,7 +214,7 @@ class HfTrainerDriver(StackDriver):
 
     # --- evaluate: the Trainer's evaluate() and the course's compute_metrics ---------------------------------
 
-    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
         return self.evaluation(model, loader, on_batch)["eval_accuracy"]
 
     def evaluation(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> dict[str, float]:
@@ -229,23 +232,23 @@ def quiet() -> AbstractContextManager[None]:
     return loggers_quiet("transformers", "accelerate")
 
 
-def _phase_callback(engine: HfTrainerDriver) -> Any:
+def _phase_callback(engine: HfTrainerDriver) -> TrainerCallback:
     """The Trainer's callbacks that bracket the optimizer step and the zeroing after it."""
     from transformers import TrainerCallback
 
     class PhaseCallback(TrainerCallback):
-        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_pre_optimizer_step(self, args: object, state: object, control: object, **kwargs: object) -> None:
             engine.phase_begin("optimizer_step")
 
-        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_optimizer_step(self, args: object, state: object, control: object, **kwargs: object) -> None:
             engine.phase_end("optimizer_step")
             engine.phase_begin("zero_grad")  # the scheduler's step, then model.zero_grad()
 
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_step_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
             engine.phase_end("zero_grad")
             engine.step_done()
 
-        def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_prediction_step(self, args: object, state: object, control: object, **kwargs: object) -> None:
             if engine._eval_batch is not None:
                 engine._eval_batch()
 

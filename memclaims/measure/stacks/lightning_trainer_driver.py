@@ -26,6 +26,8 @@ from memclaims.measure.stacks.stack_driver import StackDriver, loggers_quiet
 from memclaims.techniques import lightning_trainer
 
 if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LRScheduler
+
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
 
@@ -64,7 +66,7 @@ class LightningTrainerDriver(StackDriver):
     def precision_ran(self) -> str:
         return str(self.trainer.precision)
 
-    def setup_loaders(self, train: DataLoader[Any], test: DataLoader[Any]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
         self._loader = train  # Lightning's fit takes the loader; it moves each batch (transfer_batch_to_device)
         return train, test
 
@@ -74,7 +76,7 @@ class LightningTrainerDriver(StackDriver):
         self.observed["built_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
         return model, weights
 
-    def train(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any], optimizer_steps: int,
+    def train(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None, batches: Iterator[object], optimizer_steps: int,
               on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
         """``optimizer_steps`` steps of ``Trainer.fit`` over the loader (an epoch when negative); ``batches`` is the
         pipeline's, unused: Lightning iterates the loader itself."""
@@ -87,7 +89,7 @@ class LightningTrainerDriver(StackDriver):
         self.observed["param_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
 
 
-def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer: Any, scheduler: Any) -> Any:
+def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None) -> object:
     """The workload's model as a LightningModule whose hooks open the probes' phases."""
     import lightning.pytorch as pl
 
@@ -102,16 +104,16 @@ def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer
             with engine.phase_around("forward", self.model):
                 return engine.forward_loss(self.model, inputs, targets)
 
-        def optimizer_zero_grad(self, epoch: int, batch_index: int, optimizer: Any) -> None:
+        def optimizer_zero_grad(self, epoch: int, batch_index: int, optimizer: torch.optim.Optimizer) -> None:
             with engine.phase_around("zero_grad"):
                 optimizer.zero_grad()
 
-        def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        def backward(self, loss: torch.Tensor, *args: object, **kwargs: object) -> None:
             engine.loss_seen(float(loss.detach().float()))  # Lightning divided it by accumulate_grad_batches
             with engine.phase_around("backward", self.model):
                 loss.backward(*args, **kwargs)
 
-        def on_before_optimizer_step(self, optimizer: Any) -> None:
+        def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
             engine.before_step(self.model)
             engine.phase_begin("optimizer_step")
 

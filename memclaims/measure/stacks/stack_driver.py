@@ -68,7 +68,7 @@ def fresh_accelerate_state() -> None:
     GradientState._reset_state()
 
 
-def course_optimizer_size(optimizer: Any) -> dict[str, int]:
+def course_optimizer_size(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """The course's ``compute_optimizer_size(trainer.optimizer.state.values())``: the elements and bytes of every
     tensor in the optimizer's state, each counted where it appears (bitsandbytes' quantization maps once per
     parameter), as the slides count 131,566,188 elements and 128 MB."""
@@ -120,7 +120,7 @@ class StackDriver(pipeline.Engine):
 
     # --- the loss, as every engine computes it ------------------------------------------------------
 
-    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, model: nn.Module, inputs: object, targets: torch.Tensor) -> torch.Tensor:
         """The workload's logits and cross-entropy, as the Fabric engine computes them."""
         return F.cross_entropy(self.recipe.workload.logits(model, inputs), targets)
 
@@ -144,7 +144,7 @@ class StackDriver(pipeline.Engine):
             self.driver.close()
             self.on_step = None
 
-    def micro_batch(self, inputs: Any, targets: torch.Tensor) -> None:
+    def micro_batch(self, inputs: object, targets: torch.Tensor) -> None:
         """A micro-batch begins (before its forward): the probe's step boundary, its examples counted."""
         if self.on_step is not None:
             self.on_step()
@@ -204,7 +204,7 @@ class StackDriver(pipeline.Engine):
     # --- evaluate ------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes).to(self.device)
@@ -215,7 +215,7 @@ class StackDriver(pipeline.Engine):
             metric.update(torch.argmax(self.recipe.workload.logits(model, inputs), 1), targets)
         return float(metric.compute())
 
-    def evaluation(self, model: nn.Module, loader: Any) -> dict[str, float]:
+    def evaluation(self, model: nn.Module, loader: object) -> dict[str, float]:
         model.eval()
         return evaluation.evaluate(lambda inputs: self.recipe.workload.logits(model, inputs), self.batches(loader),
                                    self.recipe.workload.num_classes, self.device)

@@ -87,11 +87,11 @@ class _AllReduceOutput(torch.autograd.Function):
     place); its gradient passes through."""
 
     @staticmethod
-    def forward(ctx: Any, partial: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: object, partial: torch.Tensor) -> torch.Tensor:
         return partial.clone()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
         return grad
 
 
@@ -99,11 +99,11 @@ class _AllReduceInputGrad(torch.autograd.Function):
     """A column-wise layer's input hook: the input as it is; its gradient, a partial sum, all-reduced out of place."""
 
     @staticmethod
-    def forward(ctx: Any, replicated: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: object, replicated: torch.Tensor) -> torch.Tensor:
         return replicated.view_as(replicated)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
         return grad.clone()
 
 
@@ -121,7 +121,7 @@ class SplitModel:
     colwise_local_outputs: set[int] = field(default_factory=set)
     rowwise_partial_outputs: set[int] = field(default_factory=set)
 
-    def observed(self, data_parallel: int, fsdp2: bool) -> dict[str, Any]:
+    def observed(self, data_parallel: int, fsdp2: bool) -> dict[str, object]:
         """The Record's ``by_technique["tensor-parallel"]``, with the real ranks' keys. With FSDP2 the rank's share
         of each split weight (and of its gradient) is FSDP2's dim-0 shard of its tensor-parallel shard (rank 0's:
         ``ceil(rows / data-parallel ranks)`` rows), as ``memclaims.sim.sharded`` holds it."""
@@ -170,12 +170,12 @@ def split(model: nn.Module, layout: Layout, size: int) -> SplitModel:
     return done
 
 
-def _all_reduce_input_grad(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+def _all_reduce_input_grad(module: nn.Module, args: tuple[object, ...]) -> tuple[object, ...]:
     return (_AllReduceInputGrad.apply(args[0]), *args[1:])
 
 
 def _count_colwise(done: SplitModel, out_features: int) -> Callable[..., None]:
-    def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+    def hook(module: nn.Module, args: object, output: torch.Tensor) -> None:
         if module.training and output.shape[-1] * done.size == out_features:
             done.colwise_local_outputs.add(id(module))  # 1/N of the features: the shard's rows ran
     return hook

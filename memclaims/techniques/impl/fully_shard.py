@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 from torch import nn
 
@@ -54,7 +57,7 @@ class Fsdp2Parallelize:
     auto_wrap: bool
     workload: str
 
-    def __call__(self, model: nn.Module, device_mesh: Any) -> nn.Module:
+    def __call__(self, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         mesh = device_mesh["data_parallel"]
         return fully_shard_blocks(model, self.block, checkpointing=self.checkpointing, auto_wrap=self.auto_wrap,
                                   workload=self.workload,

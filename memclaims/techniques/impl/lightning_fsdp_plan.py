@@ -29,7 +29,10 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 import torch
 from torch import nn
@@ -58,8 +61,8 @@ class LightningFsdp:
     buffer_dtype: str | None
     cast_forward_inputs: bool
     cast_root_forward_inputs: bool
-    wrap_policy: Any
-    checkpoint_options: tuple[tuple[str, Any], ...]
+    wrap_policy: object
+    checkpoint_options: tuple[tuple[str, object], ...]
     configured_by: str
 
 
@@ -120,7 +123,7 @@ def read(strategy: Any, precision: str) -> LightningFsdp:
         configured_by=configured_by)
 
 
-def describe_policy(policy: Any) -> str:
+def describe_policy(policy: object) -> str:
     """A policy in words that stay the same from run to run (torch's repr carries the object's address)."""
     classes = getattr(policy, "_module_classes", None)
     if classes is not None:
@@ -142,7 +145,7 @@ def describe(plan: Any) -> str:
             f"CPUOffload(offload_params={plan.offload_params}); {plan.sharding_strategy}")
 
 
-def policy_targets(policy: Any, model: nn.Module) -> list[nn.Module]:
+def policy_targets(policy: object, model: nn.Module) -> list[nn.Module]:
     """The modules below the root that an FSDP auto-wrap policy selects in ``model``, in ``model.modules()`` order,
     by the policy's own rule (``_Policy._run_policy``, as FSDP1's auto-wrap and torch's checkpointing call it)."""
     if policy is None:
@@ -183,7 +186,7 @@ def _cast_buffers(model: nn.Module, name: str | None) -> None:
                 module._buffers[key] = buffer.to(wanted)
 
 
-def shard(model: nn.Module, plan: Any, mesh: Any, workload: str) -> nn.Module:
+def shard(model: nn.Module, plan: Any, mesh: DeviceMesh | None, workload: str) -> nn.Module:
     """One CPU rank's model under the configured ``plan`` (a ``StrategyPlan`` from ``Strategy.configured``): FSDP2's
     ``fully_shard`` on each unit Lightning's auto-wrap policy selects (its checkpoint wrapper when Lightning's
     checkpointing wrapped it), children before parents, with the plan's ``reshard_after_forward``, then on the root

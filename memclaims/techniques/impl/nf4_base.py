@@ -26,7 +26,7 @@ Hand-written here, as no library offers it: which layers a base quantizes (trans
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -122,7 +122,7 @@ def _dynamic_map(code: torch.Tensor) -> Iterator[None]:
             del table["dynamic"]
 
 
-def _fake_quantize(weight: torch.Tensor, double_quant: bool, code: torch.Tensor) -> tuple[torch.Tensor, Any]:
+def _fake_quantize(weight: torch.Tensor, double_quant: bool, code: torch.Tensor) -> tuple[torch.Tensor, object]:
     """bitsandbytes' ``quantize_4bit`` of a fake weight: its registered fake kernels shape the packed weight and
     the absmax; the double quantization's mean, subtraction and 8-bit quantization run as they do on a device."""
     functional = _bnb().functional
@@ -204,7 +204,7 @@ def quantize_fake(model: nn.Module, workload: Workload, *, compute_dtype: torch.
     return model
 
 
-def upcast_adapters(model: nn.Module, dtype: torch.dtype, move: Callable[[nn.Module, Any], None]) -> None:
+def upcast_adapters(model: nn.Module, dtype: torch.dtype, move: Callable[[nn.Module, torch.dtype | None], None]) -> None:
     """peft's ``cast_adapter_dtype`` on the sim (its ``Module.to`` cannot swap fake tensors): the trainable linear
     layers (the adapters, which peft put in a 4-bit layer's compute dtype) converted to ``dtype`` by ``move``."""
     for module in model.modules():
@@ -313,7 +313,7 @@ class GemmSeen:
                 "gemm_absmax_8bit": sorted(self.absmax_8bit)}
 
 
-def gemm_op() -> Any:
+def gemm_op() -> object:
     _bnb()  # registers bitsandbytes' ops
     return torch.ops.bitsandbytes.gemm_4bit.default
 
@@ -364,7 +364,8 @@ def _watch_dispatch(seen: GemmSeen) -> Any:
         def __init__(self) -> None:
             super().__init__()  # type: ignore[no-untyped-call]
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
             if func is op:
                 seen.saw(func, args, kwargs or {})
             return func(*args, **(kwargs or {}))
@@ -406,7 +407,7 @@ class FourBitCompute(LoopHelper):
             self.seen.watching = False
             self.done = True
 
-    def forward_context(self) -> Any:
+    def forward_context(self) -> AbstractContextManager[object] | None:
         return None if self.done else self._first_pass()
 
     def compute_dtypes(self, seen: list[str]) -> list[str]:

@@ -75,7 +75,7 @@ def _elements(param: nn.Parameter) -> int:
     return int(state.shape.numel()) if state is not None else param.numel()
 
 
-def parameter_fields(model: nn.Module) -> dict[str, Any]:
+def parameter_fields(model: nn.Module) -> dict[str, object]:
     """The adapted model's ``trainable_parameters`` (elements that require a gradient) and ``total_parameters``
     (every element, the head's frozen original and its trained copy included; a 4-bit weight by its
     original shape), and ``quantized_parameter_bytes`` (the 4-bit weights' packed storage, None without)."""

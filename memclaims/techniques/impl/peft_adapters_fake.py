@@ -38,7 +38,7 @@ def _fake_to(move: Callable[[nn.Module, torch.dtype], None]) -> Iterator[None]:
         nn.Module.to = original  # type: ignore[method-assign]
 
 
-def apply(model: nn.Module, workload: str, chosen: dict[str, Any], asked: bool,
+def apply(model: nn.Module, workload: str, chosen: dict[str, object], asked: bool,
           move: Callable[[nn.Module, torch.dtype], None]) -> nn.Module:
     """``model`` with its LoRA adapters (``peft_adapters.apply``'s arguments), built on fake tensors; ``move``: the
     sim's dtype conversion."""

@@ -33,7 +33,7 @@ class OptimizerInBackward(LoopHelper):
         self.steps = 0  # per-parameter steps taken inside backward
         self.grad_peak_bytes = 0  # the most gradient bytes alive at once at a hook
         self._live: dict[torch.Tensor, int] = {}  # parameter -> its gradient's bytes, while alive
-        self._optimizers: dict[torch.Tensor, tuple[torch.optim.Optimizer, dict[str, Any]]] = {}
+        self._optimizers: dict[torch.Tensor, tuple[torch.optim.Optimizer, dict[str, object]]] = {}
         cls = type(optimizer)
         # The recipe's defaults its class's constructor takes (torch's AdamW keeps one it does not take).
         accepted = inspect.signature(cls.__init__).parameters
@@ -58,6 +58,6 @@ class OptimizerInBackward(LoopHelper):
         if param.grad is None:
             self._live.pop(param, None)
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         return observations(self.technique, backward_optimizer_steps=self.steps,
                             backward_grad_peak_bytes=self.grad_peak_bytes)

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves
 from memclaims.techniques.base import LoopHelper, observations
 
 
-def host_bytes(packed: Any) -> int:
+def host_bytes(packed: object) -> int:
     """Bytes of the host tensors in what a pack function returned (save_on_cpu: ``(device, tensor)``)."""
     return sum(leaf.nbytes for leaf in tree_leaves(packed)
                if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu")
@@ -41,7 +41,7 @@ class ActivationOffload(LoopHelper):
         """torch's own offloader; a subclass (the sim's) makes another."""
         return torch.autograd.graph.save_on_cpu(pin_memory=self.pin_memory)
 
-    def held_on_host(self, packed: Any) -> int:
+    def held_on_host(self, packed: object) -> int:
         """Bytes of host memory in what the pack function returned."""
         return host_bytes(packed)
 
@@ -51,7 +51,7 @@ class ActivationOffload(LoopHelper):
         if not count:
             return hooks
         self.host_bytes = self.host_bytes or 0
-        pack: Callable[[torch.Tensor], Any] = hooks.pack_hook
+        pack: Callable[[torch.Tensor], object] = hooks.pack_hook
 
         def counted(tensor: torch.Tensor) -> Any:
             packed = pack(tensor)
@@ -65,5 +65,5 @@ class ActivationOffload(LoopHelper):
         """The loop's forward pass under the hooks; the first pass under them counts what they offload."""
         return self.forward(count=self.host_bytes is None)
 
-    def measured_fields(self) -> dict[str, Any]:
+    def measured_fields(self) -> dict[str, object]:
         return observations(self.technique, offloaded_activation_bytes=self.host_bytes)

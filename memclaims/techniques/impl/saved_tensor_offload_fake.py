@@ -10,9 +10,7 @@ and stays on the device, being a parameter.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
@@ -20,18 +18,12 @@ from torch.utils._pytree import tree_leaves
 
 from memclaims.techniques.impl.saved_tensor_offload import ActivationOffload
 
-
-class DeviceAccounting(Protocol):
-    """What the hooks use of the sim's device accounting (``memclaims.sim.tracker.DeviceMemory``): named here,
-    not imported, because a technique never imports an engine, not even for its types (ARCHITECTURE.md)."""
-
-    def outside(self) -> AbstractContextManager[None]: ...
-
-    def host_bytes(self, tensors: Iterable[torch.Tensor]) -> int: ...
+if TYPE_CHECKING:
+    from memclaims.techniques.engine_protocols import SimDeviceMemory
 
 
 class SimulatedOffload(ActivationOffload):
-    def __init__(self, memory: DeviceAccounting, technique: str) -> None:
+    def __init__(self, memory: SimDeviceMemory, technique: str) -> None:
         super().__init__("cuda", technique)
         self.memory = memory
 
@@ -49,6 +41,6 @@ class SimulatedOffload(ActivationOffload):
 
         return saved_tensors_hooks(pack, unpack)
 
-    def held_on_host(self, packed: Any) -> int:
+    def held_on_host(self, packed: object) -> int:
         # Every fake tensor is a "cpu" tensor: the host's are those the device's accounting does not hold.
         return self.memory.host_bytes(leaf for leaf in tree_leaves(packed) if isinstance(leaf, torch.Tensor))

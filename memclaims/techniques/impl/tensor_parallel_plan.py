@@ -32,7 +32,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 import torch
 from torch import nn
@@ -145,7 +148,7 @@ def _own_layout(model: nn.Module, plan: Mapping[str, str]) -> Layout:
     return Layout(tuple(linears), source="the workload's tensor_parallel_plan")
 
 
-def _transformers_layout(model: nn.Module, config: Any, plan: dict[str, str]) -> Layout:
+def _transformers_layout(model: nn.Module, config: object, plan: dict[str, str]) -> Layout:
     base = getattr(model, "base_model", model)
     prefix = next((name for name, module in model.named_modules() if module is base), "")
     model_type = getattr(config, "model_type", type(model).__name__)
@@ -218,7 +221,7 @@ def divide_heads(model: nn.Module, found: Layout, size: int) -> None:
         setattr(module, attribute, getattr(module, attribute) // size)
 
 
-def parallelize(model: nn.Module, mesh: Any, found: Layout) -> nn.Module:
+def parallelize(model: nn.Module, mesh: DeviceMesh, found: Layout) -> nn.Module:
     """torch's ``parallelize_module`` of the layout over ``mesh`` (1-D: the tensor-parallel dimension)."""
     from torch.distributed.tensor import parallel
 
@@ -264,7 +267,7 @@ class ForwardWatch:
             self.handles.append(linear.register_forward_hook(self._hook(style, linear.out_features, size)))
 
     def _hook(self, style: str, out_features: int, size: int) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
+        def hook(module: nn.Module, args: object, output: object) -> None:
             if self.seen or not module.training or not isinstance(output, torch.Tensor):
                 return
             if style == COLWISE and _local(output).shape[-1] * size == out_features:
@@ -319,7 +322,7 @@ class TensorParallelize:
     fsdp2_reshard: bool | None = None  # FSDP2's reshard_after_forward on each block; None: no FSDP2
     auto_wrap: bool = True
 
-    def __call__(self, model: nn.Module, device_mesh: Any) -> nn.Module:
+    def __call__(self, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         tp_mesh = device_mesh[TP_DIM]
         block = self.workload.block_class()
         parallelize(model, tp_mesh, layout(model, block, self.workload.tensor_parallel_plan))
