@@ -19,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+import memclaims.sim.cache_key as cache_key
 import memclaims.sim.known_values as known_values
 from memclaims.core.record import ACTIVATIONS, CATEGORIES
 from memclaims.sim.allocator import CachingAllocator
@@ -413,7 +414,9 @@ def tracked_fake_mode(memory: DeviceMemory) -> Any:
     allocations, exactly as when the stacked tracker was popped during its op. The tracker's code runs
     inside the mode's dispatch, where the mode is off: it makes tensors from fake ones (``new_empty``),
     never with a factory function (which would make a real tensor)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import _DISPATCH_META_HANDLERS, FakeTensorMode
+
+    device_handler: Callable[[Any], Any] = _DISPATCH_META_HANDLERS[_DEVICE]
 
     class TrackedFakeMode(FakeTensorMode):
         def __init__(self) -> None:
@@ -449,10 +452,18 @@ def tracked_fake_mode(memory: DeviceMemory) -> Any:
             # through ctypes. Whether this machine has a GPU does not change during a replay.
             return self.no_device
 
+        if cache_key.SUPPORTED:
+            def _prep_args_for_hash(self, result: list[object], args: Any, state: Any,
+                                    id_hashed_objects: list[object]) -> None:
+                # The same cache key, built faster (memclaims.sim.cache_key).
+                cache_key.prep_args_for_hash(self, super()._prep_args_for_hash, result, args, state, id_hashed_objects)
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> object:
             # ``dispatch`` is what FakeTensorMode's own ``__torch_dispatch__`` calls, less its wrappers
             # (an op counter and a second dynamo guard: this method already has one).
-            if self.inside or func is _DEVICE or not memory.counting:
+            if func is _DEVICE:  # what ``dispatch`` answers it with, less a no_dispatch context and a debug log
+                return device_handler(args)
+            if self.inside or not memory.counting:
                 return self.dispatch(func, types, args, kwargs or {})
             self.inside = True
             try:
