@@ -81,7 +81,7 @@ class WatchFixture:
     ``judge`` a Record a stack's callback made."""
 
     def __init__(self, request: pytest.FixtureRequest, check: BaselineCheck,
-                 record_property: Callable[[str, Any], None]) -> None:
+                 record_property: Callable[[str, object], None]) -> None:
         self.request, self.check, self.record_property = request, check, record_property
         self.name = request.node.nodeid
         self.record: Record | None = None
@@ -137,7 +137,7 @@ class _Judged:
 
 @pytest.fixture
 def memclaims_watch(request: pytest.FixtureRequest, baseline_check: BaselineCheck,
-                    record_property: Callable[[str, Any], None]) -> Iterator[WatchFixture]:
+                    record_property: Callable[[str, object], None]) -> Iterator[WatchFixture]:
     """Yields a WatchFixture: ``with memclaims_watch(model, optimizer): train()`` watches the training and judges its
     Record (phases seen, no leak, the ``memclaims_budget`` marker, the stored baseline); ``memclaims_watch.judge(
     record)`` judges a Record of ``TrainerWatch`` / ``LightningWatch``. A watch the test left open (a Trainer whose

@@ -13,16 +13,14 @@ watch itself goes around the loop, over what ``fabric.setup`` returned, as with 
 
 from __future__ import annotations
 
-from typing import Any
-
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 from memclaims.watching.session import CallbackWatch
 
 
 class LightningWatch(Callback, CallbackWatch):
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._open(pl_module, list(trainer.optimizers))
 
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._close()

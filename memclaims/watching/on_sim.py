@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import torch
@@ -71,9 +72,9 @@ STAND_INS = (
 )
 
 
-def _caller() -> Any:
+def _caller() -> FrameType | None:
     """The innermost frame outside this module and torch's dispatch of the read."""
-    frame: Any = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and (frame.f_code.co_filename == __file__
                                  or "/torch/overrides.py" in frame.f_code.co_filename
                                  or "/torch/_tensor.py" in frame.f_code.co_filename):
@@ -96,7 +97,7 @@ class ValueReads(TorchFunctionMode):
                 return value
         return func(*args, **(kwargs or {}))
 
-    def answer(self, tensor: torch.Tensor, kind: type, frame: Any) -> tuple[bool, Any]:
+    def answer(self, tensor: torch.Tensor, kind: type, frame: FrameType | None) -> tuple[bool, object]:
         """(True, the stand-in) where ``frame`` is a place of ``STAND_INS``; (False, None) elsewhere."""
         if frame is None:
             return False, None
@@ -129,7 +130,7 @@ class ValueReads(TorchFunctionMode):
         return [f"value read on fake tensors, stood in for: {what} at {where}" for what, where in self.used.items()]
 
 
-def _is_fake(value: Any) -> bool:
+def _is_fake(value: object) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(value, FakeTensor)
@@ -240,13 +241,13 @@ class SimProbe:
 
         memory = self.session.memory
 
-        def before(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        def before(optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
             for group in optimizer.param_groups:
                 if "foreach" in group and group["foreach"] is None and not group.get("fused"):
                     group["foreach"] = True
                     self.foreach.add(type(optimizer).__name__)
 
-        def after(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        def after(optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
             for value in optimizer_state_tensors(optimizer):
                 memory.tag(value, OPTIMIZER_STATE)
 

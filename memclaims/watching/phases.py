@@ -39,7 +39,7 @@ FORWARD, BACKWARD, OPTIMIZER_STEP, ZERO_GRAD, EVALUATION = (
 REQUIRED = (FORWARD, BACKWARD, OPTIMIZER_STEP)
 
 
-def _examples(value: Any) -> int | None:
+def _examples(value: object) -> int | None:
     """The rows of a batch: the first dimension of the first tensor in a forward's arguments."""
     if isinstance(value, torch.Tensor):
         return int(value.shape[0]) if value.dim() else None
@@ -161,7 +161,7 @@ class StepPhases:
         self.seen[name] += 1
         self.driver.open(name)
 
-    def _forward_pre(self, module: nn.Module, args: Any) -> None:
+    def _forward_pre(self, module: nn.Module, args: tuple[object, ...]) -> None:
         if id(module) not in self._modules:
             return
         self._depth += 1
@@ -179,15 +179,15 @@ class StepPhases:
                 self.batch_size = _examples(args)
         self._open(kind)
 
-    def _forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _forward_post(self, module: nn.Module, args: tuple[object, ...], output: object) -> None:
         if id(module) in self._modules:
             self._depth = max(0, self._depth - 1)
 
-    def _rows(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+    def _rows(self, module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         if self.batch_size is None and self.driver.current == FORWARD:
             self.batch_size = _examples(kwargs)
 
-    def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _step_pre(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         self._adopt(optimizer)
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, *step's arguments)
         if closure is not None:
@@ -196,7 +196,7 @@ class StepPhases:
         self._before_update()
         self._open(OPTIMIZER_STEP)
 
-    def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _step_post(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         self._closure_step = False
         if self.driver.current == OPTIMIZER_STEP:
             self.driver.close()
@@ -207,7 +207,7 @@ class StepPhases:
         self.micro_batches.append(self._micro)
         self._micro = 0
 
-    def _loss(self, value: Any) -> None:
+    def _loss(self, value: object) -> None:
         if self.reads_losses and isinstance(value, torch.Tensor) and value.numel() == 1:
             self.losses.append(float(value.detach().float()))
 

@@ -58,7 +58,7 @@ def _device(model: nn.Module, device: str | torch.device | None) -> str:
     return kind
 
 
-def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+def _optimizers(optimizer: object) -> list[torch.optim.Optimizer]:
     """The torch optimizers behind what the user holds: accelerate's ``AcceleratedOptimizer`` and Lightning's
     ``LightningOptimizer`` keep theirs in ``optimizer`` / ``_optimizer``; a list or tuple of them."""
     if optimizer is None:
@@ -88,7 +88,7 @@ def close_left_open() -> list[str]:
     return closed
 
 
-def _built(model: Any, name: str) -> nn.Module:
+def _built(model: object, name: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise UsageError(f"memclaims.watch({name}): the function given as model returned {type(model).__name__}, "
                          "not a torch.nn.Module")
@@ -98,7 +98,7 @@ def _built(model: Any, name: str) -> nn.Module:
 class Watch:
     """The context manager ``memclaims.watch`` returns; ``record`` holds the Record once it has exited."""
 
-    def __init__(self, model: nn.Module | Callable[[], nn.Module], optimizer: Any = None, *,
+    def __init__(self, model: nn.Module | Callable[[], nn.Module], optimizer: object = None, *,
                  device: str | torch.device | None = None, name: str = "watch",
                  probe: probe_module.Probe | None = None, profile: str | None = None) -> None:
         built_here = not isinstance(model, nn.Module)
@@ -244,7 +244,7 @@ class CallbackWatch:
         self.record: Record | None = None
         self._watch: Watch | None = None
 
-    def _open(self, model: nn.Module, optimizer: Any) -> None:
+    def _open(self, model: nn.Module, optimizer: object) -> None:
         self._watch = Watch(model, optimizer, name=self.name)
         self._watch.__enter__()
 
@@ -257,7 +257,7 @@ class CallbackWatch:
                 self.record = watch._record
 
 
-def watch(model: nn.Module | Callable[[], nn.Module], optimizer: Any = None, *,
+def watch(model: nn.Module | Callable[[], nn.Module], optimizer: object = None, *,
           device: str | torch.device | None = None, name: str = "watch", profile: str | None = None) -> Watch:
     """memclaims' per-phase probes around ``model``'s training, as a context manager; ``.record`` after it ends.
 

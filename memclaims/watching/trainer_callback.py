@@ -13,17 +13,22 @@ run as they are. Each ``train()`` gives a new Record.
 
 from __future__ import annotations
 
-from typing import Any
+import torch
+from torch import nn
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from transformers import TrainerCallback
-
+from memclaims.core.errors import UsageError
 from memclaims.watching.session import CallbackWatch
 
 
 class TrainerWatch(TrainerCallback, CallbackWatch):
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                       **kwargs: object) -> None:
+        if model is None:  # transformers' CallbackHandler passes it on every event
+            raise UsageError("TrainerWatch: the Trainer gave on_train_begin no model to watch")
         self._open(model, optimizer)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: object) -> None:
         self._close()
