@@ -29,6 +29,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -120,11 +121,8 @@ class ValueReads(TorchFunctionMode):
             answered, value = self.answer(tensor, list, sys._getframe(1))
             return value if answered else original(tensor)
 
-        FakeTensor.tolist = tolist  # type: ignore[method-assign,assignment]
-        try:
+        with mock.patch.object(FakeTensor, "tolist", tolist):
             yield
-        finally:
-            FakeTensor.tolist = original  # type: ignore[method-assign]
 
     def notes(self) -> list[str]:
         return [f"value read on fake tensors, stood in for: {what} at {where}" for what, where in self.used.items()]
@@ -304,8 +302,5 @@ def _kept_in_place() -> Iterator[None]:
     def to(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return self if _same_device(self, args, kwargs) else original(self, *args, **kwargs)
 
-    nn.Module.to = to  # type: ignore[method-assign]
-    try:
+    with mock.patch.object(nn.Module, "to", to):
         yield
-    finally:
-        nn.Module.to = original  # type: ignore[method-assign]
