@@ -15,6 +15,8 @@ fake model (``memclaims.techniques.impl.peft_adapters_fake``), so both count the
 
 from __future__ import annotations
 
+import warnings
+
 from typing import Any
 
 from torch import nn
@@ -62,7 +64,12 @@ def apply(model: nn.Module, workload: str, chosen: dict[str, Any], asked: bool) 
         # autocast_adapter_dtype=False: adapters in the base layers' dtype, not upcast to fp32 from a half one.
         # Fabric's setup converts a true-precision model whole after this (adapters included), so a real run
         # ends the same either way; the sim, which builds in the target dtype and converts nothing, needs it.
-        adapted: nn.Module = get_peft_model(model, config(chosen), autocast_adapter_dtype=False)
+        with warnings.catch_warnings():
+            # peft reads transformers' deprecated ``is_gradient_checkpointing`` alias itself (peft 0.21 with
+            # transformers 5.x): a FutureWarning for the user's run that is neither theirs nor memclaims' to act on.
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            adapted: nn.Module = get_peft_model(model, config(chosen), autocast_adapter_dtype=False)
     except ValueError as error:  # a model type peft has no default target modules for, or no module matched
         first = (str(error).strip().splitlines() or [""])[0][:200]
         raise UsageError(f"lora: peft cannot put adapters on workload {workload!r}: {first}") from None

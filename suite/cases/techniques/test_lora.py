@@ -80,6 +80,26 @@ def _peft_trainable(model_type: str, overrides: dict[str, int]) -> int:
     return int(trainable)
 
 
+def test_adapters_go_on_quietly() -> None:
+    """A run with -t lora prints nothing of peft's own: its read of transformers' deprecated alias is not the user's
+    warning (a project with ``filterwarnings = error`` would fail on it)."""
+    import warnings
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from memclaims.techniques.impl import peft_adapters
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128,
+                                                                      num_attention_heads=2, num_hidden_layers=1,
+                                                                      num_key_value_heads=2, vocab_size=100))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chosen = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj"], "modules_to_save": ()}
+        peft_adapters.apply(model, "hf:llama", chosen, asked=True)
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("adapter", ["lora", pytest.param("qlora", marks=pytest.mark.requires(bitsandbytes="cpu"))])
 def test_asked_parameters_train_what_peft_reports_and_the_record_says_them(adapter: str) -> None:
