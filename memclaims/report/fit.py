@@ -167,6 +167,11 @@ class FitRow:
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
+    @property
+    def label(self) -> str:
+        """The techniques as the recipe id says them, with what was asked of them (``lora[r=8]``) and the ranks."""
+        return self.recipe.rpartition("/")[2] if "/" in self.recipe else "+".join(self.techniques)
+
 
 @dataclass
 class FitResult:
@@ -439,7 +444,7 @@ def table(result: FitResult, limit: int | None = None) -> list[str]:
 
 def _row(result: FitResult, rank: str, row: FitRow) -> str:
     status = "fits, retries" if row.frees_cache else row.status
-    techniques = "+".join(row.techniques)
+    techniques = row.label
     if result.timed:
         time = "?" if row.time_ratio is None else f"{row.time_ratio:.2f}"
         techniques = f"{time:>7}  {techniques}  [{row.risk}]"
@@ -460,7 +465,7 @@ def plot(result: FitResult, path: Path) -> None:
     height = max(3.0, 0.22 * len(rows) + 1.2)
     figure, axes = plt.subplots(figsize=(9, height))
     colours = ["tab:green" if r.status == "fits" else "tab:red" for r in rows]
-    axes.barh(["+".join(r.techniques) for r in rows], [(r.peak_reserved_bytes or 0) / 1e9 for r in rows],
+    axes.barh([r.label for r in rows], [(r.peak_reserved_bytes or 0) / 1e9 for r in rows],
               color=colours)
     axes.axvline(result.memory_bytes / 1e9, color="black", linestyle="--",
                  label=f"budget {result.memory_bytes / 1e9:.1f} GB")

@@ -16,7 +16,6 @@ fake model (``memclaims.techniques.impl.peft_adapters_fake``), so both count the
 from __future__ import annotations
 
 import warnings
-
 from typing import Any
 
 from torch import nn

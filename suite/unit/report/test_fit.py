@@ -206,3 +206,10 @@ def test_the_exit_status_says_whether_anything_fits(capsys: pytest.CaptureFixtur
     assert cli.main([*args, "--memory", "300MB"]) == 1  # above the parameters' floor, below every peak
     statuses = [line.split()[1] for line in capsys.readouterr().out.splitlines()[3:] if line[:4].strip().isdigit()]
     assert statuses and set(statuses) == {"too"}, statuses  # "too big", each row
+
+
+def test_a_row_names_what_was_asked_of_its_techniques() -> None:
+    """A parameterized combination is shown as its recipe id says it (``lora[r=4]``), not as the bare names."""
+    row = fit.FitRow(["lora"], "distilbert-smoke/lora[r=4]", "fits", 90_000_000, 80_000_000, 910_000_000, asked=True)
+    result = fit.FitResult("distilbert", "smoke", "current", 10**9, 1, "replayed", rows=[row])
+    assert any(line.endswith(f" lora[r=4]  {fit.ASKED}") for line in fit.table(result)), fit.table(result)
