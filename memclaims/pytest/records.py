@@ -33,6 +33,10 @@ from memclaims.run import model_parameters, needs, run_recipe
 # and its RecordCache measures each Record once instead of once per worker.
 CPU_CONVERGED_GROUP = "cpu-converged"
 
+# The (tier, recipe id) keys whose whole Record (the accuracy phase included) this session's selected tests read:
+# the technique matrix's cases and the claims' lookups, known once collection is done (``pytest_collection_finish``).
+FULL_ASKED = pytest.StashKey[frozenset[tuple[str, str]]]()
+
 
 @dataclass
 class RecordCache:
@@ -42,6 +46,9 @@ class RecordCache:
     # Under xdist, a folder the session's workers share (``shared_folder``): a Record one worker measured, the
     # others read instead of measuring it again; None without xdist.
     shared: Path | None = None
+    # What the session's tests read whole (``FULL_ASKED``): a memory reader of one of these takes the whole Record
+    # instead of training the recipe a second time without its accuracy phase.
+    full_asked: frozenset[tuple[str, str]] = frozenset()
 
     def options(self, tier: str) -> RunOptions:
         chosen = settings(self.config)
@@ -75,10 +82,11 @@ class RecordCache:
 
     def memory(self, tier: str, recipe: Recipe) -> Record:
         """The recipe's measured steps only (no accuracy phase): the session's full Record where one
-        ran, else a run without evaluation, kept for the session. For comparisons of memory phases
+        ran or where a selected test will read it (``full_asked``: measured once, whichever reader comes first),
+        else a run without evaluation, kept for the session. For comparisons of memory phases
         (activation checkpointing against the same recipe without it) at a fraction of a case's time."""
         full = self.records.get((tier, recipe.id)) or self._measured_by_another_worker((tier, recipe.id))
-        if full is not None or tier == "sim":
+        if full is not None or tier == "sim" or (tier, recipe.id) in self.full_asked:
             return full or self.get(tier, recipe)
         key = (tier, f"{recipe.id} (memory only)")
         if key not in self.records:
@@ -157,7 +165,39 @@ def record_cache(request: pytest.FixtureRequest) -> RecordCache:
     first error instead of running again, and one the machine cannot run skips with the reason. Under xdist
     the session's workers share what they measured (``RecordCache._once``).
     """
-    return RecordCache(request.config, shared=shared_folder(request))
+    return RecordCache(request.config, shared=shared_folder(request),
+                       full_asked=request.config.stash.get(FULL_ASKED, frozenset()))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Stashes ``FULL_ASKED``: the whole Records the selected tests (after -m, -k and the skips at collection) read
+    through ``record_cache``: each technique-matrix case's recipe (``memclaims.pytest.cases.test_case``) and the
+    Records each claim's check looks up (a case parametrized with ``tier`` and ``claim``). Under xdist every worker
+    collects every item, so each knows what the session as a whole reads, whichever worker runs it."""
+    from memclaims.pytest.cases import test_case
+    from memclaims.pytest.plugin import selected_workload
+
+    config = session.config
+    asked: set[tuple[str, str]] = set()
+    cache = RecordCache(config)
+    for item in session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        tier = params.get("tier")
+        if not isinstance(tier, str) or tier == "sim" or "record_cache" not in getattr(item, "fixturenames", ()):
+            continue  # the sim's Records have no accuracy phase (``memory`` reads them whole anyway)
+        if item.get_closest_marker("skip") is not None:
+            continue  # never runs: reads nothing
+        claim = params.get("claim")
+        try:
+            if getattr(item, "obj", None) is test_case:
+                asked.add((tier, cache.recipe(tier, selected_workload(config), params["techniques"]).id))
+            elif isinstance(claim, Claim) and claim.check is not None and skip_reason(claim, tier) is None:
+                scale = claim.check.scale_on(tier) or tier_scale(config, tier, claim.workload)
+                asked.update((tier, recipe_of(key, claim.workload, scale).id)
+                             for key in claim.check.recipes_on(tier) if not load_only(key))
+        except MemclaimsError:
+            continue  # the test itself reports a recipe it cannot resolve
+    config.stash[FULL_ASKED] = frozenset(asked)
 
 
 def shared_folder(request: pytest.FixtureRequest) -> Path | None:

@@ -22,7 +22,9 @@ from memclaims.sim import check as sim_check
 from memclaims.sim.profiles import GPU_TIER_PROFILES
 from memclaims.workloads.registry import gpu_tier_scale
 
-pytestmark = pytest.mark.sim
+# One worker under -n (--dist loadgroup): the module's Preflight simulates each (recipe, scale) once for every card
+# and claim; spread over two workers, each would simulate most of them again.
+pytestmark = [pytest.mark.sim, pytest.mark.xdist_group("gpu-preflight")]
 
 
 def _not_simulated(claim: Claim, requested: str) -> str | None:

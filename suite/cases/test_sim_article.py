@@ -54,6 +54,10 @@ def sims(record_cache: RecordCache) -> Callable[[tuple[str, ...]], Record]:
     return get
 
 
+# The tests that read ``loads`` run on one worker under -n (--dist loadgroup): the two 07 loads simulated once.
+LOADS_GROUP = pytest.mark.xdist_group("sim-loads")
+
+
 @pytest.fixture(scope="module")
 def loads() -> dict[str, LoadResult]:
     """Each 07 load simulated once per module (a few seconds each), shared by the load tests."""
@@ -79,6 +83,7 @@ def test_row_within_band_of_published_reserved(sims, name, baseline_check, recor
     baseline_check.check(f"sim:{record.recipe}", record, record_property)
 
 
+@LOADS_GROUP
 @pytest.mark.parametrize("name", list(LOAD_ROWS))
 def test_load_row_within_band_of_published_reserved(loads, name):
     _, published = LOAD_ROWS[name]
@@ -197,10 +202,12 @@ def test_claim_sgd_saves_about_the_adam_state(sims):
     assert adam.optimizer_state_bytes <= saved <= adam.optimizer_state_bytes + 2 * adam.param_bytes
 
 
+@LOADS_GROUP
 def test_claim_init_module_load_at_most_0_6_of_build_then_convert(loads):
     assert loads["07_03"].peak.reserved_bytes <= 0.6 * loads["07_01"].peak.reserved_bytes
 
 
+@LOADS_GROUP
 def test_load_rows_are_the_stock_1000_class_model(loads):
     for result in loads.values():
         assert result.param_count == 304_326_632  # ARTICLE.md, derived row
@@ -209,6 +216,7 @@ def test_load_rows_are_the_stock_1000_class_model(loads):
     assert loads["07_03"].peak.live_bytes < 2.01 * 304_326_632
 
 
+@LOADS_GROUP
 def test_the_doors_load_only_records_are_the_07_replays(loads):
     """``run_recipe(recipe, RunOptions(device="sim", load_only=True))``, how every caller asks for a 07 row:
     the load replay's numbers as a Record of its load phase alone."""
@@ -243,6 +251,7 @@ def test_two_runs_are_byte_identical(techniques):
     assert simulate(recipe).to_json() == simulate(recipe).to_json()
 
 
+@LOADS_GROUP
 def test_two_article_load_runs_are_identical(loads):
     assert simulate_load("init-module") == loads["07_03"]
 

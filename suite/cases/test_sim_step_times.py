@@ -17,7 +17,8 @@ import pytest
 from memclaims.core import published
 from memclaims.sim.timemodel import A100_40GB, chain_table
 
-pytestmark = pytest.mark.sim
+# One worker under -n (--dist loadgroup): the module's table simulates the whole chain (about 9 s of CPU), once.
+pytestmark = [pytest.mark.sim, pytest.mark.xdist_group("sim-step-times")]
 
 
 @pytest.fixture(scope="module")

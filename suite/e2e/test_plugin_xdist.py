@@ -187,3 +187,53 @@ def test_a_memory_only_reader_takes_the_full_record_another_worker_stored(tmp_pa
     monkeypatch.setattr(records, "run_recipe", lambda *args: pytest.fail("measured again"))
     other = RecordCache(None, shared=tmp_path)  # type: ignore[arg-type]
     assert other.memory("cpu", recipe).recipe == recipe.id  # type: ignore[arg-type]
+
+
+def test_a_memory_only_reader_takes_the_whole_record_the_session_reads_anyway(monkeypatch) -> None:
+    """``memory`` of a recipe a selected test reads whole (``full_asked``: a matrix case, a claim's lookup) measures
+    the whole Record once, whichever reader comes first (issue #51: the same recipe trained twice, without and then
+    with its accuracy phase); a recipe nobody reads whole still trains without evaluation."""
+    from types import SimpleNamespace
+
+    import memclaims.pytest.records as records
+    from memclaims.pytest.records import RecordCache
+    from memclaims.pytest.testing import fake_record
+
+    runs: list[tuple[str, bool]] = []
+
+    def run_recipe(recipe: SimpleNamespace, options: object) -> tuple[object]:
+        runs.append((recipe.id, options.evaluate))  # type: ignore[attr-defined]
+        return (fake_record(recipe.id),)
+
+    monkeypatch.setattr(records, "run_recipe", run_recipe)
+    monkeypatch.setattr(records, "settings", lambda config: SimpleNamespace(
+        steps=2, accuracy_epochs=1, data_dir=None, accuracy_full_epochs=None))
+    whole, apart = (SimpleNamespace(id=name, scale=SimpleNamespace(plateau=False))
+                    for name in ("vit-smoke/fabric", "vit-smoke/sgd"))
+    cache = RecordCache(None, full_asked=frozenset({("cpu", whole.id)}))  # type: ignore[arg-type]
+    assert cache.memory("cpu", whole) is cache.get("cpu", whole)  # type: ignore[arg-type]
+    cache.memory("cpu", apart)  # type: ignore[arg-type]
+    assert runs == [(whole.id, True), (apart.id, False)]
+
+
+def test_the_session_knows_the_records_its_selected_tests_read_whole(pytester: pytest.Pytester) -> None:
+    """``pytest_collection_finish`` stashes the matrix's selected cpu cases (not the sim's, not a deselected one) and
+    the Records a claim's check looks up."""
+    from memclaims.pytest.records import FULL_ASKED
+
+    make_project(pytester, ROOT).makepyfile(
+        test_memclaims="from memclaims.pytest.cases import test_case  # noqa\n",
+        test_claims="""
+import pytest
+from memclaims.claims.catalogue import CLAIMS
+
+@pytest.mark.parametrize(("tier", "claim"), [("cpu", c) for c in CLAIMS if c.name == "small-batch-memory"])
+def test_claim(tier, claim, record_cache):
+    pass
+""")
+    items, recorder = pytester.inline_genitems("--memclaims-matrix", "singles", "-k", "not cpu:vit-smoke/sgd]")
+    asked = items[0].config.stash[FULL_ASKED]
+    assert ("cpu", "vit-smoke/bf16-true") in asked and ("cpu", "vit-smoke/fabric") in asked
+    assert ("cpu", "vit-smoke/sgd") not in asked  # deselected by -k
+    assert not any(tier == "sim" for tier, _ in asked)
+    assert ("cpu", "vit-smoke/bf16-true+small-batch") in asked  # the claim's, no single case's

@@ -22,7 +22,8 @@ from memclaims.recipes.recipe import resolve
 from memclaims.sim import simulate
 from memclaims.sim.allocator import AllocatorConfig, MiB, TraceEvent
 
-pytestmark = pytest.mark.sim
+# One worker under -n (--dist loadgroup): the module's replay with its allocator history (a few s of CPU) runs once.
+pytestmark = [pytest.mark.sim, pytest.mark.xdist_group("unit-alloc-trace")]
 RECIPE = resolve("vit", "article", ("16-mixed",))  # ViT-L/16 at batch 64: segments of many sizes
 
 

@@ -12,7 +12,9 @@ from memclaims.core.errors import UsageError
 from memclaims.recipes.recipe import Sizes, resolve
 from memclaims.report import fit
 
-pytestmark = pytest.mark.sim
+# One worker under -n (--dist loadgroup hands out ungrouped tests one by one, so a module's tests alternate between
+# the workers): the module's fit (about 10 s of CPU) runs once, not once per worker.
+pytestmark = [pytest.mark.sim, pytest.mark.xdist_group("unit-fit")]
 
 # Wide enough that tensors, not cuBLAS workspaces and segment rounding, decide the peak (fake tensors
 # cost the same time at any width); two layers at smoke scale.

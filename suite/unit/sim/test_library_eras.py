@@ -11,7 +11,8 @@ from memclaims.core.record import Record
 from memclaims.recipes.recipe import Sizes, resolve
 from memclaims.sim.library_eras import replaying
 
-pytestmark = [pytest.mark.sim, pytest.mark.requires(bitsandbytes="cpu")]  # the sim's 4-bit layers are bitsandbytes'
+# The sim's 4-bit layers are bitsandbytes'; one worker under -n (--dist loadgroup): the two predictions run once.
+pytestmark = [pytest.mark.sim, pytest.mark.requires(bitsandbytes="cpu"), pytest.mark.xdist_group("unit-library-eras")]
 
 # A small Llama, every shape stated here: 3 layers, 64 wide, 2 heads of 32, 160 intermediate; 4 x 32 tokens.
 LAYERS, HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE = 3, 64, 2, 32, 160
