@@ -14,6 +14,7 @@ Only ``pytest -m stress`` runs it (suite/conftest.py deselects it otherwise): th
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -46,18 +47,21 @@ class Finished:
     output: str
 
 
-def run_while_progressing(command: list[str], idle_s: float, **popen: object) -> Finished:
+def run_while_progressing(command: list[str], idle_s: float, cwd: Path | None = None,
+                          env: dict[str, str] | None = None) -> Finished:
     """Run ``command``, stopping it only when it has printed nothing for ``idle_s`` seconds.
 
     Hand-written: subprocess's ``timeout`` bounds the total time, which a loaded machine exceeds while
     still making progress."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # type: ignore[call-overload]
-                               **popen)
+    # A session of its own, so that a stopped session's ranks go with it.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                               start_new_session=True)
     chunks: list[bytes] = []
     last = [time.monotonic()]
 
     def read() -> None:
-        while chunk := process.stdout.read1(65536):
+        assert process.stdout is not None
+        while chunk := os.read(process.stdout.fileno(), 65536):  # as soon as anything is printed
             chunks.append(chunk)
             last[0] = time.monotonic()
 
@@ -70,7 +74,7 @@ def run_while_progressing(command: list[str], idle_s: float, **popen: object) ->
             break
         except subprocess.TimeoutExpired:
             if time.monotonic() - last[0] >= idle_s:
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
                 break
     reader.join(timeout=5)
