@@ -74,7 +74,8 @@ HOW: dict[str, How] = {
     'pytest -n 2 -m "not slow" --durations=10': How(skip="CI's own test command (.ci/run runs it)"),
     'pytest -n 2 -m "not slow"': How(skip="CI's own test command (.ci/run runs it)"),
     "pytest -n 2": How(skip="the nightly's whole run (this test is part of it)"),
-    "pytest -m stress": How(slow=True),
+    "pytest -m stress": How(skip="the nightly's own step, run by itself after `pytest -n 2` (ten dist-tier sessions, 15 min "
+                                 "or more on 2 cores); a fresh folder has no suite for it to select (exit 5)"),
     "pytest suite/cases/test_step_time.py --benchmark-autosave": How(slow=True),
     "pytest suite/cases/test_step_time.py --benchmark-compare": How(slow=True),
     "memclaims reproduce": How(slow=True),
