@@ -76,8 +76,6 @@ HOW: dict[str, How] = {
     "pytest -n 2": How(skip="the nightly's whole run (this test is part of it)"),
     "pytest -m stress": How(skip="the nightly's own step, run by itself after `pytest -n 2` (ten dist-tier sessions, 15 min "
                                  "or more on 2 cores); a fresh folder has no suite for it to select (exit 5)"),
-    "pytest suite/cases/test_step_time.py --benchmark-autosave": How(slow=True),
-    "pytest suite/cases/test_step_time.py --benchmark-compare": How(slow=True),
     "memclaims reproduce": How(slow=True),
     "memclaims reproduce --all": How(slow=True),
     "memclaims reproduce --device sim": How(slow=True),
@@ -171,6 +169,12 @@ SPLIT_MLP = "export MEMCLAIMS_WORKLOADS=mywork.split_mlp:make"
 SPLIT_MLP_FLOW = {SPLIT_MLP, "memclaims run split-mlp --device sim --scale article -t tensor-parallel --devices 8",
                   "memclaims run split-mlp --device sim --scale article -t bf16-true -t lora --lora-r 4 --lora-targets up"}
 
+# docs/tiers.md's step times, a contributor's commands (they name the suite's own file): answered by
+# test_the_step_time_flow in a copy of the repository's test tree, the save first, then the comparison with it.
+STEP_TIME_FLOW = ["pytest suite/cases/test_step_time.py --benchmark-autosave",
+                  "pytest suite/cases/test_step_time.py --benchmark-compare"]
+TEST_TREE = ("suite", "fixtures", "baselines", "locks", "conftest.py", "pytest.ini")
+
 
 def run(command: str, folder: Path, pytester: pytest.Pytester | None = None) -> tuple[int, str]:
     """``command`` in ``folder`` through the installed entry points; its exit status and output."""
@@ -196,7 +200,7 @@ def run(command: str, folder: Path, pytester: pytest.Pytester | None = None) -> 
 def params() -> list[Any]:
     out = []
     for page, command in COMMANDS:
-        if command in NIGHTLY_FLOW | OWN_MODEL_FLOW | SPLIT_MLP_FLOW:
+        if command in NIGHTLY_FLOW | OWN_MODEL_FLOW | SPLIT_MLP_FLOW | set(STEP_TIME_FLOW):
             continue
         how, name = HOW.get(command, How()), f"{page}:{command[:70]}"
         if how.skip:
@@ -215,7 +219,7 @@ def test_every_command_of_the_docs_is_here() -> None:
     assert NIGHTLY in shown and OWN_MODEL in shown and len(shown) >= 70
     assert not set(HOW) - shown, f"HOW names commands the docs no longer show: {sorted(set(HOW) - shown)}"
     assert (NIGHTLY_FLOW | OWN_MODEL_FLOW) - {OWN_MODEL} <= shown | {"memclaims history nightly-runs/ --plot h.png"}
-    assert SPLIT_MLP_FLOW <= shown
+    assert SPLIT_MLP_FLOW <= shown and set(STEP_TIME_FLOW) <= shown
     assert metadata.distribution("memclaims").entry_points  # the installed package (pip install -e), not sys.path
 
 
@@ -227,6 +231,19 @@ def test_doc_command_runs_from_a_fresh_folder(command: str, pytester: pytest.Pyt
                                                           {"vit-smoke/fake-a": Baseline(fake_record())})
     status, output = run(command, pytester.path, pytester)
     assert status == 0, f"{command}\n{output[-3000:]}"
+
+
+@pytest.mark.slow
+def test_the_step_time_flow(tmp_path: Path) -> None:
+    """The two step-time commands as docs/tiers.md shows them, from the root of a copy of the repository's test
+    tree (they name its file): the first saves a run, the second compares with it."""
+    for name in TEST_TREE:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, tmp_path / name)
+    for command in STEP_TIME_FLOW:
+        done = subprocess.run([sys.executable, "-m", *shlex.split(command), "-p", "no:cacheprovider"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"{command}\n{(done.stdout + done.stderr)[-3000:]}"
+    assert len(list(tmp_path.glob(".benchmarks/*/0001_*.json"))) == 1  # saved once, then compared with
 
 
 @pytest.mark.xdist_group("docs-nightly")
