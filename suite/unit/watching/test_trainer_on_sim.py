@@ -17,8 +17,6 @@ from memclaims.core.errors import UsageError
 from memclaims.recipes.recipe import resolve
 from memclaims.sim.replays import simulate
 
-transformers = pytest.importorskip("transformers")
-
 # The workloads' DistilBERT (memclaims.workloads.text): its smoke config, eager attention (the article's era).
 SMOKE = dict(vocab_size=1024, n_layers=2, n_heads=2, dim=64, hidden_dim=128, max_position_embeddings=64)
 SHAPES = {"smoke": (SMOKE, 64, 32), "article": ({}, 512, 12)}  # config, sequence, batch
@@ -59,8 +57,9 @@ def test_a_users_trainer_on_the_sim_predicts_memclaims_hf_trainer_case(scale: st
     assert "RandomSampler's seed" in said and "logged training loss" in said  # every stand-in said
 
 
+@pytest.mark.requires(bitsandbytes="cpu")
 def test_bitsandbytes_on_the_sim_is_refused_in_one_line(tmp_path: Path) -> None:
-    bnb = pytest.importorskip("bitsandbytes")
+    import bitsandbytes as bnb
     with pytest.raises(UsageError) as raised:
         _trainer_on_sim("smoke", tmp_path, lambda model: (bnb.optim.Adam8bit(model.parameters(), lr=1e-3), None))
     message = str(raised.value)
