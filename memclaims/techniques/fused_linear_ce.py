@@ -50,7 +50,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
-from memclaims.techniques.base import Hooks, LoopHelper, Say, Technique, observations
+from memclaims.techniques.base import Hooks, LoopHelper, Observed, Say, Technique, observations
 from memclaims.techniques.shared_conflicts import STRATEGIES
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ class FusedLoss(LoopHelper):
             return seen
         return sorted({*seen, str(self.compute_dtype).removeprefix("torch.")})
 
-    def measured_fields(self) -> dict[str, object]:
+    def measured_fields(self) -> Observed:
         """The technique's part of the Record: the op's calls, the tokens of the last call, its classes (the
         vocabulary), the rows of one chunk of the tokens (the op's resolved batch_chunk_size: the logits buffer is
         chunk x vocabulary), and calls in which the op ignored its options and materialized the logits whole."""
