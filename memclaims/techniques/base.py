@@ -657,7 +657,8 @@ class Technique:
     # A technique only some workloads take: (the Workload attribute a workload sets to take it, why the
     # others cannot). memclaims.recipes.recipe refuses the rest with the reason; the tiers leave them out.
     workload_needs: tuple[str, str] | None = None
-    # Techniques it does not combine with, each with the reason: (technique name, why not).
+    # Techniques it does not combine with, each with the reason: (technique name, why not), or (a group, why not) for
+    # every technique of that group (``STRATEGY``: every multi-rank strategy, a strategy added later included).
     conflicts: tuple[tuple[str, str], ...] = ()
     # Whether it joins the default selection's pairwise cover. The techniques added after the article's
     # do not: each would re-plan the greedy cover, renaming its combinations and orphaning their
@@ -678,6 +679,10 @@ class Technique:
     parameters: type[TechniqueParameters] | None = None
     # What it does to a run (``Hooks``; a multi-device technique's: a ``Strategy``); not part of the entry's identity.
     hooks: Hooks = field(default=NO_HOOKS, compare=False, repr=False)
+
+    def conflict_with(self, other: Technique) -> str | None:
+        """Why this technique does not combine with ``other`` (a conflict naming it or its group); None: no conflict."""
+        return next((reason for name, reason in self.conflicts if name in (other.name, other.group)), None)
 
     @property
     def distributed(self) -> Strategy | None:

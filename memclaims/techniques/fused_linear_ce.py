@@ -51,7 +51,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
 from memclaims.techniques.base import Hooks, LoopHelper, Observed, Say, Technique, observations
-from memclaims.techniques.shared_conflicts import STRATEGIES
+from memclaims.techniques.shared_conflicts import STRATEGY
 
 if TYPE_CHECKING:
     import torch
@@ -266,10 +266,10 @@ class FusedLinearCrossEntropy(Hooks):
 
 # The strategies shard or wrap the vocabulary projection; memclaims' fused loss reads its weight outside the
 # model's forward, which FSDP frees (resharded) and the ranks' engines compute the loss from logits.
-_CONFLICTS: tuple[tuple[str, str], ...] = tuple(
-    (s, "memclaims computes the fused loss in the one-device engines only: it reads the vocabulary projection's "
-        "weight after the forward, which FSDP has resharded, and the multi-rank engines compute the loss from "
-        "logits") for s in STRATEGIES)
+_CONFLICTS: tuple[tuple[str, str], ...] = (
+    (STRATEGY, "memclaims computes the fused loss in the one-device engines only: it reads the vocabulary projection's "
+               "weight after the forward, which FSDP has resharded, and the multi-rank engines compute the loss from "
+               "logits"),)
 _WORKLOADS = ("fused_loss_head", "the fused linear + cross-entropy replaces a causal LM's vocabulary projection and "
               "its loss (hf: workloads with the causal-lm head whose logits are the plain projection, without "
               "soft-capping or scaling); this workload has none")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from memclaims.core.errors import UsageError
 from memclaims.techniques.base import ZERO_AFTER_STEP, LoopOrder, Observed, Say, Stack, Technique, observations
-from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGIES
+from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGY
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +47,7 @@ _TRUE_HALF = ("TrainingArguments has no true half precision: bf16 and fp16 are a
               "parameters stay in the model's dtype")
 CONFLICTS: tuple[tuple[str, str], ...] = (
     ("16-true", _TRUE_HALF), ("bf16-true", _TRUE_HALF),
-    *((name, STACK_REFUSES_STRATEGIES) for name in STRATEGIES),
+    (STRATEGY, STACK_REFUSES_STRATEGIES),
     *STACK_REFUSES_FABRIC_HOOKS.items(),
 )
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from memclaims.core.errors import UsageError
 from memclaims.techniques.base import Hooks, Observed, Say, Technique, observations
-from memclaims.techniques.shared_conflicts import STRATEGIES
+from memclaims.techniques.shared_conflicts import STRATEGY
 
 if TYPE_CHECKING:
     import torch
@@ -260,7 +260,7 @@ class Lora(Hooks):
 # memclaims.sim.replay); the ranks' engines build theirs without them.
 _RANKS_DO_NOT_ADAPT = "memclaims applies the LoRA adapters in the one-device engines only; the multi-rank engines build the model without them"
 CONFLICTS: tuple[tuple[str, str], ...] = (
-    *((s, _RANKS_DO_NOT_ADAPT) for s in STRATEGIES),
+    (STRATEGY, _RANKS_DO_NOT_ADAPT),
     ("optimizer-in-backward", "memclaims' in-backward step counts one step per parameter per backward; the frozen "
                               "base weights get no gradient, so their post-accumulate hooks never fire"),
 )
