@@ -1,13 +1,12 @@
 """What the checks of more than one source read alike: the recipes and workloads whose one measured Record serves
-claims of several sources (so a session measures it once), and the observation they read from it."""
+claims of several sources (so a session measures it once)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from memclaims.claims.lookup import Techniques
-    from memclaims.core.record import Record
 
 # Tensor parallelism (issue #43; the article's and Lightning's guide's claims): one rank of the tensor-parallel
 # technique on the tier's default ranks (the sim's: 4), against the same recipe on one device. DistilBERT: its 12 heads
@@ -18,7 +17,3 @@ TENSOR_PARALLEL_WORKLOAD = "distilbert"
 # (the course's claims and the stacks' docs').
 STACK_WORKLOAD = "distilbert-cased"
 
-
-def tensor_parallel_seen(rank: Record) -> dict[str, Any]:
-    """What the tensor-parallel technique observed on the rank (its ``by_technique`` part)."""
-    return rank.by_technique.get("tensor-parallel", {})

@@ -193,9 +193,13 @@ class Record:
             return self.recipe
         return f"{self.recipe}@{self.devices}/rank{self.rank}"
 
-    def observed(self, technique: str, key: str) -> Any:
-        """What ``technique`` observed under ``key`` (its ``by_technique`` part); None where it observed nothing."""
-        return self.by_technique.get(technique, {}).get(key)
+    def __post_init__(self) -> None:
+        self.by_technique = observed_parts(self.by_technique)
+
+    def observed(self, technique: str, key: str, default: object = None) -> Any:
+        """What ``technique`` observed under ``key`` (its ``by_technique`` part); ``default`` where the part has no
+        ``key`` (a key it holds as None reads None: ``techniques.base.observations``). The one reader of the parts."""
+        return self.by_technique.get(technique, {}).get(key, default)
 
     def to_dict(self) -> dict[str, Any]:
         fields_ = asdict(self)
@@ -228,6 +232,18 @@ RETIRED_FIELDS: dict[str, str] = {
     "backward_optimizer_steps": "optimizer-in-backward",
     "backward_grad_peak_bytes": "optimizer-in-backward",
 }
+
+
+def observed_parts(parts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The Record's ``by_technique`` of what the techniques returned (``techniques.base.observations``): a None kept
+    ("observed, and there was none", as the stored Records hold it since the parts exist), except under a retired
+    field's key (``RETIRED_FIELDS``), where None meant "not observed" (every Record carried every field) and
+    ``migrate`` drops it from the old form; a part left empty is no part. One rule read off the stored files, so a
+    Record made today equals the migrated one made before it (records snapshot: 0 differences) and no baseline file
+    is rewritten; ``Record.observed`` reads None (or its default) either way, so no verdict tells the two apart."""
+    kept = {technique: {key: value for key, value in part.items() if value is not None or key not in RETIRED_FIELDS}
+            for technique, part in parts.items()}
+    return {technique: part for technique, part in kept.items() if part}
 
 
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:

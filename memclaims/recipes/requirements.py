@@ -144,21 +144,26 @@ def unmet(required: Needs, machine: Machine | None = None) -> list[str]:
         if problem:
             reasons.append(f"needs bitsandbytes' 8-bit optimizers on the {device.upper()}: {problem} "
                            f"(install a build with a {device.upper()} backend: {INSTALL['bitsandbytes']})")
-    for name in sorted(required.packages):
+
+    def package(name: str) -> str | None:
         problem = here.package(name)
-        if problem:
-            reasons.append(f"needs {name}: {problem} ({INSTALL.get(name, f'pip install {name}')})")
-    for name in sorted(required.options):
-        if not here.opted_in(name):
-            why = f" ({OPT_IN_WHY[name]})" if name in OPT_IN_WHY else ""
-            reasons.append(f"runs only when asked: add --memclaims-{name}{why}")
-    for feature in sorted(required.torch_features):
-        problem = here.torch_feature(feature)
-        if problem:
-            reasons.append(f"needs {problem}")
-    for path in sorted(required.paths):
-        if not here.has_path(path):
-            reasons.append(f"needs {path}, which this machine does not have")
+        return problem and f"needs {name}: {problem} ({INSTALL.get(name, f'pip install {name}')})"
+
+    def option(name: str) -> str | None:
+        why = f" ({OPT_IN_WHY[name]})" if name in OPT_IN_WHY else ""
+        return None if here.opted_in(name) else f"runs only when asked: add --memclaims-{name}{why}"
+
+    def feature(name: str) -> str | None:
+        problem = here.torch_feature(name)
+        return problem and f"needs {problem}"
+
+    def path(name: str) -> str | None:
+        return None if here.has_path(name) else f"needs {name}, which this machine does not have"
+
+    # Each kind of named need, in the order the reasons are said: the machine's problem with each, by name.
+    for names, problem_with in ((required.packages, package), (required.options, option),
+                                (required.torch_features, feature), (required.paths, path)):
+        reasons.extend(said for name in sorted(names) if (said := problem_with(name)))
     return reasons
 
 

@@ -58,7 +58,16 @@ from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.timeline import GPUS, Clock, last_step_seconds
 from memclaims.sim.tracker import DeviceMemory, tracked_fake_mode
 from memclaims.techniques import lora as lora_parameters
-from memclaims.techniques.base import FABRIC, PYTORCH, LoadsReference, PlacesOnDevice, SetsAllocator, merge_observed
+from memclaims.techniques.base import (
+    FABRIC,
+    PYTORCH,
+    LoadsReference,
+    Observed,
+    PlacesOnDevice,
+    SetsAllocator,
+    merge_observed,
+    nothing_observed,
+)
 from memclaims.techniques.impl.peft_adapters_fake import apply as adapt
 
 if TYPE_CHECKING:
@@ -257,15 +266,15 @@ def with_allocator_settings(chosen: Profile, recipe: Recipe) -> Profile:
     return chosen if allocator == chosen.allocator else dataclasses.replace(chosen, allocator=allocator)
 
 
-def merged(states: dict[str, object], after: dict[str, object]) -> dict[str, object]:
+def merged(states: dict[str, object], after: Observed) -> dict[str, object]:
     merged = dict(states)
     merge_observed(merged, after)
     return merged
 
 
-def observed_after(session: Session, recipe: Recipe) -> dict[str, object]:
+def observed_after(session: Session, recipe: Recipe) -> Observed:
     """What the allocator model shows of the recipe's techniques once the replay has ended (memclaims.measure.active)."""
-    observed: dict[str, Any] = {}
+    observed = nothing_observed()
     for hooks in recipe.hooks:
         if isinstance(hooks, SetsAllocator):
             merge_observed(observed, hooks.sim_observe_run(session))

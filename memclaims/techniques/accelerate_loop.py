@@ -20,7 +20,7 @@ from memclaims.techniques.base import (
     Stack,
     Technique,
 )
-from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGIES
+from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGY
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
@@ -35,7 +35,7 @@ _TRUE_HALF = ("Accelerator's mixed_precision is autocast only ('no', 'fp16', 'bf
               "dtype is the model's own dtype, set by no Accelerator switch")
 CONFLICTS: tuple[tuple[str, str], ...] = (
     ("16-true", _TRUE_HALF), ("bf16-true", _TRUE_HALF),
-    *((name, STACK_REFUSES_STRATEGIES) for name in STRATEGIES),
+    (STRATEGY, STACK_REFUSES_STRATEGIES),
     *STACK_REFUSES_FABRIC_HOOKS.items(),
 )
 

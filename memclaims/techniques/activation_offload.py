@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memclaims.techniques.base import Hooks, Say, Technique
-from memclaims.techniques.shared_conflicts import STRATEGIES
+from memclaims.techniques.shared_conflicts import STRATEGY
 
 if TYPE_CHECKING:
 
@@ -49,5 +49,5 @@ _RANKS_DO_NOT_OFFLOAD = "the multi-rank engines of memclaims do not wrap their f
 # torch.autograd.graph.save_on_cpu around the forward pass (pinned host memory where CUDA is).
 ENTRY = Technique(NAME, "tensors saved for backward moved to host memory during the forward pass "
                   "(torch.autograd.graph.save_on_cpu), copied back in backward", "torch docs: save_on_cpu",
-                  in_cover=False, conflicts=tuple((s, _RANKS_DO_NOT_OFFLOAD) for s in STRATEGIES),
+                  in_cover=False, conflicts=((STRATEGY, _RANKS_DO_NOT_OFFLOAD),),
                   hooks=ActivationOffload())

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, NewType, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from typing import Self
@@ -104,10 +104,10 @@ class Hooks:
         """The model and optimizer before ``setup`` (Fabric's wrappers are no optimizer to copy)."""
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, object]:
+                probe: PhaseProbe) -> Observed:
         """What the technique did, read right after the measured steps: its part of the Record,
         ``{"by_technique": {ENTRY.name: {...}}}`` (``observations``); never a flat field (issue #51)."""
-        return {}
+        return nothing_observed()
 
     # --- the active check and the case test -----------------------------------------------------------
 
@@ -155,9 +155,10 @@ class Hooks:
     def sim_before_train(self, loop: SimLoop, optimizer: torch.optim.Optimizer) -> None:
         """The sim's loop and optimizer before the measured steps."""
 
-    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer, session: SimSession) -> dict[str, object]:
-        """The Record's fields of what the technique did on the sim, right after the measured steps."""
-        return {}
+    def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer, session: SimSession) -> Observed:
+        """The technique's part of the Record (``observations``) of what it did on the sim, right after the measured
+        steps."""
+        return nothing_observed()
 
     # --- a run on ranks ---------------------------------------------------------------------------------
 
@@ -219,7 +220,7 @@ class SetsAllocator(Protocol):
         """The profile's allocator model (``memclaims.sim.profiles.AllocatorConfig``) under the setting."""
         ...
 
-    def sim_observe_run(self, session: SimSession) -> dict[str, object]:
+    def sim_observe_run(self, session: SimSession) -> Observed:
         """The Record's fields of what the setting did on the sim, read once the replay has ended."""
         ...
 
@@ -513,10 +514,10 @@ class Stack(Hooks):
         return LoopOrder()
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, object]:
+                probe: PhaseProbe) -> Observed:
         """What the stack's driver observed of the run (its switches, what it stepped), as the stack's Record part."""
         assert isinstance(engine, StackRun), f"{self.name} runs by its own driver only"
-        return {"by_technique": {self.name: dict(engine.observed)}}
+        return observations(self.name, **engine.observed)
 
     def unexpressed(self, recipe: Recipe) -> str | None:
         """Why the stack cannot run ``recipe``: a technique it does not express; None: it expresses them all."""
@@ -549,25 +550,33 @@ class Stack(Hooks):
                 f"phase forward, expected {'alive' if alive else 'freed'} (zero_grad {order.zero_grad})")
 
 
-def observations(technique: str, **values: object) -> dict[str, object]:
-    """An ``observe`` result (or a loop helper's ``measured_fields``): ``values`` as ``technique``'s part of the Record,
-    ``{"by_technique": {technique: {...}}}``, a value it did not observe (None) left out, as the Record's migration
-    reads the old form's nulls (``memclaims.core.record.migrate``); nothing at all where it observed nothing."""
-    seen = {key: value for key, value in values.items() if value is not None}
-    return {"by_technique": {technique: seen}} if seen else {}
+# A technique's observations as the Record keeps them, ``{"by_technique": {technique: {key: value}}}`` (or nothing): what
+# ``observe``, ``sim_observe``, ``sim_observe_run`` and a loop helper's ``measured_fields`` return. A NewType so that
+# only ``observations`` makes one: a part built by hand is no ``Observed`` to mypy, and every part follows one rule
+# for a value the technique did not observe.
+Observed = NewType("Observed", dict[str, dict[str, dict[str, object]]])
 
 
-def merge_observed(into: dict[str, Any], observed: Mapping[str, object]) -> None:
-    """Add a hook's ``observe`` fields to the Record's: flat fields by name, ``by_technique`` by technique (two parts
-    of one technique, e.g. lora's and qlora's own observe, merged key by key)."""
-    for key, value in observed.items():
-        if key == "by_technique":
-            assert isinstance(value, dict), "a by_technique part is a dict by technique"
-            parts = into.setdefault("by_technique", {})
-            for technique, part in value.items():
-                parts[technique] = {**parts.get(technique, {}), **part}
-        else:
-            into[key] = value
+def observations(technique: str, **values: object) -> Observed:
+    """``values`` as ``technique``'s part of the Record, ``{"by_technique": {technique: {...}}}``; nothing at all where
+    there is no value. A None is kept: "observed, and there was none" (optimizer-impl's ``step_temporary_bytes`` where
+    one step was measured, tensor-parallel's forward counts without a watch), as the stored Records hold it; the Record
+    itself drops it under the keys it kept flat until issue #51, where None meant "not observed" (``Record``'s
+    ``__post_init__``, beside the migration that reads those keys' old form)."""
+    return Observed({"by_technique": {technique: dict(values)}} if values else {})
+
+
+def nothing_observed() -> Observed:
+    """A hook's ``observe`` where the technique observes nothing (a fresh one: a caller may merge into it)."""
+    return Observed({})
+
+
+def merge_observed(into: dict[str, Any], observed: Observed) -> None:
+    """Add a hook's observations to the Record's fields (``into``), technique by technique (two parts of one technique,
+    e.g. lora's and qlora's own observe, merged key by key)."""
+    for technique, part in observed.get("by_technique", {}).items():
+        parts = into.setdefault("by_technique", {})
+        parts[technique] = {**parts.get(technique, {}), **part}
 
 
 class LoopHelper:
@@ -587,9 +596,9 @@ class LoopHelper:
         """The dtypes the first forward pass computed in, given those its linear layers' outputs had."""
         return seen
 
-    def measured_fields(self) -> dict[str, object]:
-        """The Record's fields of what the helper saw over the measured steps."""
-        return {}
+    def measured_fields(self) -> Observed:
+        """The technique's part of the Record (``observations``) of what the helper saw over the measured steps."""
+        return nothing_observed()
 
 
 class TechniqueParameters(Protocol):
@@ -648,7 +657,8 @@ class Technique:
     # A technique only some workloads take: (the Workload attribute a workload sets to take it, why the
     # others cannot). memclaims.recipes.recipe refuses the rest with the reason; the tiers leave them out.
     workload_needs: tuple[str, str] | None = None
-    # Techniques it does not combine with, each with the reason: (technique name, why not).
+    # Techniques it does not combine with, each with the reason: (technique name, why not), or (a group, why not) for
+    # every technique of that group (``STRATEGY``: every multi-rank strategy, a strategy added later included).
     conflicts: tuple[tuple[str, str], ...] = ()
     # Whether it joins the default selection's pairwise cover. The techniques added after the article's
     # do not: each would re-plan the greedy cover, renaming its combinations and orphaning their
@@ -669,6 +679,10 @@ class Technique:
     parameters: type[TechniqueParameters] | None = None
     # What it does to a run (``Hooks``; a multi-device technique's: a ``Strategy``); not part of the entry's identity.
     hooks: Hooks = field(default=NO_HOOKS, compare=False, repr=False)
+
+    def conflict_with(self, other: Technique) -> str | None:
+        """Why this technique does not combine with ``other`` (a conflict naming it or its group); None: no conflict."""
+        return next((reason for name, reason in self.conflicts if name in (other.name, other.group)), None)
 
     @property
     def distributed(self) -> Strategy | None:

@@ -12,7 +12,7 @@ import dataclasses
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from memclaims.techniques.base import AllocatorSetting, Hooks, Say, Technique, observations
+from memclaims.techniques.base import AllocatorSetting, Hooks, Observed, Say, Technique, nothing_observed, observations
 
 if TYPE_CHECKING:
     import torch
@@ -42,12 +42,12 @@ class ExpandableSegments(Hooks):
         return expandable_segments(True, cuda)
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, object]:
+                probe: PhaseProbe) -> Observed:
         from memclaims.techniques.impl import cuda_allocator_setting as allocator_setting
 
         cuda = getattr(probe, "cuda", None)  # a CUDA probe's (real or injected) torch.cuda; the CPU's has none
         if cuda is None:
-            return {}
+            return nothing_observed()
         return observations(NAME, expandable_segment_bytes=allocator_setting.expandable_segment_bytes(cuda))
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
@@ -61,7 +61,7 @@ class ExpandableSegments(Hooks):
     def sim_allocator(self, allocator: AllocatorSetting) -> AllocatorSetting:
         return dataclasses.replace(allocator, expandable_segments=True)
 
-    def sim_observe_run(self, session: SimSession) -> dict[str, object]:
+    def sim_observe_run(self, session: SimSession) -> Observed:
         return observations(NAME, expandable_segment_bytes=session.allocator.expandable_bytes)
 
 

@@ -50,8 +50,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
-from memclaims.techniques.base import Hooks, LoopHelper, Say, Technique, observations
-from memclaims.techniques.shared_conflicts import STRATEGIES
+from memclaims.techniques.base import Hooks, LoopHelper, Observed, Say, Technique, observations
+from memclaims.techniques.shared_conflicts import STRATEGY
 
 if TYPE_CHECKING:
     import torch
@@ -176,7 +176,7 @@ class FusedLoss(LoopHelper):
             return seen
         return sorted({*seen, str(self.compute_dtype).removeprefix("torch.")})
 
-    def measured_fields(self) -> dict[str, object]:
+    def measured_fields(self) -> Observed:
         """The technique's part of the Record: the op's calls, the tokens of the last call, its classes (the
         vocabulary), the rows of one chunk of the tokens (the op's resolved batch_chunk_size: the logits buffer is
         chunk x vocabulary), and calls in which the op ignored its options and materialized the logits whole."""
@@ -266,10 +266,10 @@ class FusedLinearCrossEntropy(Hooks):
 
 # The strategies shard or wrap the vocabulary projection; memclaims' fused loss reads its weight outside the
 # model's forward, which FSDP frees (resharded) and the ranks' engines compute the loss from logits.
-_CONFLICTS: tuple[tuple[str, str], ...] = tuple(
-    (s, "memclaims computes the fused loss in the one-device engines only: it reads the vocabulary projection's "
-        "weight after the forward, which FSDP has resharded, and the multi-rank engines compute the loss from "
-        "logits") for s in STRATEGIES)
+_CONFLICTS: tuple[tuple[str, str], ...] = (
+    (STRATEGY, "memclaims computes the fused loss in the one-device engines only: it reads the vocabulary projection's "
+               "weight after the forward, which FSDP has resharded, and the multi-rank engines compute the loss from "
+               "logits"),)
 _WORKLOADS = ("fused_loss_head", "the fused linear + cross-entropy replaces a causal LM's vocabulary projection and "
               "its loss (hf: workloads with the causal-lm head whose logits are the plain projection, without "
               "soft-capping or scaling); this workload has none")

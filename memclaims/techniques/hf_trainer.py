@@ -18,14 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memclaims.core.errors import UsageError
-from memclaims.techniques.base import (
-    ZERO_AFTER_STEP,
-    LoopOrder,
-    Say,
-    Stack,
-    Technique,
-)
-from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGIES
+from memclaims.techniques.base import ZERO_AFTER_STEP, LoopOrder, Observed, Say, Stack, Technique, observations
+from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGY
 
 if TYPE_CHECKING:
     import torch
@@ -53,7 +47,7 @@ _TRUE_HALF = ("TrainingArguments has no true half precision: bf16 and fp16 are a
               "parameters stay in the model's dtype")
 CONFLICTS: tuple[tuple[str, str], ...] = (
     ("16-true", _TRUE_HALF), ("bf16-true", _TRUE_HALF),
-    *((name, STACK_REFUSES_STRATEGIES) for name in STRATEGIES),
+    (STRATEGY, STACK_REFUSES_STRATEGIES),
     *STACK_REFUSES_FABRIC_HOOKS.items(),
 )
 
@@ -204,12 +198,12 @@ class HfTrainer(Stack):
                 group["foreach"] = False
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, object]:
+                    session: SimSession) -> Observed:
         # What the replay stepped (memclaims' optimizer on fake tensors, bitsandbytes' by its state layout): whether
         # the step ran fused, and the checkpointing; the Trainer's class is the real run's to observe.
         groups = getattr(optimizer, "param_groups", [{}])
-        return {"by_technique": {NAME: {"fused": bool(groups[0].get("fused")) if groups else None,
-                                        "checkpointing": checkpointing(model)}}}
+        return observations(NAME, fused=bool(groups[0].get("fused")) if groups else None,
+                            checkpointing=checkpointing(model))
 
 
 ENTRY = Technique(NAME, "transformers' Trainer runs the loop (the course's code path): TrainingArguments' switches, "

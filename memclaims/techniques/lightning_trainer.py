@@ -21,7 +21,7 @@ from memclaims.techniques.base import (
     Stack,
     Technique,
 )
-from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGIES
+from memclaims.techniques.shared_conflicts import STACK_REFUSES_FABRIC_HOOKS, STACK_REFUSES_STRATEGIES, STRATEGY
 
 if TYPE_CHECKING:
     from memclaims.core.record import Record
@@ -32,7 +32,7 @@ EXPRESSES = frozenset({"16-mixed", "bf16-mixed", "16-true", "bf16-true", "small-
                        "adam8bit", "adamw8bit", "paged-adamw8bit", "adafactor", "activation-checkpointing",
                        "expandable-segments"})
 CONFLICTS: tuple[tuple[str, str], ...] = (
-    *((name, STACK_REFUSES_STRATEGIES) for name in STRATEGIES),
+    (STRATEGY, STACK_REFUSES_STRATEGIES),
     *((name, reason) for name, reason in STACK_REFUSES_FABRIC_HOOKS.items() if name != "init-module"),
     ("init-module", "the Trainer builds every recipe's model inside its own init_module() already (Lightning's way "
                     "for true half precision); Fabric's init_module is no switch of Lightning's Trainer"),

@@ -21,8 +21,8 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from memclaims.core.errors import UsageError
-from memclaims.techniques.base import Hooks, Say, Technique, observations
-from memclaims.techniques.shared_conflicts import STRATEGIES
+from memclaims.techniques.base import Hooks, Observed, Say, Technique, observations
+from memclaims.techniques.shared_conflicts import STRATEGY
 
 if TYPE_CHECKING:
     import torch
@@ -205,12 +205,12 @@ class Lora(Hooks):
         return lora.apply(model, workload.name, effective(workload, None), False)
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, object]:
+                probe: PhaseProbe) -> Observed:
         from memclaims.techniques.impl import peft_adapters as lora
 
         return self.adapted(lora.parameter_fields(model))
 
-    def adapted(self, counts: dict[str, object]) -> dict[str, Any]:
+    def adapted(self, counts: dict[str, object]) -> Observed:
         """The adapted model's counts (``peft_adapters.parameter_fields``) as the Record's parts: lora's parameter
         elements that require a gradient (the adapters and the trained head) and all of them (frozen base weights
         included), counted on the model as the load phase left it."""
@@ -250,7 +250,7 @@ class Lora(Hooks):
                      lambda module, dtype: move(module, dtype))
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, object]:
+                    session: SimSession) -> Observed:
         from memclaims.techniques.impl.peft_adapters import parameter_fields
 
         return self.adapted(parameter_fields(model))
@@ -260,7 +260,7 @@ class Lora(Hooks):
 # memclaims.sim.replay); the ranks' engines build theirs without them.
 _RANKS_DO_NOT_ADAPT = "memclaims applies the LoRA adapters in the one-device engines only; the multi-rank engines build the model without them"
 CONFLICTS: tuple[tuple[str, str], ...] = (
-    *((s, _RANKS_DO_NOT_ADAPT) for s in STRATEGIES),
+    (STRATEGY, _RANKS_DO_NOT_ADAPT),
     ("optimizer-in-backward", "memclaims' in-backward step counts one step per parameter per backward; the frozen "
                               "base weights get no gradient, so their post-accumulate hooks never fire"),
 )

@@ -28,7 +28,7 @@ from memclaims.core.optimizer_choices import IMPLEMENTATIONS as IMPLEMENTATIONS
 from memclaims.core.optimizer_choices import TORCH_IMPLEMENTED as TORCH_IMPLEMENTED
 from memclaims.core.optimizer_choices import torch_flags as torch_flags
 from memclaims.techniques import optimizer_in_backward
-from memclaims.techniques.base import Hooks, Say, Technique
+from memclaims.techniques.base import Hooks, Observed, Say, Technique, observations
 
 if TYPE_CHECKING:
     import torch
@@ -133,18 +133,18 @@ class OptimizerImplementation(Hooks):
         }
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, object]:
+                probe: PhaseProbe) -> Observed:
         # cpu: exact tensor bytes (MemTracker); cuda: the caching allocator's, rounded as it allocates.
         observed = self._observed(optimizer, engine.local, probe.step_growth.get(OPTIMIZER_STEP, []), "allocated_bytes")
-        return {"by_technique": {self.name: observed}}
+        return observations(self.name, **observed)
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, object]:
+                    session: SimSession) -> Observed:
         growth = session.recorder.step_growth.get(OPTIMIZER_STEP, [])
         # Live tensor bytes, exact (what the cpu tier counts), and the allocator model's, rounded as CUDA's.
         observed = self._observed(optimizer, lambda p: p, growth, "live_bytes")
-        observed["step_temporary_allocated_bytes"] = growth[-1]["allocated_bytes"] if len(growth) >= 2 else None
-        return {"by_technique": {self.name: observed}}
+        return observations(self.name, **observed,
+                            step_temporary_allocated_bytes=growth[-1]["allocated_bytes"] if len(growth) >= 2 else None)
 
     def check(self, recipe: Recipe, record: Record, without: Record | None, say: Say) -> None:
         seen = record.by_technique.get(self.name)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from memclaims.core.optimizer_choices import PAGED_MIN_NUMEL
-from memclaims.techniques.base import Hooks, Say, Technique, observations
+from memclaims.techniques.base import Hooks, Observed, Say, Technique, observations
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,7 @@ def paged_state_bytes(states: Iterable[Any]) -> int:
 
 class PagedAdamW8bit(Hooks):
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, object]:
+                probe: PhaseProbe) -> Observed:
         paged = paged_state_bytes(state_tensors(optimizer))
         if not paged:
             engine.notes.append(f"{engine.recipe.optimizer}: no optimizer state in unified memory on "
@@ -58,7 +58,7 @@ class PagedAdamW8bit(Hooks):
                 f"unified memory (bitsandbytes pages states of {PAGED_MIN_NUMEL:,} elements or more)")
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, object]:
+                    session: SimSession) -> Observed:
         # Unified memory: the state tensors the device does not hold.
         return observations(NAME, paged_state_bytes=session.memory.host_bytes(state_tensors(optimizer)))
 

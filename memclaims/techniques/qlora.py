@@ -17,11 +17,11 @@ input dtype and whether the absmax came in 8 bits).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memclaims.techniques import lora
 from memclaims.techniques import qlora_no_double_quant as no_double_quant
-from memclaims.techniques.base import Say, Technique, merge_observed, observations
+from memclaims.techniques.base import Observed, Say, Technique, merge_observed, observations
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,7 +69,7 @@ class Qlora(lora.Lora):
         return model
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, object]:
+                probe: PhaseProbe) -> Observed:
         from memclaims.techniques.impl import nf4_base as nf4
 
         seen = next(h for h in engine.helpers if isinstance(h, nf4.FourBitCompute)).seen
@@ -77,7 +77,7 @@ class Qlora(lora.Lora):
         merge_observed(observed, observations(NAME, **nf4.storage(model), **seen.fields()))
         return observed
 
-    def adapted(self, counts: dict[str, object]) -> dict[str, Any]:
+    def adapted(self, counts: dict[str, object]) -> Observed:
         """lora's parts, and qlora's ``quantized_parameter_bytes``: the bytes of the parameters stored quantized
         (bitsandbytes' 4-bit weights, packed in uint8)."""
         observed = super().adapted(counts)
@@ -161,7 +161,7 @@ class Qlora(lora.Lora):
         loop.helpers.append(nf4.FourBitCompute(scratch, dispatch=False))
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, object]:
+                    session: SimSession) -> Observed:
         from memclaims.techniques.impl import nf4_base as nf4
 
         scratch = session.memory.op_scratch[nf4.gemm_op()]

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from memclaims.core.torch_ops import MATMULS
 from memclaims.techniques.activation_checkpointing import forward_keeps_less
-from memclaims.techniques.base import Hooks, Say, Technique, observations
-from memclaims.techniques.shared_conflicts import STRATEGIES
+from memclaims.techniques.base import Hooks, Observed, Say, Technique, nothing_observed, observations
+from memclaims.techniques.shared_conflicts import STRATEGY
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +76,7 @@ def sac_ignored_ops() -> frozenset[object]:
     return frozenset(getattr(checkpoint, "SAC_IGNORED_OPS", {torch.ops.aten.detach.default}))
 
 
-class Observed:
+class SacWatch:
     """One model's SAC: its ``context_fn`` (a fresh pair of SAC modes per checkpointed call, as torchtitan's) and
     what the policy decided and the backward recomputed, by op name, over every checkpointed call."""
 
@@ -135,7 +135,7 @@ class Observed:
 
         return caching, Recompute()
 
-    def fields(self) -> dict[str, object]:
+    def fields(self) -> Observed:
         return observations(NAME, policy="torchtitan op-level SAC (every second matmul recomputed)",
                             saved_ops=dict(sorted(self.saved.items())),
                             recompute_ops=dict(sorted(self.recompute.items())),
@@ -145,26 +145,26 @@ class Observed:
 # Each wrapped model's observations, found again from the model the observe hooks get (Fabric's wrapper holds
 # the model as a submodule). Weak: a model's entry goes with it. Kept here because the sim wraps its model in
 # the load phase (``sim_after_load``), before its training loop exists to hold a helper.
-_OBSERVED: weakref.WeakKeyDictionary[object, Observed] = weakref.WeakKeyDictionary()
+_OBSERVED: weakref.WeakKeyDictionary[object, SacWatch] = weakref.WeakKeyDictionary()
 
 
 def wrap(model: nn.Module, workload: Any) -> str:
     """Checkpoint each block of ``model`` with SAC; returns how, for the Record's notes."""
     from memclaims.techniques.impl import block_checkpointing as checkpointing
 
-    observed = Observed()
+    observed = SacWatch()
     how = checkpointing.enable(model, workload, context_fn=observed.context_fn)
     _OBSERVED[model] = observed
     return f"selective {how}, context_fn=create_selective_checkpoint_contexts(torchtitan's op-level policy)"
 
 
-def observed_fields(model: nn.Module) -> dict[str, object]:
+def observed_fields(model: nn.Module) -> Observed:
     """The Record's observation of the model's SAC (empty where none of its modules was wrapped here)."""
     for module in model.modules():
         observed = _OBSERVED.get(module)
         if observed is not None:
             return observed.fields()
-    return {}
+    return nothing_observed()
 
 
 class SelectiveCheckpointing(Hooks):
@@ -175,14 +175,14 @@ class SelectiveCheckpointing(Hooks):
         return model
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, object]:
+                probe: PhaseProbe) -> Observed:
         return observed_fields(model)
 
     def sim_after_load(self, model: nn.Module, recipe: Recipe, notes: list[str]) -> None:
         notes.append(wrap(model, recipe.workload))  # as the real engine's: the wrap allocates nothing
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, object]:
+                    session: SimSession) -> Observed:
         return observed_fields(model)
 
     def compare_without(self) -> bool:
@@ -218,7 +218,7 @@ CONFLICTS: tuple[tuple[str, str], ...] = (
     ("activation-offload", "SAC's saved outputs bypass save_on_cpu's saved-tensor hooks (torch warns: 'Tensors that "
                            "SAC saves currently bypass these hooks'), so only part of what the forward keeps would "
                            "move to the host"),
-    *((s, _ONE_DEVICE) for s in STRATEGIES),
+    (STRATEGY, _ONE_DEVICE),
 )
 
 # Not in the default selection (the nightly): one more fp32 ViT-L/16 case would pass the nightly's 30 GPU-minutes

@@ -1,7 +1,7 @@
-"""The conflicts several technique entries share, as plain data: the strategy techniques by name (what the one-device
-techniques name in their conflicts) and what every training stack refuses, with the reasons. Names, not entries: a
-technique module cannot import the registry (the registry imports it); ``suite/unit/techniques/test_technique_registry.py``
-holds the strategies equal to the registry's ``strategy`` group.
+"""The conflicts several technique entries share, as plain data: the strategies' group (what the one-device techniques
+name in their conflicts: ``Technique.conflict_with``), FSDP's shardings by name, and what every training stack
+refuses, with the reasons. Names, not entries: a technique module cannot import the registry (the registry imports
+it).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 FSDP1_SHARDINGS = ("fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid")
 FSDP2_TECHNIQUES = ("fsdp2", "fsdp2-no-reshard")
 FSDP_SHARDINGS = (*FSDP1_SHARDINGS, *FSDP2_TECHNIQUES)
-# Every multi-rank strategy technique: what the one-device techniques name in their conflicts.
-STRATEGIES = ("fsdp", *FSDP_SHARDINGS, "ddp", "deepspeed-zero2")
+# The group of every multi-rank strategy technique (``Technique.group``): a conflict naming it is one with each of them,
+# so a strategy added later conflicts with the one-device techniques without a list of names to extend.
+STRATEGY = "strategy"
 
 # What every stack refuses, and why (its entry's conflicts).
 STACK_REFUSES_STRATEGIES = ("a strategy runs the recipe on several ranks through memclaims' rank engines (Fabric's "

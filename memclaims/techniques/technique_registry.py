@@ -215,8 +215,9 @@ def violation(chosen: list[Technique]) -> str | None:
         missing = t.needs - names
         if missing:
             return f"{t.name!r} needs {', '.join(sorted(missing))}"
-        for other, reason in t.conflicts:
-            if other in names:
+        for named, reason in t.conflicts:  # a technique's name, or a group's (every technique of it)
+            other = next((c.name for c in chosen if named in (c.name, c.group)), None)
+            if other is not None:
                 return f"{t.name!r} does not combine with {other!r}: {reason}"
     groups: dict[str, list[str]] = {}
     for t in chosen:
@@ -257,8 +258,7 @@ def _rule_masks(pool: tuple[Technique, ...]) -> _RuleMasks:
             excludes[i] |= everyone & ~(1 << i)
         for j, other in enumerate(pool):
             if j != i and (other.alone or (t.group and t.group == other.group)
-                           or any(o == other.name for o, _ in t.conflicts)
-                           or any(o == t.name for o, _ in other.conflicts)):
+                           or t.conflict_with(other) is not None or other.conflict_with(t) is not None):
                 excludes[i] |= 1 << j
         for need in t.needs:
             if need in index:

@@ -28,11 +28,13 @@ from memclaims.techniques.base import (
     ON_SIM,
     TRUE_HALF_PRECISIONS,
     LoopHelper,
+    Observed,
     Removal,
     Say,
     Strategy,
     StrategyPlan,
     Technique,
+    observations,
 )
 from memclaims.techniques.fsdp import FSDP_SHARE_SLACK, Fsdp, reshard_after_forward
 
@@ -180,12 +182,12 @@ class TensorParallel(Strategy):
         engine.notes.append(helper.layout.note())
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, object]:
+                probe: PhaseProbe) -> Observed:
         from memclaims.techniques.impl import tensor_parallel_plan as layouts
 
         helper = next(h for h in engine.helpers if isinstance(h, _Watching))
         dp, tp = mesh_sizes(engine.recipe.strategy_plan(_world(engine)))
-        return {"by_technique": {NAME: layouts.observed(helper.model, helper.layout, tp, dp, helper.watch)}}
+        return observations(NAME, **layouts.observed(helper.model, helper.layout, tp, dp, helper.watch))
 
     # --- the active check ----------------------------------------------------------------------------
 

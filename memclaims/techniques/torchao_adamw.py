@@ -32,7 +32,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from memclaims.techniques.base import Hooks, Say, Technique, observations
+from memclaims.techniques.base import Hooks, Observed, Say, Technique, observations
 
 if TYPE_CHECKING:
     import torch
@@ -137,7 +137,7 @@ def build(name: str, groups: list[dict[str, object]], learning_rate: float, beta
     return optimizer_class(name, min_numel, device == "cpu")(groups, lr=learning_rate, betas=betas, eps=eps)
 
 
-def state_fields(optimizer: Any, technique: str) -> dict[str, Any]:
+def state_fields(optimizer: Any, technique: str) -> Observed:
     """What the optimizer holds after the measured steps (the Record's ``by_technique[technique]``): per state
     subclass its tensors, elements and the bytes and dtype of its codes, scales and maps; the plain states
     (parameters left unquantized), and how many of them had a size the optimizer quantizes; the steps' bytes."""
@@ -188,7 +188,7 @@ class LowBitAdamW(Hooks):
         return build(self.optimizer, groups, learning_rate, betas, eps, min_8bit_size, device)
 
     def observe(self, engine: RealRun, model: nn.Module, optimizer: torch.optim.Optimizer,
-                probe: PhaseProbe) -> dict[str, object]:
+                probe: PhaseProbe) -> Observed:
         inner = getattr(optimizer, "optimizer", optimizer)  # Fabric's wrapper holds torchao's
         fields = state_fields(inner, self.name)
         seen = fields["by_technique"][self.name]
@@ -204,7 +204,7 @@ class LowBitAdamW(Hooks):
                      "of the largest parameter at most)")
 
     def sim_observe(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    session: SimSession) -> dict[str, object]:
+                    session: SimSession) -> Observed:
         return state_fields(optimizer, self.name)
 
     def sim_refusal(self, recipe: Recipe) -> str | None:

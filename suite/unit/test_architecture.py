@@ -274,6 +274,12 @@ def test_architecture_md_names_only_classes_attributes_and_names_that_exist() ->
     assert gone == [] and unknown == [], f"ARCHITECTURE.md names what memclaims does not define: {gone + unknown}"
 
 
+
+def test_a_named_function_or_method_is_read_called_and_across_a_line_break() -> None:
+    text = "made by `techniques/base.py`'s\n  `observations(name, ...)`, read through `Record.observed(technique, key)`"
+    assert module_names(text) == [("techniques/base.py", "observations")]
+    assert class_attributes(text) == [("Record", "observed")]
+
 # --- the engines' two boundaries (issue #25) -------------------------------------------------------
 
 # The sim's own entry points; only the sim and the door (memclaims/run.py) call them.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from memclaims.claims.accuracy import BY_CLAIM as ACCURACY_PAIRS
@@ -16,7 +16,7 @@ from memclaims.claims.check import Check, Verdict, audited
 from memclaims.claims.figures import ADAM_STEP_BYTES, GB, as_factor, in_mib, peak, step_counters, then, within
 from memclaims.claims.lookup import Lookup, Techniques, Variant
 from memclaims.claims.ratio import GPU_BAND, SIM_BAND, Derivation, Ratio
-from memclaims.claims.shared_keys import TENSOR_PARALLEL, TENSOR_PARALLEL_WORKLOAD, tensor_parallel_seen
+from memclaims.claims.shared_keys import TENSOR_PARALLEL, TENSOR_PARALLEL_WORKLOAD
 from memclaims.core import published
 from memclaims.core.names import CONVERGED
 from memclaims.core.record import ACTIVATIONS, BUFFERS, CATEGORIES, OPTIMIZER_STATE
@@ -282,13 +282,13 @@ def _splits_matrices(tier: str, get: Lookup) -> Verdict:
     column-wise layers gave 1/N of their features, row-wise layers partial sums (all-reduced to the original result;
     that the result is the original, the dist tier asserts on the losses)."""
     rank = get(TENSOR_PARALLEL)
-    seen = tensor_parallel_seen(rank)
-    n, split, colwise = seen.get("tensor_parallel_size", 0), seen.get("split_linears", 0), seen.get("colwise_linears", 0)
-    whole, local = seen.get("split_weight_elements", 0), seen.get("local_split_weight_elements", 0)
-    ran = (seen.get("forward_colwise_local_outputs"), seen.get("forward_rowwise_partial_outputs"))
-    ok = n > 1 and split > 0 and seen.get("sharded_linears") == split and local * n == whole and ran == (
+    seen = partial(rank.observed, TENSOR_PARALLEL[0])  # what the technique observed on the rank, by key
+    n, split, colwise = seen("tensor_parallel_size", 0), seen("split_linears", 0), seen("colwise_linears", 0)
+    whole, local = seen("split_weight_elements", 0), seen("local_split_weight_elements", 0)
+    ran = (seen("forward_colwise_local_outputs"), seen("forward_rowwise_partial_outputs"))
+    ok = n > 1 and split > 0 and seen("sharded_linears") == split and local * n == whole and ran == (
         colwise, split - colwise)
-    return Verdict(ok, f"rank {rank.rank} of {rank.devices}: {seen.get('sharded_linears')} of {split} linear layers "
+    return Verdict(ok, f"rank {rank.rank} of {rank.devices}: {seen('sharded_linears')} of {split} linear layers "
                        f"split ({colwise} by columns, {split - colwise} by rows), {local:,} of their {whole:,} weight "
                        f"elements on the rank (1/{n}); in its first forward {ran[0]} column-wise layers gave 1/{n} of "
                        f"their features and {ran[1]} row-wise layers partial sums")

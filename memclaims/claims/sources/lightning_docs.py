@@ -3,10 +3,12 @@ the Record of one rank of the tensor-parallel recipe the article's claim reads t
 
 from __future__ import annotations
 
+from functools import partial
+
 from memclaims.claims.check import Check, Verdict
 from memclaims.claims.figures import ADAM_STEP_BYTES, MODEL_STATE, in_mib, model_state, peak, peak_metric
 from memclaims.claims.lookup import Lookup
-from memclaims.claims.shared_keys import TENSOR_PARALLEL, TENSOR_PARALLEL_WORKLOAD, tensor_parallel_seen
+from memclaims.claims.shared_keys import TENSOR_PARALLEL, TENSOR_PARALLEL_WORKLOAD
 
 DOCUMENT = "lightning-docs"
 
@@ -20,10 +22,10 @@ def _holds_a_portion(tier: str, get: Lookup) -> Verdict:
     parameters are the one-device run's less (1 - 1/N) of the split weights (and the column-wise biases' shards), its
     gradients less the same, Adam's two moments less twice that; and its peak is below the one device's."""
     one, rank = get(("fabric",)), get(TENSOR_PARALLEL)
-    seen = tensor_parallel_seen(rank)
-    n = seen.get("tensor_parallel_size", 0)
+    seen = partial(rank.observed, TENSOR_PARALLEL[0])  # what the technique observed on the rank, by key
+    n = seen("tensor_parallel_size", 0)
     itemsize = one.param_bytes // max(1, one.param_count)
-    split_fall = (seen.get("split_weight_elements", 0) - seen.get("local_split_weight_elements", 0)) * itemsize
+    split_fall = (seen("split_weight_elements", 0) - seen("local_split_weight_elements", 0)) * itemsize
     falls = {key: getattr(one, key) - getattr(rank, key) for key in MODEL_STATE}
     state = (split_fall > 0 and split_fall <= falls["param_bytes"] <= split_fall * TENSOR_PARALLEL_BIAS_SHARE
              and falls["grad_bytes"] == falls["param_bytes"]

@@ -3,6 +3,8 @@ and peaks, on what each observed (its ``by_technique`` part)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from memclaims.claims.check import Check, Verdict
@@ -27,8 +29,9 @@ AO_PEAK_SHARE = (0.9, 1.1)
 AO_FP8_AS_8BIT = 0.001
 
 
-def _ao_state(record: Record, name: str) -> dict[str, Any]:
-    return dict(record.by_technique.get(name, {}))
+def _ao_state(record: Record, name: str) -> Callable[..., Any]:
+    """What torchao's optimizer ``name`` observed of its states, by key (``Record.observed``)."""
+    return partial(record.observed, name)
 
 
 def _low_bit_states(tier: str, get: Lookup) -> Verdict:
@@ -41,12 +44,12 @@ def _low_bit_states(tier: str, get: Lookup) -> Verdict:
         name = key[0]
         record, (bits, block) = get(key), AO_BITS_AND_BLOCK[name]
         seen = _ao_state(record, name)
-        quantized: dict[str, Any] = next(iter(seen.get("state_subclasses", {}).values()), {})
+        quantized: dict[str, Any] = next(iter(seen("state_subclasses", {}).values()), {})
         elements = int(quantized.get("elements", 0))
         codes_and_scales = int(quantized.get("codes_bytes", 0)) + int(quantized.get("scale_bytes", 0))
         expected = (bits / 8 + 4 / block) / 4
         share = codes_and_scales / (4 * elements) if elements else float("nan")
-        plain, steps, maps = (int(seen.get("plain_states", {}).get("bytes", 0)), int(seen.get("step_bytes", 0)),
+        plain, steps, maps = (int(seen("plain_states", {}).get("bytes", 0)), int(seen("step_bytes", 0)),
                               int(quantized.get("qmap_bytes", 0)))
         as_adamw = plain + 4 * elements + steps  # the same parameters' AdamW states, float32
         whole = codes_and_scales + maps + plain + steps
@@ -75,7 +78,7 @@ def _low_bit_peaks(tier: str, get: Lookup) -> Verdict:
                      f"[{low:g}, {high:g}])")
     eight, four, fp8 = (records[n].peak_allocated_bytes for n in ("ao-adamw8bit", "ao-adamw4bit", "ao-adamw-fp8"))
     maps = sum(int(held.get("qmap_bytes", 0)) for held in
-               _ao_state(records["ao-adamw8bit"], "ao-adamw8bit").get("state_subclasses", {}).values())
+               _ao_state(records["ao-adamw8bit"], "ao-adamw8bit")("state_subclasses", {}).values())
     same = abs(fp8 - (eight - maps)) <= AO_FP8_AS_8BIT * eight
     return Verdict(holds and same and four < eight,
                    "; ".join(parts) + f"; FP8's peak {'within' if same else 'not within'} {AO_FP8_AS_8BIT:.1%} of "

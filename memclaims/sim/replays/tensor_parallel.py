@@ -62,7 +62,7 @@ from memclaims.sim.replay import (
     train,
     trained_record,
 )
-from memclaims.techniques.base import FSDP2_API, ON_SIM, merge_observed
+from memclaims.techniques.base import FSDP2_API, ON_SIM, merge_observed, observations
 from memclaims.techniques.impl.tensor_parallel_plan import (
     COLWISE,
     SPLIT_DIM,
@@ -277,7 +277,7 @@ def replay(recipe: Recipe, request: ReplayRequest) -> Record:
             with session.phase(phases, "train"):
                 states = train(session, recipe, model, steps, inputs_fn)
         name = next(n for n, hooks in zip(recipe.techniques, recipe.hooks) if hooks is strategy)
-        merge_observed(states, {"by_technique": {name: done.observed(dp, fsdp2)}})
+        merge_observed(states, observations(name, **done.observed(dp, fsdp2)))
         site = dict(session.memory.reserved_peak_site)
         del model, done
     return trained_record(recipe, session, site, steps=steps, model_counts=counts, notes=notes, states=states,

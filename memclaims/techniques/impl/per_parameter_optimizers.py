@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from memclaims.techniques.base import LoopHelper, observations
+from memclaims.techniques.base import LoopHelper, Observed, observations
 
 
 class OptimizerInBackward(LoopHelper):
@@ -58,6 +58,6 @@ class OptimizerInBackward(LoopHelper):
         if param.grad is None:
             self._live.pop(param, None)
 
-    def measured_fields(self) -> dict[str, object]:
+    def measured_fields(self) -> Observed:
         return observations(self.technique, backward_optimizer_steps=self.steps,
                             backward_grad_peak_bytes=self.grad_peak_bytes)

@@ -18,7 +18,7 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._pytree import tree_leaves
 
-from memclaims.techniques.base import LoopHelper, observations
+from memclaims.techniques.base import LoopHelper, Observed, observations
 
 
 def host_bytes(packed: object) -> int:
@@ -65,5 +65,5 @@ class ActivationOffload(LoopHelper):
         """The loop's forward pass under the hooks; the first pass under them counts what they offload."""
         return self.forward(count=self.host_bytes is None)
 
-    def measured_fields(self) -> dict[str, object]:
+    def measured_fields(self) -> Observed:
         return observations(self.technique, offloaded_activation_bytes=self.host_bytes)

@@ -37,3 +37,24 @@ def test_the_retired_fields_name_registered_techniques_and_no_field_of_the_recor
     names = {technique.name for technique in TECHNIQUES}
     assert set(RETIRED_FIELDS.values()) <= names
     assert not RETIRED_FIELDS.keys() & {f.name for f in dataclasses.fields(Record)}
+
+
+def test_a_part_keeps_an_observed_none_but_not_a_retired_fields_and_equals_the_migrated_old_form() -> None:
+    """One rule for None in every technique's part (``techniques.base.observations``, ``Record.__post_init__``):
+    kept where it is an observation (optimizer-impl's one measured step: no temporaries alone), left out under a
+    retired flat field's key, as ``migrate`` leaves the old form's null out; a part left empty is no part."""
+    from memclaims.techniques.base import merge_observed, observations
+
+    fields: dict[str, object] = {}
+    merge_observed(fields, observations("fused", measured_step=1, step_temporary_bytes=None))
+    merge_observed(fields, observations("paged-adamw8bit", paged_state_bytes=None))
+    merge_observed(fields, observations("lora", trainable_parameters=8386, total_parameters=None))
+    assert observations("lora") == {}
+    today = fake_record(**fields)
+    assert today.by_technique == {"fused": {"measured_step": 1, "step_temporary_bytes": None},
+                                  "lora": {"trainable_parameters": 8386}}
+    assert today.observed("fused", "step_temporary_bytes", 0) is None  # an observed None, not the default
+    assert today.observed("paged-adamw8bit", "paged_state_bytes", 0) == 0
+    old = {**fake_record().to_dict(), **dict.fromkeys(RETIRED_FIELDS), "trainable_parameters": 8386,
+           "by_technique": {"fused": {"measured_step": 1, "step_temporary_bytes": None}}}  # schema 1's form of it
+    assert Record.from_dict(old) == today and migrate(old) == today.to_dict()

@@ -123,14 +123,13 @@ def _valid_by_the_rules(names: tuple[str, ...]) -> bool:
     groups = [t.group for t in chosen if t.group]
     return (len(groups) == len(set(groups)) and not any(t.alone and len(chosen) > 1 for t in chosen)
             and all(t.needs <= set(names) for t in chosen)
-            and not any(other in names for t in chosen for other, _ in t.conflicts))
+            and not any(other in names or other in groups for t in chosen for other, _ in t.conflicts))
 
 
 def test_single_process_is_every_technique_but_the_sharded_ones_in_registry_order() -> None:
     names = [t.name for t in registry.single_process()]
-    assert names == [t.name for t in registry.TECHNIQUES
-                     if t.name not in ("fsdp", *registry.FSDP_SHARDINGS, "ddp", "deepspeed-zero2", "cpu-offload",
-                                        "delayed-init", "tensor-parallel")]
+    assert names == [t.name for t in registry.TECHNIQUES  # every strategy, and what needs a sharded one
+                     if t.group != "strategy" and t.name not in ("cpu-offload", "delayed-init", "tensor-parallel")]
     assert "activation-checkpointing" in names  # needs no sharding: it runs on one device
 
 
@@ -336,14 +335,19 @@ def test_the_full_matrix_count_is_its_listings_length() -> None:
     assert registry.selection_size("full") == len(registry.full_matrix())
 
 
-def test_the_shared_strategy_names_are_the_registrys_strategy_group() -> None:
-    """``shared_conflicts.STRATEGIES`` (names, as a technique module cannot import the registry) is every technique of
-    the ``strategy`` group, so a new strategy cannot be left out of the one-device techniques' conflicts; FSDP's
-    shardings are the ``fsdp``-API strategies besides the article's fsdp."""
-    from memclaims.techniques.shared_conflicts import FSDP_SHARDINGS, STRATEGIES
+def test_a_conflict_with_the_strategy_group_is_one_with_every_strategy_and_no_name_is_a_groups() -> None:
+    """A one-device technique names the strategies' group in its conflicts (``shared_conflicts.STRATEGY``), not each
+    strategy, so a strategy added later conflicts with it too; a group's name is no technique's (a conflict naming it
+    would be ambiguous). FSDP's shardings are the ``fsdp``-API strategies besides the article's fsdp."""
+    from memclaims.techniques.shared_conflicts import FSDP_SHARDINGS, STRATEGY
 
-    assert sorted(STRATEGIES) == sorted(t.name for t in registry.TECHNIQUES if t.group == "strategy")
-    assert set(FSDP_SHARDINGS) < set(STRATEGIES) and "fsdp" not in FSDP_SHARDINGS
+    strategies = [t for t in registry.TECHNIQUES if t.group == STRATEGY]
+    lora, ddp = T["lora"], T["ddp"]
+    assert len(strategies) >= 8 and all(lora.conflict_with(s) for s in strategies)
+    assert registry.violation([lora, ddp]) == f"'lora' does not combine with 'ddp': {lora.conflict_with(ddp)}"
+    assert lora.conflict_with(T["bf16-true"]) is None
+    assert not {t.name for t in registry.TECHNIQUES} & {t.group for t in registry.TECHNIQUES}
+    assert set(FSDP_SHARDINGS) < {s.name for s in strategies} and "fsdp" not in FSDP_SHARDINGS
 
 
 def test_each_narrow_protocol_is_implemented_by_the_techniques_that_need_it_only() -> None:
