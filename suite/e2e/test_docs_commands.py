@@ -249,10 +249,27 @@ def test_the_step_time_flow(tmp_path: Path) -> None:
     for name in TEST_TREE:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, tmp_path / name)
     for command in STEP_TIME_FLOW:
-        done = subprocess.run([sys.executable, "-m", *shlex.split(command), "-p", "no:cacheprovider"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=900, env=shell_environment())
-        assert done.returncode == 0, f"{command}\n{(done.stdout + done.stderr)[-3000:]}"
+        status, output = _pytest_in(tmp_path, command)
+        assert status == 0, f"{command}\n{output[-3000:]}"
     assert len(list(tmp_path.glob(".benchmarks/*/0001_*.json"))) == 1  # saved once, then compared with
+
+
+def _pytest_in(folder: Path, command: str, *options: str) -> tuple[int, str]:
+    """A ``pytest`` command of the docs in its own process, from ``folder``, as the reader's shell starts it."""
+    done = subprocess.run([sys.executable, "-m", *shlex.split(command), "-p", "no:cacheprovider", *options],
+                          cwd=folder, capture_output=True, text=True, timeout=900, env=shell_environment())
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_pytest_started_from_an_xdist_worker_saves_its_benchmark(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI's form of test_the_step_time_flow's clash under ``pytest -n 2`` (1.5 s of CPU): the pytest it starts
+    from an xdist worker saves its benchmark run (it inherited PYTEST_XDIST_WORKER, and pytest-benchmark
+    disabled itself); one trivial benchmark, without memclaims' plugin."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")  # as every test of an xdist worker has it
+    (tmp_path / "test_tick.py").write_text("def test_tick(benchmark):\n    benchmark(int)\n")
+    status, output = _pytest_in(tmp_path, "pytest test_tick.py --benchmark-autosave", "-p", "no:memclaims")
+    assert status == 0 and len(list(tmp_path.glob(".benchmarks/*/0001_*.json"))) == 1, output[-3000:]
 
 
 def _plugin_project(pytester: pytest.Pytester) -> Path:
