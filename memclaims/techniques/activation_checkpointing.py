@@ -52,7 +52,7 @@ class ActivationCheckpointing(Hooks):
         return replace(plan, checkpoint_blocks=True)
 
     def removes(self, after: Record) -> Removal | None:
-        return Removal(rest=0.0, why="checkpointing removes every activation")
+        return Removal(rest=0.0, why="checkpointing removes every activation", phase="forward")
 
     def compare_without(self) -> bool:
         return True

@@ -310,6 +310,10 @@ class Removal:
     rest: float = 1.0
     why: str = ""
     no_verdict: str | None = None  # why the bar gets no verdict at all (FSDP over one device shards nothing)
+    # The phase where what it removes lives, where the run's peak may lie in another phase it does not touch
+    # (checkpointing: the forward's activations, under a smoke-scale rank's fp32 optimizer step): there the bar
+    # holds when that phase falls and the peak does not rise.
+    phase: str | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from memclaims.pytest.plugin import settings
 from memclaims.recipes.named import NAMED_RECIPES
 from memclaims.recipes.recipe import Recipe, parse_id, resolve
 from memclaims.recipes.run_options import RunOptions
+from memclaims.report import series
 from memclaims.report.candidate import DIST_RANKS, DIST_RUNS
 from memclaims.techniques.impl.fully_shard import Fsdp2Parallelize
 from memclaims.workloads.registry import gpu_tier_scale
@@ -275,6 +276,9 @@ def test_vit_h14_series_descends_at_smoke_scale(cpu_sharded) -> None:
         assert recomputed.peak_allocated_bytes <= plain.peak_allocated_bytes, not_related(
             recomputed, "<=", plain, "peak_allocated_bytes")
         assert plain.param_bytes < one.param_bytes, not_related(plain, "<", one, "param_bytes")
+        # `memclaims reproduce --all` judges the same bar on the same Records (its series step): CI's form of it.
+        verdict = series.step(plain, recomputed, lambda record: record.peak_allocated_bytes, None)
+        assert verdict.passed, verdict.detail
 
 
 @pytest.mark.cpu

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import shlex
 import shutil
@@ -53,6 +54,9 @@ def workflow_commands() -> list[tuple[str, str]]:
 
 COMMANDS = [(page, " ".join(c.split())) for page, c in PAGE_COMMANDS] + workflow_commands()
 NIGHTLY = "pytest -m gpu --memclaims-summary-json nightly/summary.json --memclaims-html nightly/report.html"
+# examples/nightly-gpu.yml's pytest step: the README's nightly command and two more files; a checkout of a project
+# that uses the plugin runs it (an empty folder has no test to select: exit 5), answered by test_the_workflow_step.
+WORKFLOW_NIGHTLY = f"{NIGHTLY} --memclaims-artifacts nightly/memclaims-results --junitxml nightly/junit.xml"
 OWN_MODEL = "export MEMCLAIMS_WORKLOADS=mywork.workload:make"
 SMALL = " --steps 1 --no-eval"  # one optimizer step, no evaluation: the CPU runs' small form
 
@@ -119,8 +123,6 @@ HOW: dict[str, How] = {
     # 7 pairs of DistilBERT steps: minutes on a loaded 2-core box; one pair of the small MLP's two steps in CI.
     "scripts/watch-overhead": How(ci="scripts/watch-overhead --model mlp --pairs 1 --steps 2", slow=True),
     "python -m memclaims.gpu.alloc_trace out/vit-h14.trace.json.gz": CUDA,
-    "pytest -m gpu --memclaims-summary-json nightly/summary.json --memclaims-html nightly/report.html "
-    "--memclaims-artifacts nightly/memclaims-results --junitxml nightly/junit.xml": How(slow=True),
     "memclaims run vit -t bf16-true -t sgd --device cpu --scale smoke":
         How(ci="memclaims run vit -t bf16-true -t sgd --device cpu --scale smoke" + SMALL, slow=True),
     "memclaims run distilbert -t adam8bit --device cpu --evaluate-each-epoch --json": How(slow=True),
@@ -193,14 +195,21 @@ def run(command: str, folder: Path, pytester: pytest.Pytester | None = None) -> 
         result = pytester.runpytest("-p", "no:cacheprovider", *words[1:])
         return int(result.ret), "\n".join(result.outlines + result.errlines)
     done = subprocess.run([str(ROOT / words[0]), *words[1:]] if words[0].startswith("scripts/") else words,
-                          cwd=folder, capture_output=True, text=True, timeout=600)
+                          cwd=folder, capture_output=True, text=True, timeout=600, env=shell_environment())
     return done.returncode, done.stdout + done.stderr
+
+
+def shell_environment() -> dict[str, str]:
+    """This process's environment as the reader's shell has it: without the variables pytest and pytest-xdist set
+    for their own processes (a pytest started from an xdist worker inherits PYTEST_XDIST_WORKER, and
+    pytest-benchmark then disables itself: ``--benchmark-autosave`` saved nothing under ``pytest -n 2``)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
 
 
 def params() -> list[Any]:
     out = []
     for page, command in COMMANDS:
-        if command in NIGHTLY_FLOW | OWN_MODEL_FLOW | SPLIT_MLP_FLOW | set(STEP_TIME_FLOW):
+        if command in NIGHTLY_FLOW | OWN_MODEL_FLOW | SPLIT_MLP_FLOW | set(STEP_TIME_FLOW) | {WORKFLOW_NIGHTLY}:
             continue
         how, name = HOW.get(command, How()), f"{page}:{command[:70]}"
         if how.skip:
@@ -216,7 +225,7 @@ def params() -> list[Any]:
 def test_every_command_of_the_docs_is_here() -> None:
     """A command added to the docs is run (as written, unless HOW says how); HOW holds no stale entry."""
     shown = {c for _, c in COMMANDS}
-    assert NIGHTLY in shown and OWN_MODEL in shown and len(shown) >= 70
+    assert NIGHTLY in shown and WORKFLOW_NIGHTLY in shown and OWN_MODEL in shown and len(shown) >= 70
     assert not set(HOW) - shown, f"HOW names commands the docs no longer show: {sorted(set(HOW) - shown)}"
     assert (NIGHTLY_FLOW | OWN_MODEL_FLOW) - {OWN_MODEL} <= shown | {"memclaims history nightly-runs/ --plot h.png"}
     assert SPLIT_MLP_FLOW <= shown and set(STEP_TIME_FLOW) <= shown
@@ -240,10 +249,34 @@ def test_the_step_time_flow(tmp_path: Path) -> None:
     for name in TEST_TREE:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, tmp_path / name)
     for command in STEP_TIME_FLOW:
-        done = subprocess.run([sys.executable, "-m", *shlex.split(command), "-p", "no:cacheprovider"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, f"{command}\n{(done.stdout + done.stderr)[-3000:]}"
+        status, output = _pytest_in(tmp_path, command)
+        assert status == 0, f"{command}\n{output[-3000:]}"
     assert len(list(tmp_path.glob(".benchmarks/*/0001_*.json"))) == 1  # saved once, then compared with
+
+
+def _pytest_in(folder: Path, command: str, *options: str) -> tuple[int, str]:
+    """A ``pytest`` command of the docs in its own process, from ``folder``, as the reader's shell starts it."""
+    done = subprocess.run([sys.executable, "-m", *shlex.split(command), "-p", "no:cacheprovider", *options],
+                          cwd=folder, capture_output=True, text=True, timeout=900, env=shell_environment())
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_pytest_started_from_an_xdist_worker_saves_its_benchmark(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI's form of test_the_step_time_flow's clash under ``pytest -n 2`` (1.5 s of CPU): the pytest it starts
+    from an xdist worker saves its benchmark run (it inherited PYTEST_XDIST_WORKER, and pytest-benchmark
+    disabled itself); one trivial benchmark, without memclaims' plugin."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")  # as every test of an xdist worker has it
+    (tmp_path / "test_tick.py").write_text("def test_tick(benchmark):\n    benchmark(int)\n")
+    status, output = _pytest_in(tmp_path, "pytest test_tick.py --benchmark-autosave", "-p", "no:memclaims")
+    assert status == 0 and len(list(tmp_path.glob(".benchmarks/*/0001_*.json"))) == 1, output[-3000:]
+
+
+def _plugin_project(pytester: pytest.Pytester) -> Path:
+    """A project that uses the plugin as the README shows: its test module collects the technique matrix (every
+    gpu case skips here with its reason)."""
+    pytester.makepyfile(**{"tests/test_memclaims": "from memclaims.pytest.cases import test_case  # noqa: F401\n"})
+    return pytester.path
 
 
 @pytest.mark.xdist_group("docs-nightly")
@@ -251,8 +284,7 @@ def test_the_nightly_flow(pytester: pytest.Pytester) -> None:
     """The README's nightly command writes both files into a folder that did not exist (the README's own
     test module collects the technique matrix: every gpu case skips with its reason here), then report and
     history read them as the docs show."""
-    pytester.makepyfile(**{"tests/test_memclaims": "from memclaims.pytest.cases import test_case  # noqa: F401\n"})
-    here = pytester.path
+    here = _plugin_project(pytester)
     assert not (here / "nightly").exists()
     status, output = run(NIGHTLY, here, pytester)
     assert status == 0 and (here / "nightly" / "summary.json").is_file() and (here / "nightly" / "report.html").is_file(), output[-3000:]
@@ -262,6 +294,17 @@ def test_the_nightly_flow(pytester: pytest.Pytester) -> None:
         status, output = run(command, here)
         assert status == 0, f"{command}\n{output[-3000:]}"
     assert (here / "history.png").is_file() and (here / "h.png").is_file()
+
+
+@pytest.mark.slow  # a second session of the README's nightly (CI runs test_the_nightly_flow's): ~10 s of CPU
+@pytest.mark.xdist_group("docs-nightly")
+def test_the_workflow_step(pytester: pytest.Pytester) -> None:
+    """examples/nightly-gpu.yml's pytest step, in the checkout of a project that uses the plugin (what the
+    workflow runs in): every file it names, the folders created."""
+    here = _plugin_project(pytester)
+    status, output = run(WORKFLOW_NIGHTLY, here, pytester)
+    assert status == 0, f"{WORKFLOW_NIGHTLY}\n{output[-3000:]}"
+    assert all((here / "nightly" / name).is_file() for name in ("summary.json", "report.html", "junit.xml")), output
 
 
 def _example_flow(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, page: str, module: str,

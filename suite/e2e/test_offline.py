@@ -237,6 +237,25 @@ def test_the_guard_refuses_a_hub_lookup_and_allows_this_machine(tmp_path: Path, 
         assert "hub: OfflineModeIsEnabled" not in result.output
 
 
+_SPAWNS = textwrap.dedent("""
+    import importlib, multiprocessing
+    import kernels  # the parent's own import: logged with the parent's command line
+    child = multiprocessing.get_context("spawn").Process(target=importlib.import_module, args=("kernels",))
+    child.start(); child.join()
+""")
+
+
+def test_the_guard_tells_a_spawned_rank_from_its_parent(tmp_path: Path) -> None:
+    """The ranks' test below finds the ranks by the guard's log (CI's cheap form of it, under a second): a child
+    spawned as memclaims' launcher does is marked spawned, its parent not, although spawn hands the child its
+    parent's sys.argv before the child imports anything."""
+    (result,) = run_guarded([Launch("spawns", [sys.executable, "-c", _SPAWNS], tmp_path)], tmp_path / "guard",
+                            timeout_s=120).values()
+    _ran(result)
+    importing = [p for p in result.processes if "kernels" in p.imports]
+    assert sorted(p.spawned for p in importing) == [False, True], [(p.pid, p.argv) for p in importing]
+
+
 # --- the ranks (nightly) ------------------------------------------------------------------------------
 
 @pytest.mark.slow  # two spawned ranks importing Lightning and bitsandbytes: about 20 s of CPU on 2 cores

@@ -41,3 +41,27 @@ def test_a_bar_a_device_cannot_run_as_published_runs_as_its_techniques_say() -> 
     assert gpu["distilbert-before"].techniques == ("16-mixed", "deepspeed-zero2")
     assert gpu["vit-h14-fsdp-checkpointing-offload"].techniques == (
         "16-mixed", "fsdp", "activation-checkpointing", "cpu-offload")
+
+
+def _phases(forward: int, optimizer_step: int) -> dict[str, dict[str, int]]:
+    return {"forward": {"allocated_bytes": forward}, "optimizer_step": {"allocated_bytes": optimizer_step}}
+
+
+@pytest.mark.parametrize(("forward", "peak", "holds"), [(600, 1000, True), (900, 1000, False), (600, 1001, False)],
+                         ids=["forward-falls", "forward-stays", "peak-rises"])
+def test_checkpointing_holds_where_its_forward_falls_under_a_peak_it_leaves(forward: int, peak: int,
+                                                                              holds: bool) -> None:
+    """A smoke-scale FSDP rank (the ViT-H/14 series' checkpointing bar): its peak is the fp32 optimizer step,
+    which checkpointing leaves, so the peak stays equal; the bar holds when its forward falls, says by how much,
+    and fails when the forward does not fall or the peak rises."""
+    before = fake_record("vit-h14-smoke/fsdp", techniques=["fsdp"], devices=2, peak_allocated_bytes=1000,
+                         phases=_phases(forward=900, optimizer_step=1000))
+    after = fake_record("vit-h14-smoke/fsdp+activation-checkpointing", techniques=["fsdp", "activation-checkpointing"],
+                        devices=2, peak_allocated_bytes=peak, phases=_phases(forward=forward, optimizer_step=peak))
+    verdict = series.step(before, after, _peak, None)
+    assert verdict.passed is holds, verdict.detail
+    assert ("the forward phase falls to 0.667 of the bar before's (600 / 900 B)" in verdict.detail) is (holds and
+                                                                                                       peak == 1000)
+    plain = fake_record("vit-h14-smoke/fsdp+bf16-true", techniques=["fsdp", "bf16-true"], devices=2,
+                        peak_allocated_bytes=1000, phases=_phases(forward=600, optimizer_step=1000))
+    assert series.step(before, plain, _peak, None).passed is False  # no added technique names the forward
