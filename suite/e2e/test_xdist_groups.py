@@ -27,3 +27,12 @@ def test_every_test_of_an_xdist_group_runs_on_one_worker(pytester: pytest.Pytest
     result.assert_outcomes(passed=6)
     workers = set(re.findall(r"\[(gw\d+)\] .*PASSED .*test_member", result.stdout.str()))
     assert len(workers) == 1, f"one xdist_group ran on {sorted(workers)}: --dist loadgroup ignored the mark"
+
+
+def test_each_test_starts_with_the_heap_frozen() -> None:
+    """suite/conftest.py freezes the heap before each test (gc.freeze), so the cpu tier's collections at phase
+    boundaries scan only what a run made: a quarter of a smoke run's CPU. Lost silently (a hook renamed, another
+    plugin's unfreeze), CI's tests take that much longer without failing a case: this fails instead."""
+    import gc
+
+    assert gc.get_freeze_count() > 0, "nothing frozen before this test: suite/conftest.py's pytest_runtest_setup did not run"
