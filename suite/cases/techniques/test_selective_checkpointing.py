@@ -89,7 +89,7 @@ def test_the_policy_saves_every_other_matmul_and_the_attention_with_the_gradient
     block = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
     x = torch.randn(3, 5, 16, requires_grad=True)
     expected = torch.autograd.grad(block(x).sum(), (x, *block.parameters()))
-    observed = sac.Observed()
+    observed = sac.SacWatch()
     out = checkpoint(block, x, use_reentrant=False, context_fn=observed.context_fn)
     grads = torch.autograd.grad(out.sum(), (x, *block.parameters()))
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, expected))

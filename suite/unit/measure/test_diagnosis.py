@@ -204,7 +204,7 @@ from memclaims.core.record import Record
 def fake_measure(recipe, options):
     if "sgd" in recipe.techniques:
         raise OutOfMemory(recipe.id, options.device, "train", 123_456_789, "CPU out of memory (fake)")
-    return [Record(**{f.name: None for f in dataclasses.fields(Record)} | {"recipe": recipe.id})]
+    return [Record(**{f.name: None for f in dataclasses.fields(Record)} | {"recipe": recipe.id, "by_technique": {}})]
 
 memclaims.pytest.records.run_recipe = fake_measure
 """
