@@ -8,9 +8,9 @@ A test that is slow whatever its parameters carries ``@pytest.mark.slow`` itself
 
 from __future__ import annotations
 
-import gc
-
 import pytest
+
+from memclaims.measure import host
 
 # The technique matrix (suite/cases/test_technique_matrix.py): the pairwise cover's longest chains train
 # for accuracy at 4x the micro-batches (small-batch, grad-accum) and recompute every block (checkpointing):
@@ -118,22 +118,16 @@ def shared_group(params: dict[str, object]) -> str | None:
 
 
 # Before each test: what exists (the imported stack, the collected items, the session's Records) goes to the cyclic
-# collector's permanent generation (gc.freeze), once and again after a test whose run unfroze it. The cpu tier's runs
-# collect garbage at their phase boundaries (memclaims.measure.probes, .host): a full collection of a worker's heap
-# (about 700,000 objects once this suite is collected) costs about 0.27 CPU s, four per run, about a quarter of a
-# smoke run's CPU; with the heap frozen each scans only the objects made since. Nothing a collection could free is
-# frozen (collected first), and a run's own objects never are: its set-up comes after (HostSteps.frozen unfreezes
-# at its end, so the next test collects and freezes again). Records are the same: the runs' collections free what
-# they freed before.
+# collector's permanent generation (memclaims.measure.host.freeze_heap), once and again after a test whose run unfroze
+# it. The cpu tier's runs collect garbage at their phase boundaries (memclaims.measure.probes, .host): a full
+# collection of a worker's heap (about 700,000 objects once this suite is collected) costs about 0.27 CPU s, four per
+# run, about a quarter of a smoke run's CPU; with the heap frozen each scans only the objects made since. Nothing a
+# collection could free is frozen (collected first), and a run's own objects never are: its set-up comes after
+# (HostSteps.frozen unfreezes at its end, so the next test collects and freezes again). Records are the same: the
+# runs' collections free what they freed before.
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if gc.get_freeze_count() == 0:
-        freeze_heap()
-
-
-def freeze_heap() -> None:
-    gc.collect()
-    gc.freeze()  # adds what exists to the permanent generation (what an earlier call froze stays frozen)
+    host.keep_heap_frozen()
 
 
 # The same for the collection: the imported stack (torch, transformers, Lightning) frozen once configured, the
@@ -141,8 +135,8 @@ def freeze_heap() -> None:
 # time the long-lived objects grew by a quarter) then scan only what collection made: about 3 CPU s less of
 # each worker's 15 to collect CI's selection.
 def pytest_configure(config: pytest.Config) -> None:
-    freeze_heap()
+    host.freeze_heap()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    freeze_heap()
+    host.freeze_heap()

@@ -7,7 +7,6 @@ preflight has passed: importing it imports the training stack).
 from __future__ import annotations
 
 import fcntl
-import gc
 import hashlib
 import os
 import pickle
@@ -23,6 +22,7 @@ from memclaims.core.errors import MemclaimsError, OutOfMemory
 from memclaims.core.library_eras import profile_name
 from memclaims.core.names import sim_tier_profile, tier_device
 from memclaims.core.record import Record
+from memclaims.measure.host import keep_heap_frozen
 from memclaims.pytest.plugin import note_out_of_memory, resolve, settings, tier_scale
 from memclaims.recipes import requirements
 from memclaims.recipes.recipe import Recipe
@@ -150,14 +150,10 @@ class RecordCache:
 
 
 def _run(recipe: Recipe, options: RunOptions) -> Record:
-    """A real run's Record, the heap frozen first: what exists goes to the cyclic collector's permanent generation
-    (``gc.freeze``, after a collection), so that the run's collections at its phase boundaries (memclaims.measure's
-    probes) scan only what the run makes, not the session's whole heap (a session of this repository's 3,000 tests
-    holds about 700,000 objects: 0.27 CPU s a collection, four a run). The run's measured steps unfreeze it
-    (``memclaims.measure.host.HostSteps.frozen``); nothing a collection could free is frozen."""
-    if gc.get_freeze_count() == 0:
-        gc.collect()
-        gc.freeze()
+    """A real run's Record, the heap frozen first (``memclaims.measure.host.keep_heap_frozen``): the run's collections
+    at its phase boundaries scan only what the run makes, not the session's whole heap (a session of this repository's
+    3,000 tests holds about 700,000 objects: 0.27 CPU s a collection, four a run)."""
+    keep_heap_frozen()
     return run_recipe(recipe, options)[0]
 
     def accuracy_at(self, tier: str, recipe: Recipe, seed: int) -> float:
