@@ -148,9 +148,10 @@ class HostSteps:
 
     @contextmanager
     def frozen(self) -> Iterator[None]:
-        """Around the measured steps: what exists before them is moved to the collector's permanent
-        generation (``gc.freeze``), so that each read's collection scans only the steps' own objects. At the end
-        everything is unfrozen: the set-up's objects (the model, the optimizer) must be collectable once dropped."""
+        """Around the measured steps (and, as the engine chooses, what it does with the model after them): what
+        exists before them is moved to the collector's permanent generation (``gc.freeze``), so that each read's
+        collection scans only the steps' own objects. At the end everything is unfrozen: the set-up's objects (the
+        model, the optimizer) must be collectable once dropped."""
         global _heap_frozen
         freeze_heap()
         try:

@@ -225,44 +225,47 @@ def measure(engine: Engine, probe: probe_module.Probe, memory_steps: int) -> Rec
 
     probe.track(model, optimizer)
     host_steps = HostSteps()
-    with host_steps.frozen(), probe.phase("train"):
-        engine.train(model, optimizer, scheduler, engine.batches(train_loader), memory_steps,
-                     on_step=probe.step_begin, phase=host_steps.wrap(probe.step_phase))
-    if isinstance(probe, probe_module.CudaProbe):  # the snapshot of this recipe, at its peak
-        probe.capture_snapshot(recipe.id)
-    local = engine.local
-    states: dict[str, object] = {
-        "param_bytes": tensors.storage_bytes(local(p) for p in model.parameters()),
-        "grad_bytes": engine.grad_bytes or 0,
-        "optimizer_state_bytes": tensors.storage_bytes(
-            local(t) for t in tensors.optimizer_state_tensors(optimizer)),
-    }
-    observed = observed_fields(engine, model, optimizer, probe)
-    memory_losses = list(engine.losses)
-    memory_step_times = list(engine.step_times)
+    # Frozen until the run's numbers are read, not only around the measured steps: the accuracy phase's
+    # collections (the evaluation's probe.track) then scan the run's own objects, not the whole heap again.
+    with host_steps.frozen():
+        with probe.phase("train"):
+            engine.train(model, optimizer, scheduler, engine.batches(train_loader), memory_steps,
+                         on_step=probe.step_begin, phase=host_steps.wrap(probe.step_phase))
+        if isinstance(probe, probe_module.CudaProbe):  # the snapshot of this recipe, at its peak
+            probe.capture_snapshot(recipe.id)
+        local = engine.local
+        states: dict[str, object] = {
+            "param_bytes": tensors.storage_bytes(local(p) for p in model.parameters()),
+            "grad_bytes": engine.grad_bytes or 0,
+            "optimizer_state_bytes": tensors.storage_bytes(
+                local(t) for t in tensors.optimizer_state_tensors(optimizer)),
+        }
+        observed = observed_fields(engine, model, optimizer, probe)
+        memory_losses = list(engine.losses)
+        memory_step_times = list(engine.step_times)
 
-    accuracy: float | None = None
-    epoch_evaluations: list[dict[str, float]] = []
-    if engine.evaluating:
-        engine.step_times.clear()
-        with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
-            if schedule["kind"] == "steps":
-                engine.train(model, optimizer, scheduler, cycle(lambda: engine.batches(train_loader)),
-                             schedule["optimizer_steps"])
-            else:
-                for epoch in range(schedule["epochs"]):
-                    engine.train(model, optimizer, scheduler, engine.batches(train_loader), -1)
-                    if options.evaluate_each_epoch:
-                        # Iterating a DataLoader draws its base seed from the global generator: fork it,
-                        # or the later epochs' dropout and the accuracy differ from a run without it.
-                        with torch.random.fork_rng(devices=[]):
-                            epoch_evaluations.append({"epoch": epoch + 1, **engine.evaluation(model, test_loader)})
-            probe.track(model, optimizer)  # the model states count as live from the start
-            with probe.phase("evaluation"):
-                accuracy = engine.accuracy(model, test_loader, on_batch=probe.step_begin)
-        timed = engine.step_times
-    else:
-        timed = memory_step_times[1:] or memory_step_times  # the first step warms up
+        accuracy: float | None = None
+        epoch_evaluations: list[dict[str, float]] = []
+        if engine.evaluating:
+            engine.step_times.clear()
+            with probe.phase("accuracy") if options.device == "cuda" else nullcontext():
+                if schedule["kind"] == "steps":
+                    engine.train(model, optimizer, scheduler, cycle(lambda: engine.batches(train_loader)),
+                                 schedule["optimizer_steps"])
+                else:
+                    for epoch in range(schedule["epochs"]):
+                        engine.train(model, optimizer, scheduler, engine.batches(train_loader), -1)
+                        if options.evaluate_each_epoch:
+                            # Iterating a DataLoader draws its base seed from the global generator: fork it,
+                            # or the later epochs' dropout and the accuracy differ from a run without it.
+                            with torch.random.fork_rng(devices=[]):
+                                epoch_evaluations.append({"epoch": epoch + 1, **engine.evaluation(model, test_loader)})
+                probe.track(model, optimizer)  # the model states count as live from the start
+                with probe.phase("evaluation"):
+                    accuracy = engine.accuracy(model, test_loader, on_batch=probe.step_begin)
+            timed = engine.step_times
+        else:
+            timed = memory_step_times[1:] or memory_step_times  # the first step warms up
 
     return build_record(
         recipe,
