@@ -53,9 +53,11 @@ def predict(source: str, profile: str = "article") -> list[SourceRow]:
     return rows
 
 
-def markdown(source: str, rows: list[SourceRow]) -> str:
+def markdown(source: str, rows: list[SourceRow], profile: str = "article") -> str:
+    from memclaims.report.run_summary import profile_words
+
     title = published.documents()[source]["title"]
-    lines = [f"# {source}: {title}", "", "| claim | published | sim verdict | predicted |", "|---|---|---|---|"]
+    lines = [f"# {source}: {title}", "", f"Predicted on the sim, {profile_words(profile)}.", "", "| claim | published | sim verdict | predicted |", "|---|---|---|---|"]
     for row in rows:
         said = "; ".join(f"{k} {v}" for k, v in row.published.items()) or f"\"{row.phrase}\""
         lines.append(f"| {row.claim} | {said} | {row.verdict} | {row.detail} |")
