@@ -150,6 +150,7 @@ def test_reproduce_one_source_on_the_sim(capsys: pytest.CaptureFixture[str], tmp
     assert main(["reproduce", "--device", "sim", "--source", "bitsandbytes-docs", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# bitsandbytes-docs: The bitsandbytes documentation")
+    assert "\n\nPredicted on the sim, profile 'article' (" in out  # what it replayed (--era's too: issue #53)
     row = next(line for line in out.splitlines() if line.startswith("| paged-optimizer-unified-memory |"))
     assert "| holds |" in row and "of optimizer state in unified memory" in row
     rows = json.loads((tmp_path / "source-bitsandbytes-docs.json").read_text())
