@@ -154,7 +154,7 @@ def test_reproduce_one_source_on_the_sim(capsys: pytest.CaptureFixture[str], tmp
     row = next(line for line in out.splitlines() if line.startswith("| paged-optimizer-unified-memory |"))
     assert "| holds |" in row and "of optimizer state in unified memory" in row
     rows = json.loads((tmp_path / "source-bitsandbytes-docs.json").read_text())
-    assert [r["verdict"] for r in rows] == ["holds"]
+    assert [(r["verdict"], r["profile"]) for r in rows] == [("holds", "article")]
     assert main(["reproduce", "--device", "cpu", "--source", "bitsandbytes-docs"]) == 2
     assert "--source predicts on the sim only" in capsys.readouterr().err
     assert main(["reproduce", "--device", "sim", "--source", "nope", "--out", str(tmp_path)]) == 2
