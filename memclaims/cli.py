@@ -198,7 +198,8 @@ def cmd_list(args: Settings) -> int:
         print(f"  {name:<26} {summary}")
     installed = {lib: library_eras.installed(lib) or "not installed" for lib in library_eras.LIBRARIES}
     others = ", ".join(f"{lib} {release}" for lib, release in installed.items() if lib != "torch")
-    print(f"\nLibrary eras (--device sim --era LIBRARY=RELEASE on run and fit, e.g. --era bitsandbytes=0.41; "
+    takers = ", ".join(table.BY_NAME["era"].cli)  # the commands the option table gives --era
+    print(f"\nLibrary eras (--device sim --era LIBRARY=RELEASE on {takers}, e.g. --era bitsandbytes=0.41; "
           f"--memclaims-era in pytest): without one the sim replays the installed {others}, and torch as its profile "
           f"says (installed: {installed['torch']}):")
     for era in data["library_eras"]:
@@ -244,16 +245,12 @@ def cmd_run(args: Settings) -> int:
     from memclaims.report import run_summary
     from memclaims.run import run_recipe, runs_ranks
 
+    profile = sim_profile(args, INSTALLED_TORCH_PROFILE, args.device)  # a question about today (core/names.py)
     names, aliases = techniques_from(args)
     recipe = resolve(workload_from(args), args.scale, names, sizes_from(args), parameters_from(args))
     if args.download:
         _download_data(args.data_dir)
     print(offline.describe(args.download, "--download")[1], file=sys.stderr)  # how main set the Hub, in one line
-    if args.era and args.device != "sim":
-        raise UsageError(f"--era replays an older library on the sim only, got --device {args.device!r}; "
-                         "use --device sim")
-    # A question about today (core/names.py), as with the older releases --era names (core/library_eras.py).
-    profile = library_eras.profile_name(args.sim_profile or INSTALLED_TORCH_PROFILE, args.era)
     options = RunOptions(device=args.device, memory_steps=args.steps, evaluate=not args.no_eval,
                          data_dir=args.data_dir, devices=args.devices,  # --devices 1: one rank, not the default world
                          profile=profile, timeout_s=args.timeout or None,
@@ -284,6 +281,15 @@ def cmd_run(args: Settings) -> int:
     return 0
 
 
+def sim_profile(args: Settings, default: str, device: str) -> str:
+    """The profile a command predicts on: ``--sim-profile`` (else ``default``, the command's: core/names.py) with the
+    older releases ``--era`` names (core/library_eras.py: the era travels in the profile's name). ``--era`` on a
+    real ``device`` is refused in one line: a real run runs the installed releases, which no era changes."""
+    if args.era and device != "sim":
+        raise UsageError(f"--era replays an older library on the sim only, got --device {device!r}; use --device sim")
+    return library_eras.profile_name(args.sim_profile or default, args.era)
+
+
 def _device_name(record: Any, profile: str) -> str:
     """The device of a Record in words: ``simulated NVIDIA A100 (sm80), profile 'current'``, ``cpu (...)``."""
     if record.device == "sim":
@@ -308,13 +314,10 @@ def _download_data(folder: Path | None) -> None:
 
 
 def _profile_words(name: str) -> str:
-    """``profile 'current' (A100 with today's torch defaults: ...), replaying torch ..., bitsandbytes ...``: which
-    simulated GPU and which releases of the libraries that move memory answer."""
-    from memclaims.sim import profile
+    """The profile and the releases it replays, in words (imported when a command says it)."""
+    from memclaims.report.run_summary import profile_words
 
-    chosen = profile(name)
-    releases = ", ".join(f"{library} {release}" for library, release in chosen.releases().items())
-    return f"profile {name!r} ({chosen.summary}), replaying {releases}"
+    return profile_words(name)
 
 
 def cmd_benchmark(args: Settings) -> int:
@@ -351,9 +354,13 @@ def cmd_reproduce(args: Settings) -> int:
     from memclaims.report.reproduce import reproduce
 
     every = args.all
+    profile = sim_profile(args, ARTICLE_PROFILE, args.device)  # reproduce: the article's profile (core/names.py)
     if args.source:
-        return _reproduce_source(args)
+        return _reproduce_source(args, profile)
     if every and args.device == "sim":
+        if args.era:  # each row of reproduce-all.md is replayed on the profile its published run needs
+            raise UsageError("--era with --all: the published table replays each row on its own profile; leave out "
+                             "--all (the article's chain, or --source NAME) to replay an era")
         return _reproduce_all(args)
     assert args.out is not None  # the command's default: reproduce/
     out = Path(args.out)
@@ -365,15 +372,18 @@ def cmd_reproduce(args: Settings) -> int:
               "names the folder)", file=sys.stderr)
     from memclaims.claims.runs import LAST_RUN_NAME
 
+    if args.device == "sim":  # said before the replays, as run and fit say it
+        print(f"memclaims: reproduce on the sim, {_profile_words(profile)}", file=sys.stderr)
     rows = reproduce(args.device, out, store=BaselineStore(args.baselines_dir), series=every,
+                     profile=profile if args.device == "sim" else None,
                      last_run=Path(args.artifacts) / LAST_RUN_NAME)  # what `memclaims claims` reads
     print((out / "reproduce.md").read_text())
     print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.json'}, {out / 'reproduce.png'}", file=sys.stderr)
     return EXIT_FAILED_RUN if any(r.verdict == "does not hold" for r in rows) else 0
 
 
-def _reproduce_source(args: Settings) -> int:
-    """One source's claims predicted on the sim (memclaims.report.source_claims)."""
+def _reproduce_source(args: Settings, profile: str) -> int:
+    """One source's claims predicted on the sim (memclaims.report.source_claims), on ``profile``."""
     from pathlib import Path
 
     from memclaims.report import source_claims
@@ -381,11 +391,12 @@ def _reproduce_source(args: Settings) -> int:
     if args.device != "sim":
         raise UsageError(f"--source predicts on the sim only, got --device {args.device!r}; use --device sim "
                          "(the other tiers check a source's claims in pytest: memclaims claims --source NAME)")
-    rows = source_claims.predict(args.source, ARTICLE_PROFILE)  # reproduce: the article's profile
+    print(f"memclaims: reproduce {args.source} on the sim, {_profile_words(profile)}", file=sys.stderr)
+    rows = source_claims.predict(args.source, profile)
     assert args.out is not None  # the command's default: reproduce/
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = source_claims.markdown(args.source, rows)
+    text = source_claims.markdown(args.source, rows, profile)
     (out / f"source-{args.source}.md").write_text(text + "\n")
     (out / f"source-{args.source}.json").write_text(source_claims.to_json(rows) + "\n")
     print(text)
@@ -512,8 +523,7 @@ def cmd_fit(args: Settings) -> int:
     only, aliases = techniques_from(args)
     if aliases and not args.json:
         print(f"memclaims: {', '.join(aliases)}", file=sys.stderr)
-    # What fits today (core/names.py), or with the older releases --era names (core/library_eras.py).
-    profile = library_eras.profile_name(args.sim_profile or INSTALLED_TORCH_PROFILE, args.era)
+    profile = sim_profile(args, INSTALLED_TORCH_PROFILE, args.device)  # what fits today (core/names.py)
     result = fit.fit(workload_from(args), budget, profile=profile, scale=args.scale, sizes=sizes_from(args),
                      exact=not args.extrapolate, only=tuple(only), devices=args.devices,
                      parameters=parameters_from(args),
@@ -535,7 +545,13 @@ def cmd_fit(args: Settings) -> int:
 def cmd_fidelity(args: Settings) -> int:
     from memclaims.report import fidelity
 
-    rows = fidelity.fidelity(args.sim_profile or ARTICLE_PROFILE, article=not args.hf_only, hf=not args.article_only,
+    if args.era and not args.article_only:
+        raise UsageError("--era replays an older library on the sim only, and fidelity's hf: rows are real runs on "
+                         "the cpu of the installed releases; add --article-only")
+    profile = sim_profile(args, ARTICLE_PROFILE, "sim")  # the article's rows: the article's profile (core/names.py)
+    if not args.json and not args.hf_only:  # the hf: rows' sim side has its own profile (report/fidelity.py)
+        print(f"memclaims: fidelity's article rows on the sim, {_profile_words(profile)}", file=sys.stderr)
+    rows = fidelity.fidelity(profile, article=not args.hf_only, hf=not args.article_only,
                              progress=None if args.json else
                              (lambda recipe_id: print(f"memclaims: {recipe_id}", file=sys.stderr, flush=True)))
     if args.json:

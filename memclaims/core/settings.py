@@ -159,7 +159,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("era", "eras", "an older release of a library to predict for, where what it changes is known "
            "(memclaims list shows the eras and their sources): e.g. bitsandbytes=0.41, whose 4-bit matmul kept its "
            "input for backward; repeat it, or separate with commas, for several libraries; default: the installed "
-           "releases", default=(), metavar="LIBRARY=RELEASE", pytest=True, cli=_flags("run", "fit")),
+           "releases", default=(), metavar="LIBRARY=RELEASE", pytest=True,
+           cli=_flags("run", "fit", "reproduce", "fidelity")),
     Option("workload", "text", "the workload the technique matrix runs on: vit, another built-in, "
            "hf:<model_type>, or one registered by an entry point (group memclaims.workloads.vit) or "
            "memclaims_workloads", default="vit", metavar="NAME", pytest=True,

@@ -10,7 +10,7 @@ Rows:
 - the article's single-GPU ViT-L/16 rows and 07 load rows: published ``max_memory_reserved``
   (decimal GB) against the sim's prediction on the article profile;
 - ``hf:`` models at smoke scale: the CPU tier's exact live tensor bytes of a real training run
-  against the sim's live-byte prediction with the ``cpu-kernels`` profile (the kernels a CPU run
+  against the sim's live-byte prediction with the ``cpu-kernels`` profile (``HF_PROFILE``: the kernels a CPU run
   uses, no cuBLAS workspaces), which checks the replay itself where no GPU number exists.
   Causal-LM rows come out about 13 % high, by one (batch x sequence, vocabulary) logits tensor: the
   sim replays the article's scripts, which keep ``logits`` bound through ``backward``; the cpu
@@ -28,6 +28,7 @@ from memclaims.recipes.recipe import resolve
 LOAD_ROWS = {"07_01": "build-then-convert", "07_03": "init-module"}  # published script -> load mode
 HF_MODELS = (("hf:gpt2", ("bf16-true",)), ("hf:llama", ("fabric",)), ("hf:bert", ("bf16-true", "sgd")))
 HF_SEQ = 32
+HF_PROFILE = "cpu-kernels"  # the hf: rows' sim side: the kernels a CPU run uses, no cuBLAS workspaces
 
 
 @dataclass
@@ -38,6 +39,7 @@ class FidelityRow:
     reference_bytes: int
     predicted_bytes: int
     model_states_bytes: int
+    profile: str  # the sim profile of the prediction (with ``--era``, its eras: memclaims.core.library_eras)
 
     @property
     def predicted_ratio(self) -> float:
@@ -72,7 +74,7 @@ def article_rows(profile: str, progress: Callable[[str], None] | None) -> list[F
         record = run_recipe(recipe, RunOptions(device="sim", profile=profile))[0]
         rows.append(FidelityRow(entry["script"], recipe.id, "published reserved GB (A100)",
                                 int(round(entry["peak_reserved_gb"] * 1e9)),
-                                int(record.peak_reserved_total_bytes or 0), _states(record)))
+                                int(record.peak_reserved_total_bytes or 0), _states(record), profile))
     for entry in published.get("model_loading") or []:
         mode = LOAD_ROWS.get(entry["script"])
         if mode is None or entry.get("load_peak_reserved_gb") is None:
@@ -81,7 +83,7 @@ def article_rows(profile: str, progress: Callable[[str], None] | None) -> list[F
                        RunOptions(device="sim", profile=profile, load_only=True))[0]
         rows.append(FidelityRow(entry["script"], f"vit-article load ({mode})", "published reserved GB after loading",
                                 int(round(entry["load_peak_reserved_gb"] * 1e9)), int(load.peak_reserved_bytes or 0),
-                                load.param_bytes))
+                                load.param_bytes, profile))
     return rows
 
 
@@ -96,10 +98,10 @@ def hf_rows(progress: Callable[[str], None] | None) -> list[FidelityRow]:
         if progress:
             progress(recipe.id)
         measured = run_recipe(recipe, RunOptions(device="cpu", memory_steps=2, evaluate=False))[0]
-        predicted = run_recipe(recipe, RunOptions(device="sim", profile="cpu-kernels", memory_steps=2))[0]
+        predicted = run_recipe(recipe, RunOptions(device="sim", profile=HF_PROFILE, memory_steps=2))[0]
         live = max(int(p.get("live_bytes", 0)) for p in predicted.phases.values())  # the step phases have none
         rows.append(FidelityRow(name, recipe.id, "measured: cpu tier, exact live tensor bytes",
-                                measured.peak_allocated_bytes, live, _states(measured)))
+                                measured.peak_allocated_bytes, live, _states(measured), HF_PROFILE))
     return rows
 
 
@@ -117,6 +119,10 @@ def table(rows: list[FidelityRow]) -> list[str]:
     for r in rows:
         lines.append(f"| {r.row} | {r.recipe} | {r.reference} | {gb(r.reference_bytes)} | {gb(r.predicted_bytes)} | "
                      f"{r.predicted_ratio:.3f} | {gb(r.model_states_bytes)} | {r.states_ratio:.3f} |")
+    by_profile: dict[str, list[str]] = {}
+    for r in rows:
+        by_profile.setdefault(r.profile, []).append(r.row)
+    lines += [f"Predicted on sim profile {profile!r}: {', '.join(names)}." for profile, names in by_profile.items()]
     lines.append("GB are decimal (1e9 B). Model states = parameters + gradients + optimizer state, what accelerate's "
                  "estimate-memory and DeepSpeed's estimators count (16 B/parameter for fp32 Adam).")
     return lines

@@ -18,7 +18,7 @@ from memclaims.baselines.store import BaselineStore
 from memclaims.core import progress, published
 from memclaims.core.environment import environment_id
 from memclaims.core.errors import OutOfMemory, UsageError
-from memclaims.core.names import device_tier
+from memclaims.core.names import ARTICLE_PROFILE, device_tier
 from memclaims.core.record import Record
 from memclaims.recipes.recipe import Recipe, resolve
 from memclaims.report.calibration import RunFn, run_once
@@ -72,11 +72,26 @@ class Row:
     baseline_environment: str = ""
 
 
-def _default_load(recipe: Recipe, device: str) -> Record:
-    from memclaims.recipes.run_options import RunOptions
-    from memclaims.run import run_recipe
+def _runs_on(profile: str) -> RunFn:
+    """One run of a one-device recipe through the one door, on the sim's ``profile`` where the device is the sim."""
+    def run(recipe: Recipe, device: str, evaluate: bool) -> Record:
+        from memclaims.recipes.run_options import RunOptions
+        from memclaims.run import run_recipe
 
-    return run_recipe(recipe, RunOptions(device=device, load_only=True))[0]
+        return run_recipe(recipe, RunOptions(device=device, evaluate=evaluate, profile=profile))[0]
+
+    return run
+
+
+def _loads_on(profile: str) -> LoadFn:
+    """The sim's load-only replay of a recipe, on ``profile``."""
+    def load(recipe: Recipe, device: str) -> Record:
+        from memclaims.recipes.run_options import RunOptions
+        from memclaims.run import run_recipe
+
+        return run_recipe(recipe, RunOptions(device=device, load_only=True, profile=profile))[0]
+
+    return load
 
 
 def _train_bytes(record: Record, device: str) -> int | None:
@@ -122,18 +137,20 @@ def _default_measure(recipes: Sequence[Recipe], device: str) -> list[list[Record
 
 def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: BaselineStore | None = None,
               scale: str | None = None, series: bool = False, measure_fn: MeasureFn | None = None,
-              load_fn: LoadFn | None = None, last_run: Path | None = None) -> list[Row]:
+              load_fn: LoadFn | None = None, last_run: Path | None = None, profile: str | None = None) -> list[Row]:
     """Run the chain on ``device`` (with ``series``: also the ViT-H/14 series and the LLM bonus rows,
     memclaims.report.series); write reproduce.md, reproduce.json and reproduce.png under ``out``.
     ``load_fn``: the sim's load-only replays of the 07 scripts (through memclaims.run.run_recipe unless given).
     ``last_run``: the claims' last-verdict file (memclaims.claims.runs) to add this run's verdicts to, which
-    ``memclaims claims`` shows."""
+    ``memclaims claims`` shows. ``profile``: the sim's (default: the article's; with an era, ``--era``: its name
+    says it, ``memclaims.core.library_eras``), which the report states; ignored on a real device."""
     from memclaims.claims import catalogue as claims
     from memclaims.claims.lookup import Key, Lookup, recipe_of
     from memclaims.claims.sources import article
     from memclaims.run import model_parameters
 
-    run_fn = run_fn or run_once
+    profile = (profile or ARTICLE_PROFILE) if device == "sim" else None
+    run_fn = run_fn or (_runs_on(profile) if profile else run_once)
     scale = scale or ("smoke" if device == "cpu" else "article")
     records: dict[Key, Record] = {}
     recipes: dict[tuple[str, ...], Recipe] = {}
@@ -151,7 +168,7 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
         # The 07 scripts printed reserved memory of the stock 1000-class model: the sim's load-only
         # replays predict exactly that (the recipe's Record holds live bytes of the 10-class model).
         for load in (article.LOAD_BUILD_THEN_CONVERT, article.LOAD_INIT_MODULE):
-            records[load] = (load_fn or _default_load)(recipe_of(load, "vit", scale), device)
+            records[load] = (load_fn or _loads_on(profile or ARTICLE_PROFILE))(recipe_of(load, "vit", scale), device)
 
     def find(key: Key) -> Record:
         if key == ("bf16-mixed",) and ("bf16-mixed",) not in records:
@@ -203,9 +220,10 @@ def reproduce(device: str, out: Path, *, run_fn: RunFn | None = None, store: Bas
         rows += _series_rows(device, scale, measure_fn or _default_measure)
     summary = _audit(tier, lookup)
     out.mkdir(parents=True, exist_ok=True)
-    _write(rows, device, scale, out, summary, environment_id(records[("fabric",)]))
+    _write(rows, device, scale, out, summary, environment_id(records[("fabric",)]), profile)
     if last_run is not None:
-        record_verdicts(rows, tier, last_run, f"memclaims reproduce --device {device}")
+        asked = f" (sim profile {profile!r})" if profile and profile != ARTICLE_PROFILE else ""
+        record_verdicts(rows, tier, last_run, f"memclaims reproduce --device {device}{asked}")
     return rows
 
 
@@ -320,7 +338,8 @@ def _unit(device: str) -> tuple[str, float]:
     return ("MiB live tensor bytes, smoke scale", MIB)
 
 
-def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[str, str], here: str) -> None:
+def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[str, str], here: str,
+           profile: str | None) -> None:
     from memclaims.claims import catalogue as claims
 
     unit, div = _unit(device)
@@ -333,7 +352,7 @@ def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[st
 
     train = [r for r in rows if r.kind == "train"]
     load = [r for r in rows if r.kind == "load"]
-    lines = [f"# The article's chain on {device} ({scale} scale)", "",
+    lines = [f"# The article's chain on {device} ({scale} scale)", "", *_predicted_on(profile),
              f"Published: CUDA peak reserved memory, decimal GB, ViT-L/16 at article scale. Measured here: {unit}. "
              f"Ratios are to 01-2, the fp32 Fabric reference. Size verdict: the row's claim, its ratio to the row "
              f"before against {'a ratio derived from exact parameter, gradient and state bytes' if device == 'cpu' else 'the published ratio'}, "
@@ -360,10 +379,18 @@ def _write(rows: list[Row], device: str, scale: str, out: Path, summary: dict[st
         lines.append(f"- {name} ({claims.CLAIMS_BY_NAME[name].statement}): {detail}")
     (out / "reproduce.md").write_text("\n".join(lines) + "\n")
     (out / "reproduce.json").write_text(json.dumps(
-        {"device": device, "scale": scale, "measured_unit": unit, "published_unit": "GB reserved (decimal)",
+        {"device": device, "scale": scale, "sim_profile": profile, "measured_unit": unit,
+         "published_unit": "GB reserved (decimal)",
          "rows": [asdict(r) for r in rows], "text_vs_logs": summary,
          "series": _series_facts(rows)}, indent=2, sort_keys=True) + "\n")
     _plot(rows, device, scale, unit, div, out / "reproduce.png")
+
+
+def _predicted_on(profile: str | None) -> list[str]:
+    """The sim profile the rows were predicted on and the releases it replays (its eras': ``--era``), in one line."""
+    from memclaims.report.run_summary import profile_words
+
+    return [] if profile is None else [f"Predicted on the sim, {profile_words(profile)}.", ""]
 
 
 def _series_facts(rows: list[Row]) -> list[dict[str, object]]:

@@ -33,6 +33,17 @@ def size(value: int | None) -> str:
     return f"{value / MB:.2f} MB ({value / MIB:.2f} MiB)"
 
 
+def profile_words(name: str) -> str:
+    """``profile 'current' (A100 with today's torch defaults: ...), replaying torch ..., bitsandbytes ...``: which
+    simulated GPU and which releases of the libraries that move memory answer (a profile's eras included: ``--era``,
+    ``memclaims.core.library_eras``), as run, fit, reproduce and fidelity say it."""
+    from memclaims.sim import profile
+
+    chosen = profile(name)
+    releases = ", ".join(f"{library} {release}" for library, release in chosen.releases().items())
+    return f"profile {name!r} ({chosen.summary}), replaying {releases}"
+
+
 def _column_unit(values: Sequence[int | None]) -> tuple[str, int]:
     """One decimal unit for a table's byte columns: GB where the largest is 0.1 GB or more, else MB."""
     largest = max((abs(v) for v in values if v is not None), default=0)

@@ -29,6 +29,7 @@ class SourceRow:
     published: dict[str, object]
     verdict: str  # holds | does not hold | not checked on the sim
     detail: str
+    profile: str  # the sim profile the claim was predicted on (with ``--era``, its eras: memclaims.core.library_eras)
 
 
 def predict(source: str, profile: str = "article") -> list[SourceRow]:
@@ -38,7 +39,7 @@ def predict(source: str, profile: str = "article") -> list[SourceRow]:
     for claim in (c for c in catalogue.CLAIMS if c.document == source):
         if claim.check is None or "sim" not in claim.tiers:
             rows.append(SourceRow(claim.name, claim.statement, claim.published, "not checked on the sim",
-                                  catalogue.skip_reason(claim, "sim") or ""))
+                                  catalogue.skip_reason(claim, "sim") or "", profile))
             continue
         scale = claim.check.scale_on("sim") or SIM_SCALE
         workload = claim.workload
@@ -49,13 +50,15 @@ def predict(source: str, profile: str = "article") -> list[SourceRow]:
 
         verdict = claim.check.run("sim", Lookup(record, model_parameters))
         rows.append(SourceRow(claim.name, claim.statement, claim.published,
-                              "holds" if verdict.passed else "does not hold", verdict.detail))
+                              "holds" if verdict.passed else "does not hold", verdict.detail, profile))
     return rows
 
 
-def markdown(source: str, rows: list[SourceRow]) -> str:
+def markdown(source: str, rows: list[SourceRow], profile: str = "article") -> str:
+    from memclaims.report.run_summary import profile_words
+
     title = published.documents()[source]["title"]
-    lines = [f"# {source}: {title}", "", "| claim | published | sim verdict | predicted |", "|---|---|---|---|"]
+    lines = [f"# {source}: {title}", "", f"Predicted on the sim, {profile_words(profile)}.", "", "| claim | published | sim verdict | predicted |", "|---|---|---|---|"]
     for row in rows:
         said = "; ".join(f"{k} {v}" for k, v in row.published.items()) or f"\"{row.phrase}\""
         lines.append(f"| {row.claim} | {said} | {row.verdict} | {row.detail} |")

@@ -60,6 +60,7 @@ def test_list_text_shows_the_same(capsys: pytest.CaptureFixture[str]) -> None:
     assert "run and fit predict on 'current', reproduce and fidelity on 'article'" in out
     assert "\n  bitsandbytes 0.39.0-0.43.1 MatMul4Bit.forward keeps its input A" in out  # each era, what it changes
     assert "Source: bitsandbytes PR #1270" in out  # and where that is written
+    assert "--era LIBRARY=RELEASE on run, fit, reproduce, fidelity," in out  # the commands the option table gives it
 
 
 @pytest.mark.cpu
@@ -149,10 +150,11 @@ def test_reproduce_one_source_on_the_sim(capsys: pytest.CaptureFixture[str], tmp
     assert main(["reproduce", "--device", "sim", "--source", "bitsandbytes-docs", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# bitsandbytes-docs: The bitsandbytes documentation")
+    assert "\n\nPredicted on the sim, profile 'article' (" in out  # what it replayed (--era's too: issue #53)
     row = next(line for line in out.splitlines() if line.startswith("| paged-optimizer-unified-memory |"))
     assert "| holds |" in row and "of optimizer state in unified memory" in row
     rows = json.loads((tmp_path / "source-bitsandbytes-docs.json").read_text())
-    assert [r["verdict"] for r in rows] == ["holds"]
+    assert [(r["verdict"], r["profile"]) for r in rows] == [("holds", "article")]
     assert main(["reproduce", "--device", "cpu", "--source", "bitsandbytes-docs"]) == 2
     assert "--source predicts on the sim only" in capsys.readouterr().err
     assert main(["reproduce", "--device", "sim", "--source", "nope", "--out", str(tmp_path)]) == 2
@@ -163,6 +165,7 @@ class _Asked(Exception):
     """Stops a command once it has said what it would predict on (no replay runs)."""
 
 
+_BNB_OLD = "bitsandbytes=0.39.0-0.43.1"  # the era bitsandbytes=0.41 falls in (memclaims.core.library_eras)
 # Where each command hands its profile on: the door's RunOptions, fit's and fidelity's argument, a source's.
 _PROFILE_OF = {
     "memclaims.run.run_recipe": lambda args, kwargs: args[1].profile,
@@ -180,12 +183,23 @@ _PROFILE_OF = {
     (["fit", "vit", "--memory", "24GB", "--sim-profile", "h100"], "memclaims.report.fit.fit", "h100"),
     (["fidelity"], "memclaims.report.fidelity.fidelity", "article"),
     (["reproduce", "--device", "sim", "--source", "course"], "memclaims.report.source_claims.predict", "article"),
+    (["reproduce", "--device", "sim"], "memclaims.run.run_recipe", "article"),
+    # --era (issue #53): every command the option table gives it replays the era, named in its profile's name.
+    (["run", "vit", "--device", "sim", "--era", "bitsandbytes=0.41"], "memclaims.run.run_recipe", f"current+{_BNB_OLD}"),
+    (["fit", "vit", "--memory", "24GB", "--era", "bitsandbytes=0.41"], "memclaims.report.fit.fit", f"current+{_BNB_OLD}"),
+    (["reproduce", "--device", "sim", "--era", "bitsandbytes=0.41"], "memclaims.run.run_recipe", f"article+{_BNB_OLD}"),
+    (["reproduce", "--device", "sim", "--source", "course", "--era", "bitsandbytes=0.41"],
+     "memclaims.report.source_claims.predict", f"article+{_BNB_OLD}"),
+    (["fidelity", "--article-only", "--era", "bitsandbytes=0.41"], "memclaims.report.fidelity.fidelity",
+     f"article+{_BNB_OLD}"),
+    (["fidelity", "--article-only", "--sim-profile", "h100", "--era", "bitsandbytes=0.41"],
+     "memclaims.report.fidelity.fidelity", f"h100+{_BNB_OLD}"),
 ])
 def test_the_default_sim_profile_is_the_installed_torch_except_where_the_article_is_reproduced(
         argv: list[str], where: str, expected: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """run and fit answer for today's torch (issue #43); fidelity and reproduce keep the article's profile; run and
-    fit name the profile they predict on before they start."""
+    """run and fit answer for today's torch (issue #43); fidelity and reproduce keep the article's profile; each names
+    the profile it predicts on, and the releases it replays (an era's, issue #53), before it starts."""
     import importlib
 
     module, _, name = where.rpartition(".")
@@ -199,8 +213,9 @@ def test_the_default_sim_profile_is_the_installed_torch_except_where_the_article
     with pytest.raises(_Asked):
         main(argv)
     assert asked == [expected]
-    if argv[0] in ("run", "fit"):
-        assert f"profile {expected!r} (" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"on the sim, profile {expected!r} (" in err
+    assert (f"bitsandbytes {_BNB_OLD.partition('=')[2]}, " in err) == ("+" in expected), err  # the era's releases
 
 
 @pytest.mark.sim

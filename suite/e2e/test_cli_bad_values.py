@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from memclaims import cli, run, sim
 from memclaims.core.errors import UsageError
 from memclaims.recipes.recipe import resolve
-from memclaims.report import fit
+from memclaims.report import fit, published_table, source_claims
 from memclaims.workloads import hf
 
 LLAMA_7B_PARAMETERS = 6_738_415_616  # LlamaConfig's defaults with the causal-LM head (Llama-2-7B's shape)
@@ -44,6 +44,8 @@ def no_replay(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(run, "run_recipe", refuse)  # memclaims run's engine call
     monkeypatch.setattr(fit, "predict", refuse)  # memclaims fit's first replay
+    monkeypatch.setattr(published_table, "build_table", refuse)  # reproduce --all's replays, in worker processes
+    monkeypatch.setattr(source_claims, "predict", refuse)  # reproduce --source's (its own import of the door)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -64,6 +66,25 @@ def no_replay(monkeypatch: pytest.MonkeyPatch) -> None:
      "--lora-dropout 1: expected a probability in [0, 1)"),
     (["run", "distilbert", "-t", "bf16-true", "--lora-r", "4"],
      "--lora-r: for -t lora or -t qlora, which the recipe (bf16-true) does not have"),
+    # --era (issue #53): one option object for the commands the table gives it, the same check and line for each;
+    # refused where the command would run the installed releases for real (a device, fidelity's hf: rows).
+    *[([*command, "--era", "bitsandbytes=0.44"], f"memclaims {command[0]}: argument --era: bitsandbytes=0.44: no "
+       "difference from the installed bitsandbytes is known in what the sim replays; known eras: bitsandbytes=0.39.0 "
+       "to 0.43.1") for command in (["run", "hf:llama", "-t", "qlora", "--device", "sim"],
+                                    ["fit", "hf:llama", "--memory", "24GB"], ["reproduce", "--device", "sim"],
+                                    ["fidelity", "--article-only"])],
+    (["reproduce", "--device", "sim", "--era", "torch=2.1"], "torch=2.1: torch's eras are sim profiles, not --era"),
+    *[(argv, "--era replays an older library on the sim only, got --device 'cpu'; use --device sim") for argv in (
+        ["run", "vit", "--device", "cpu", "--era", "bitsandbytes=0.41"],
+        ["reproduce", "--era", "bitsandbytes=0.41"],  # reproduce's default device, the cpu
+        ["reproduce", "--device", "cpu", "--all", "--era", "bitsandbytes=0.41"])],
+    (["reproduce", "--device", "cuda", "--source", "course", "--era", "bitsandbytes=0.41"],
+     "--era replays an older library on the sim only, got --device 'cuda'; use --device sim"),
+    (["reproduce", "--device", "sim", "--all", "--era", "bitsandbytes=0.41"],
+     "--era with --all: the published table replays each row on its own profile; leave out --all"),
+    *[(["fidelity", *rows, "--era", "bitsandbytes=0.41"], "--era replays an older library on the sim only, and "
+       "fidelity's hf: rows are real runs on the cpu of the installed releases; add --article-only")
+      for rows in ([], ["--hf-only"])],
     # What the validators pass but the model (its build, its forward) refuses, found at resolution.
     (["run", "hf:llama", "--scale", "smoke", "--config", "hidden_act=foo", "--device", "sim"],
      "--config hidden_act=foo: the llama model at scale 'smoke' refuses it: KeyError"),

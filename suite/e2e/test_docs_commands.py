@@ -152,6 +152,9 @@ HOW: dict[str, How] = {
     # A 7B on the sim: 16 s of CPU; the same era on the smoke Llama in CI.
     "memclaims run hf:llama --device sim --scale article -t bf16-true -t qlora --era bitsandbytes=0.41 --no-eval":
         How(ci="memclaims run hf:llama --device sim -t bf16-true -t qlora --era bitsandbytes=0.41 --no-eval", slow=True),
+    # Two article-scale QLoRA replays, 12 CPU s from a fresh process; in CI --era's reach into reproduce --source (and
+    # its answer's profile line) is held by test_cli's profile test and test_reproduce_one_source_on_the_sim.
+    "memclaims reproduce --device sim --source qlora-paper --era bitsandbytes=0.41": How(slow=True),
     # A 7B replay (15 CPU s); the small form asks the same parameters of the smoke LLaMA.
     "memclaims run hf:llama --device sim --scale article -t bf16-true -t lora --lora-r 8 --lora-alpha 16 "
     "--lora-targets q_proj,v_proj": How(ci="memclaims run hf:llama --device sim --scale smoke -t bf16-true -t lora "

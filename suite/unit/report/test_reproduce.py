@@ -39,6 +39,7 @@ def test_reproduce_writes_markdown_json_and_chart(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "out" / "reproduce.json").read_text())
     assert data["published_unit"] == "GB reserved (decimal)" and data["rows"][1]["measured_ratio"] == 1.0
     assert data["rows"][1]["baseline_bytes"] == data["rows"][1]["measured_bytes"]
+    assert data["sim_profile"] is None and "Predicted on the sim" not in md  # a real device: no profile to state
     assert (tmp_path / "out" / "reproduce.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -69,17 +70,29 @@ def test_reproduce_says_outside_the_band_and_by_how_much(tmp_path: Path) -> None
 
 
 def test_reproduce_on_the_sim_compares_with_published_ratios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import memclaims.run
     import memclaims.sim.timemodel as timemodel
     from fixtures.claim_worlds import fake_load
 
+    era = "article+bitsandbytes=0.39.0-0.43.1"  # --era bitsandbytes=0.41 (issue #53): replayed, and said
+    asked: list[tuple[str, bool]] = []
+
+    def door(recipe: Recipe, options: Any) -> list[Record]:  # the published world, at the one door
+        asked.append((options.profile, options.load_only))
+        return [fake_load()(recipe, options.device) if options.load_only else fake_run(recipe, options.device, False)]
+
     monkeypatch.setattr(timemodel, "predicted_ratio", lambda candidate, reference: 1 / 6.1)
-    rows = {r.row: r for r in reproduce("sim", tmp_path, run_fn=fake_run, load_fn=fake_load())}
+    monkeypatch.setattr(memclaims.run, "run_recipe", door)
+    rows = {r.row: r for r in reproduce("sim", tmp_path, profile=era)}
+    assert set(asked) == {(era, False), (era, True)}  # the chain's runs and the 07 load replays
     assert all(r.verdict == "holds" for r in rows.values() if r.claim), {k: r.size for k, r in rows.items()}
     assert "published 0.412" in rows["04"].size  # 5.69 / 13.82
     assert rows["07-3"].measured_ratio == rows["07-3"].published_ratio  # the load replay's reserved peaks
     md = (tmp_path / "reproduce.md").read_text()
     assert "text 6x faster, logs 17.88 / 3.45 = 5.2x, this run (roofline on the simulated A100" in md
     assert "GB reserved (decimal), predicted" in md and "| 02 02_mixed-precision | 16-mixed | as asked | 18.21 |" in md
+    assert f"\nPredicted on the sim, profile {era!r} (" in md and ", bitsandbytes 0.39.0-0.43.1, peft " in md
+    assert json.loads((tmp_path / "reproduce.json").read_text())["sim_profile"] == era
 
 
 # --- the ViT-H/14 series and the LLM bonus rows (reproduce --all on cpu and cuda) --------------------
@@ -237,3 +250,24 @@ def test_fidelity_hf_rows_read_the_live_bytes_of_the_phases_that_have_them(monke
     monkeypatch.setattr(fidelity, "HF_MODELS", (("hf:gpt2", ("bf16-true",)),))
     (row,) = fidelity.hf_rows(None)
     assert (row.reference_bytes, row.predicted_bytes) == (1000, 900)
+    assert row.profile == "cpu-kernels"
+
+
+def test_fidelity_article_rows_replay_the_profile_asked_and_say_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--era (issue #53) reaches every article row's replay through its profile's name, which each row, its JSON
+    and the table state."""
+    import memclaims.run
+    from memclaims.report import fidelity
+
+    era = "article+bitsandbytes=0.39.0-0.43.1"
+    asked: list[str] = []
+
+    def fake_predict(recipe: Recipe, options: Any) -> list[Record]:
+        asked.append(options.profile)
+        return [fake_record(recipe.id, device="sim", peak_reserved_total_bytes=10**9, peak_reserved_bytes=10**9)]
+
+    monkeypatch.setattr(memclaims.run, "run_recipe", fake_predict)
+    rows = fidelity.article_rows(era, None)
+    assert len(rows) > 2 and set(asked) == {era} and len(asked) == len(rows)
+    assert {row.as_dict()["profile"] for row in rows} == {era}
+    assert f"Predicted on sim profile {era!r}: {rows[0].row}, " in "\n".join(fidelity.table(rows))
