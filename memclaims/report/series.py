@@ -160,8 +160,8 @@ def step(before: Record | None, after: Record | None, peak: Callable[[Record], i
         return Step(None, no_verdict + shown)
     ratio = peak(after) / peak(before)
     low, why = floor(before, after, peak)
-    lowered = _phase_lowered(before, after)
-    if ratio == 1 and lowered:
+    lowered = _phase_lowered(before, after) if ratio == 1 else ""
+    if lowered:
         where = f"within band ({lowered})"
     elif ratio >= 1:
         where = f"outside, {ratio - 1:+.3f} above the bar before"

@@ -197,8 +197,12 @@ def run(command: str, folder: Path, pytester: pytest.Pytester | None = None) -> 
         assert pytester is not None and pytester.path == folder
         result = pytester.runpytest("-p", "no:cacheprovider", *words[1:])
         return int(result.ret), "\n".join(result.outlines + result.errlines)
-    done = subprocess.run([str(ROOT / words[0]), *words[1:]] if words[0].startswith("scripts/") else words,
-                          cwd=folder, capture_output=True, text=True, timeout=600, env=shell_environment())
+    return _in_shell([str(ROOT / words[0]), *words[1:]] if words[0].startswith("scripts/") else words, folder, 600)
+
+
+def _in_shell(argv: list[str], folder: Path, timeout_s: int) -> tuple[int, str]:
+    """``argv`` in its own process from ``folder``, as the reader's shell starts it; its exit status and output."""
+    done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=timeout_s, env=shell_environment())
     return done.returncode, done.stdout + done.stderr
 
 
@@ -259,9 +263,7 @@ def test_the_step_time_flow(tmp_path: Path) -> None:
 
 def _pytest_in(folder: Path, command: str, *options: str) -> tuple[int, str]:
     """A ``pytest`` command of the docs in its own process, from ``folder``, as the reader's shell starts it."""
-    done = subprocess.run([sys.executable, "-m", *shlex.split(command), "-p", "no:cacheprovider", *options],
-                          cwd=folder, capture_output=True, text=True, timeout=900, env=shell_environment())
-    return done.returncode, done.stdout + done.stderr
+    return _in_shell([sys.executable, "-m", *shlex.split(command), "-p", "no:cacheprovider", *options], folder, 900)
 
 
 def test_a_pytest_started_from_an_xdist_worker_saves_its_benchmark(tmp_path: Path,
