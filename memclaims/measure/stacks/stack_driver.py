@@ -28,6 +28,8 @@ from memclaims.measure import evaluation, pipeline
 from memclaims.measure.loop import PhaseCallback, batch_examples, count_linear_calls, no_phase, watch_linear_outputs
 
 if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
 
@@ -124,7 +126,7 @@ class StackDriver(pipeline.Engine):
         """The workload's logits and cross-entropy, as the Fabric engine computes them."""
         return F.cross_entropy(self.recipe.workload.logits(model, inputs), targets)
 
-    def batches(self, loader: Any) -> Iterator[tuple[Any, torch.Tensor]]:
+    def batches(self, loader: DataLoader[object]) -> Iterator[tuple[object, torch.Tensor]]:
         for inputs, targets in loader:
             moved = {k: v.to(self.device) for k, v in inputs.items()} if isinstance(inputs, dict) else \
                 inputs.to(self.device)
@@ -204,7 +206,7 @@ class StackDriver(pipeline.Engine):
     # --- evaluate ------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: DataLoader[object], on_batch: Callable[[], None] | None = None) -> float:
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes).to(self.device)
@@ -215,7 +217,7 @@ class StackDriver(pipeline.Engine):
             metric.update(torch.argmax(self.recipe.workload.logits(model, inputs), 1), targets)
         return float(metric.compute())
 
-    def evaluation(self, model: nn.Module, loader: object) -> dict[str, float]:
+    def evaluation(self, model: nn.Module, loader: DataLoader[object]) -> dict[str, float]:
         model.eval()
         return evaluation.evaluate(lambda inputs: self.recipe.workload.logits(model, inputs), self.batches(loader),
                                    self.recipe.workload.num_classes, self.device)
