@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from memclaims.core.names import DATA_DIR_ENV, HF_PREFIX
 from memclaims.workloads import data, hf_values
 from memclaims.workloads.hf_values import format_value, parse_value
 from memclaims.workloads.types import LoraTargets, Scale, Workload
+
+if TYPE_CHECKING:  # transformers where a model or its tokenizer is made
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 HEADS = ("causal-lm", "classification")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -202,7 +205,7 @@ class HfSpec:
     head: str
     attn_implementation: str
 
-    def config(self, scale: Scale) -> Any:
+    def config(self, scale: Scale) -> PretrainedConfig:
         from transformers import AutoConfig
 
         default = _default_config(self.model_type)
@@ -227,7 +230,7 @@ class HfSpec:
 
 
 @cache
-def _default_config(model_type: str) -> Any:
+def _default_config(model_type: str) -> PretrainedConfig:
     from transformers import AutoConfig
 
     if model_type not in model_types():
@@ -460,7 +463,7 @@ def load_data(spec_: HfSpec, scale: Scale, data_dir: str | os.PathLike[str] | No
                            test=data.TokenizedTexts(test, tokenizer, length, vocab), collate_fn=collate)
 
 
-def _local_tokenizer(root: Path) -> Any:
+def _local_tokenizer(root: Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     folder = root / "tokenizer"

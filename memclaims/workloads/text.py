@@ -22,6 +22,7 @@ from memclaims.workloads.types import LoraTargets, Scale, Workload
 if TYPE_CHECKING:  # torch where a model or its data is built: naming a workload (list, claims) imports none
     import torch
     from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
     from memclaims.workloads import data
 
@@ -169,7 +170,7 @@ def text_data(model: TextModel, scale: Scale, data_dir: str | os.PathLike[str] |
     )
 
 
-def _cached_tokenizer(hub_name: str, root: Path) -> Any:
+def _cached_tokenizer(hub_name: str, root: Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     try:

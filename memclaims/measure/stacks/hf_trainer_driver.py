@@ -24,7 +24,7 @@ import dataclasses
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from memclaims.measure.optimizers import Built
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
+    from memclaims.workloads.data import Batch
 
 
 @contextmanager
@@ -71,7 +72,7 @@ def bitsandbytes_overrides_restored() -> Iterator[None]:
 
 
 # The workload's collate: a batch's rows as (inputs by name, labels).
-Collate = Callable[[list[object]], tuple[dict[str, torch.Tensor], torch.Tensor]]
+Collate: TypeAlias = "Callable[[list[object]], Batch]"  # a string: Batch is imported for the type checker only
 
 
 class TrainerBatches:
