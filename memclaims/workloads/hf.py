@@ -86,7 +86,7 @@ def plan_of(text: str) -> dict[str, str]:
 
 def parse_config(text: str) -> dict[str, object]:
     """``key=value,key=value`` -> {key: value}; one clear error for a malformed item."""
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, object] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
@@ -106,7 +106,7 @@ def name_of(model_type: str, overrides: dict[str, object]) -> str:
     return f"{HF_PREFIX}{model_type}({items})"
 
 
-def parse_name(name: str) -> tuple[str, dict[str, Any]]:
+def parse_name(name: str) -> tuple[str, dict[str, object]]:
     body = name.removeprefix(HF_PREFIX)
     model_type, paren, rest = body.partition("(")
     if paren and not rest.endswith(")"):
@@ -152,7 +152,7 @@ def config_file(path: Path, model_type: str) -> tuple[dict[str, object], list[st
         raise UsageError(f"--config {str(path)!r} describes a {loaded.model_type!r} model, the workload is "
                          f"{HF_PREFIX}{model_type}; use {HF_PREFIX}{loaded.model_type}")
     defaults = AutoConfig.for_model(model_type).to_dict()
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, object] = {}
     left_out: list[str] = []
     # to_dict leaves the tensor-parallel plan out (transformers keeps it off the saved file); the file's own is read
     plan, default_plan = getattr(loaded, TP_PLAN, None), getattr(_default_config(model_type), TP_PLAN, None)

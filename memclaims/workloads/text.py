@@ -9,7 +9,7 @@ set with a fixed-vocabulary tokenizer.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -66,8 +66,8 @@ SMOKE_SEQ = 64
 class TextModel:
     hub_name: str
     config_class: str  # transformers class name
-    values: dict[str, Any]
-    smoke: dict[str, Any]
+    values: Mapping[str, object]
+    smoke: Mapping[str, object]
     max_length: int  # truncation at article scale
 
 
