@@ -113,7 +113,7 @@ class FabricEngine(pipeline.Engine):
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         if self.fabric is None:
             return model, optimizer
-        options: dict[str, Any] = {"move_to_device": True}
+        options: dict[str, object] = {"move_to_device": True}  # Fabric.setup's keywords
         for hooks in self.recipe.hooks:  # 09: with CPU offload the model stays on the host; FSDP moves what it needs
             if isinstance(hooks, SetsUpOptions):
                 options.update(hooks.setup_options())

@@ -17,7 +17,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -96,7 +96,7 @@ class StackDriver(pipeline.Engine):
     def __init__(self, recipe: Recipe, options: RunOptions) -> None:
         super().__init__(recipe, options)
         self.device = torch.device(options.device)
-        self.observed: dict[str, Any] = {}  # the stack's by_technique entry (its technique's observe returns it)
+        self.observed: dict[str, object] = {}  # the stack's by_technique entry (its technique's observe returns it)
         self.driver = PhaseDriver(no_phase)
         self.on_step: Callable[[], None] | None = None
         self.optimizer_steps = 0  # over the engine's life: the measured steps, then the accuracy phase's
