@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from memclaims.core import library_eras, offline
 from memclaims.core import settings as table
@@ -24,6 +24,11 @@ from memclaims.core.machine import Machine
 from memclaims.core.names import ARTICLE_PROFILE, INSTALLED_TORCH_PROFILE
 from memclaims.core.settings import Settings
 from memclaims.techniques import technique_registry as registry
+
+if TYPE_CHECKING:
+    from memclaims.core.record import Record
+    from memclaims.recipes.recipe import Sizes
+    from memclaims.techniques.base import TechniqueParameters
 
 EXIT_FAILED_RUN = 1
 EXIT_USAGE = 2
@@ -59,7 +64,7 @@ class _OldSpelling(argparse.Action):
 def _word(option: table.Option, command: str) -> Callable[[str], object]:
     """argparse's ``type`` for ``option``: the table's check, its message after argparse's
     ``argument --NAME:``."""
-    def convert(text: str) -> Any:
+    def convert(text: str) -> object:
         try:
             return table.item(option, text, command)
         except table.BadValue as error:
@@ -71,7 +76,7 @@ def _word(option: table.Option, command: str) -> Callable[[str], object]:
 
 def add_options(parser: argparse.ArgumentParser, command: str) -> None:
     """Every option of the table that ``command`` takes, as the table defines it."""
-    groups: dict[str, object] = {}
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
     for option, use in table.for_command(command):
         kwargs: dict[str, Any] = {"help": table.help_for(option, "cli", command).replace("%", "%%")}
         if option.kind == "flag":
@@ -88,7 +93,7 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
             continue
         if use.required:
             kwargs.update(required=True)
-        target: Any = parser
+        target: argparse._ActionsContainer = parser
         if option.exclusive:
             if option.exclusive not in groups:
                 groups[option.exclusive] = parser.add_mutually_exclusive_group()
@@ -210,7 +215,7 @@ def cmd_list(args: Settings) -> int:
     return 0
 
 
-def sizes_from(args: Settings) -> Any:
+def sizes_from(args: Settings) -> Sizes:
     """The size knobs of ``run`` / ``fit`` as a ``recipe.Sizes``."""
     from memclaims.recipes.recipe import Sizes
 
@@ -218,7 +223,7 @@ def sizes_from(args: Settings) -> Any:
                  accumulation_steps=args.accumulation_steps)
 
 
-def parameters_from(args: Settings) -> tuple[Any, ...]:
+def parameters_from(args: Settings) -> tuple[TechniqueParameters, ...]:
     """What ``--lora-r`` and the rest ask of the recipe's techniques (``Technique.parameters``' values)."""
     from memclaims.techniques import lora
 
@@ -290,7 +295,7 @@ def sim_profile(args: Settings, default: str, device: str) -> str:
     return library_eras.profile_name(args.sim_profile or default, args.era)
 
 
-def _device_name(record: Any, profile: str) -> str:
+def _device_name(record: Record, profile: str) -> str:
     """The device of a Record in words: ``simulated NVIDIA A100 (sm80), profile 'current'``, ``cpu (...)``."""
     if record.device == "sim":
         return f"{record.device_name}, sim profile {profile!r}"
@@ -669,7 +674,7 @@ DESCRIPTION = ("Memory-saving techniques for PyTorch training, measured: the pea
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memclaims", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    nested: dict[str, Any] = {}
+    nested: dict[str, argparse._SubParsersAction[_Parser]] = {}
     for name, help_text, handler in COMMANDS:
         group, _, sub = name.rpartition(" ")
         if group and group not in nested:

@@ -49,6 +49,8 @@ from memclaims.recipes.run_options import (
 from memclaims.techniques.base import FSDP2_API, ON_CPU_RANKS
 
 if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
     from memclaims.recipes.recipe import Recipe
 
 # --- the result -------------------------------------------------------------------------------
@@ -75,7 +77,7 @@ class DistributedResult:
         return self.records[0].to_dict()
 
     @property
-    def max_over_ranks(self) -> dict[str, Any]:
+    def max_over_ranks(self) -> dict[str, object]:
         """Per measured key (bytes, seconds, breakdown categories), the largest value of any rank."""
         result: dict[str, object] = {}
         dicts = [r.to_dict() for r in self.records]
@@ -336,7 +338,7 @@ class CpuShardedEngine(pipeline.Engine):
         return (_local(p.grad) for p in model.parameters() if p.grad is not None)
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: DataLoader[object], on_batch: Callable[[], None] | None = None) -> float:
         """Every rank evaluates the whole test set (each forward needs all ranks' shards)."""
         import torchmetrics
 

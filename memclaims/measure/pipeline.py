@@ -30,6 +30,7 @@ from memclaims.recipes.run_options import RunOptions, accuracy_schedule, evaluat
 from memclaims.techniques.base import merge_observed
 
 if TYPE_CHECKING:
+    from memclaims.measure.optimizers import Built
     from memclaims.recipes.recipe import Recipe
 
 class Engine(TrainingLoop):
@@ -54,7 +55,7 @@ class Engine(TrainingLoop):
     def device_name(self) -> str:
         raise NotImplementedError
 
-    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[DataLoader[object], DataLoader[object]]:
         return train, test
 
     def reference_load(self, probe: probe_module.Probe) -> int | None:
@@ -65,15 +66,15 @@ class Engine(TrainingLoop):
         """The model as the load phase builds it, and whether its weights are pretrained."""
         raise NotImplementedError
 
-    def make_optimizer(self, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[Any, Any]:
+    def make_optimizer(self, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> Built:
         """The optimizer and scheduler, in the load phase, before ``setup`` (a stack that builds its own: the HF
         Trainer's ``optim``)."""
         return _make_optimizer(self, model, steps_per_epoch, memory_steps)
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         return model, optimizer
 
-    def batches(self, loader: Any) -> Iterator[Any]:
+    def batches(self, loader: DataLoader[object]) -> Iterator[object]:
         return iter(loader)
 
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -85,10 +86,10 @@ class Engine(TrainingLoop):
     def gradients(self, model: nn.Module) -> Iterator[torch.Tensor]:
         return (self.local(p.grad) for p in model.parameters() if p.grad is not None)
 
-    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: DataLoader[object], on_batch: Callable[[], None] | None = None) -> float:
         raise NotImplementedError
 
-    def evaluation(self, model: nn.Module, loader: object) -> dict[str, float]:
+    def evaluation(self, model: nn.Module, loader: DataLoader[object]) -> dict[str, float]:
         """Eval loss, accuracy and F1 (memclaims.measure.evaluation), for RunOptions.evaluate_each_epoch."""
         raise NotImplementedError(f"{type(self).__name__} does not evaluate after each epoch")
 
@@ -105,7 +106,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # every device's generator, CUDA's included
 
 
-def cycle(batches: Callable[[], Iterator[object]]) -> Iterator[Any]:
+def cycle(batches: Callable[[], Iterator[object]]) -> Iterator[object]:
     """The loader's batches over and over (a budget may be longer than an epoch of a small set)."""
     while True:
         yielded = False
@@ -178,7 +179,7 @@ def scheduled_steps(engine: Engine, steps_per_epoch: int, memory_steps: int) -> 
     return int(schedule["epochs"]) * steps_per_epoch
 
 
-def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[object, object]:
+def _make_optimizer(engine: Engine, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> Built:
     """The optimizer and scheduler, the schedule long enough for every step the run will take."""
     recipe = engine.recipe
     return optimizers.build(recipe.optimizer, model, recipe.learning_rate,

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from torch import nn
 from memclaims.core.record import ACTIVATIONS, BUFFERS, GRADIENTS, OPTIMIZER_STATE, PARAMETERS
 from memclaims.measure.heartbeat import beat
 from memclaims.measure.tensors import optimizer_state_tensors, storage_bytes
+
+if TYPE_CHECKING:  # torch.distributed loads with the cpu probe only
+    from torch.distributed._tools.mem_tracker import MemTracker
 
 
 @dataclass
@@ -238,7 +241,7 @@ _CATEGORY = {
 }
 
 
-def _breakdown(snapshot: dict[object, int]) -> dict[str, int]:
+def _breakdown(snapshot: dict[str, int]) -> dict[str, int]:  # MemTracker's keys: _MemRefType members (typed str)
     result: dict[str, int] = {}
     for key, value in snapshot.items():
         label = getattr(key, "value", key)
@@ -256,7 +259,7 @@ class _NoHook:
         pass
 
 
-def _frozen_aware_tracker() -> type[Any]:
+def _frozen_aware_tracker() -> type[MemTracker]:
     """torch's MemTracker, with changes that leave every byte it counts as it was:
 
     - a frozen parameter (lora's base weights) gets no gradient hooks: MemTracker installs them on every parameter a
@@ -279,7 +282,7 @@ def _frozen_aware_tracker() -> type[Any]:
     from torch.utils._pytree import tree_leaves
 
     class FrozenAwareTracker(MemTracker):
-        def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> Any:
+        def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> tuple[int, int]:
             if install_grad_hooks:
                 for param in module.parameters():
                     if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
@@ -314,7 +317,7 @@ def _frozen_aware_tracker() -> type[Any]:
                     self._peak_mem[device] = snap[_TOTAL_KEY]
                     self._peak_mem_snap[device] = dict(snap)  # ints under enum keys: a copy is a deep copy
 
-        def get_tracker_snapshot(self, type: str = "current") -> dict[torch.device, dict[Any, int]]:
+        def get_tracker_snapshot(self, type: str = "current") -> dict[torch.device, dict[str, int]]:
             # MemTracker's, copied per device instead of by ``deepcopy`` (read at every phase boundary)
             snapshot = {"current": self._curr_mem_snap, "peak": self._peak_mem_snap}.get(type)
             if snapshot is None:
@@ -356,7 +359,7 @@ class CpuProbe:
 
     def __init__(self) -> None:
         self._tracker_class = _frozen_aware_tracker()
-        self._tracker: Any = None
+        self._tracker: MemTracker | None = None
         self._recorder = PhaseRecorder(self._read, self._reset_peak)
         self.phases: dict[str, PhasePeak] = self._recorder.phases
         self.step_peaks: dict[str, list[int]] = self._recorder.step_peaks
@@ -372,7 +375,7 @@ class CpuProbe:
         self._tracker.track_external(*(x for x in (model, optimizer) if x is not None))
         self._carry(self._tracker)
 
-    def _carry(self, tracker: Any) -> None:
+    def _carry(self, tracker: MemTracker) -> None:
         """The set-up's surviving storages that are neither the model's nor the optimizer's, counted by ``tracker``
         as ``Other`` (activations and temporaries in the breakdown: what the model states do not explain)."""
         from torch.distributed._tools.mem_tracker import _MemRefType
@@ -416,6 +419,7 @@ class CpuProbe:
 
     def _read(self) -> Reading:
         tracker = self._tracker
+        assert tracker is not None  # read inside a phase, which holds a tracker
         now = tracker.get_tracker_snapshot("current").get(self._CPU, {})
         peak = tracker.get_tracker_snapshot("peak").get(self._CPU, {})
         total_now, total_peak = int(now.get("Total", 0)), int(peak.get("Total", 0))
@@ -427,6 +431,7 @@ class CpuProbe:
         from copy import deepcopy
 
         tracker = self._tracker
+        assert tracker is not None  # reset inside a phase, which holds a tracker
         current = tracker.get_tracker_snapshot("current")
         tracker._peak_mem_snap = deepcopy(current)
         tracker._peak_mem = {device: snap.get("Total", 0) for device, snap in current.items()}

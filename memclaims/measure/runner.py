@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 SINGLE_THREADED_SCALES = ("smoke", CONVERGED)
 
 
-def _to_device(batch: Any, device: torch.device) -> object:
+def _to_device(batch: torch.Tensor | dict[str, torch.Tensor], device: torch.device) -> object:
     if isinstance(batch, dict):
         return {k: v.to(device) for k, v in batch.items()}
     return batch.to(device)
@@ -47,7 +47,7 @@ class FabricEngine(pipeline.Engine):
 
     def __init__(self, recipe: Recipe, options: RunOptions) -> None:
         super().__init__(recipe, options)
-        self.fabric: Any = None
+        self.fabric: Any = None  # a Fabric, or None for plain PyTorch (FabricRun's hooks read it as a Fabric)
         self.device = torch.device(options.device)
         if recipe.stack != PYTORCH:
             from lightning.fabric import Fabric
@@ -75,7 +75,7 @@ class FabricEngine(pipeline.Engine):
     def device_name(self) -> str:
         return device_name(self.options.device)
 
-    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[DataLoader[object], DataLoader[object]]:
         if self.fabric is None:
             return train, test
         strategy, devices = self.recipe.distributed, self.options.devices
@@ -110,10 +110,10 @@ class FabricEngine(pipeline.Engine):
                 return peak
         return None
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         if self.fabric is None:
             return model, optimizer
-        options: dict[str, Any] = {"move_to_device": True}
+        options: dict[str, object] = {"move_to_device": True}  # Fabric.setup's keywords
         for hooks in self.recipe.hooks:  # 09: with CPU offload the model stays on the host; FSDP moves what it needs
             if isinstance(hooks, SetsUpOptions):
                 options.update(hooks.setup_options())
@@ -130,7 +130,7 @@ class FabricEngine(pipeline.Engine):
 
     # --- train -----------------------------------------------------------------------------
 
-    def batches(self, loader: Any) -> Iterator[tuple[Any, torch.Tensor]]:
+    def batches(self, loader: DataLoader[object]) -> Iterator[tuple[object, torch.Tensor]]:
         for inputs, targets in loader:
             if self.fabric is None:
                 inputs, targets = _to_device(inputs, self.device), targets.to(self.device)
@@ -154,7 +154,7 @@ class FabricEngine(pipeline.Engine):
     # --- evaluate --------------------------------------------------------------------------
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: DataLoader[object], on_batch: Callable[[], None] | None = None) -> float:
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes)
@@ -167,7 +167,7 @@ class FabricEngine(pipeline.Engine):
             metric.update(predicted, targets)
         return float(metric.compute())
 
-    def evaluation(self, model: nn.Module, loader: object) -> dict[str, float]:
+    def evaluation(self, model: nn.Module, loader: DataLoader[object]) -> dict[str, float]:
         model.eval()
         return evaluation.evaluate(lambda inputs: self.recipe.workload.logits(model, inputs), self.batches(loader),
                                    self.recipe.workload.num_classes, self.device)

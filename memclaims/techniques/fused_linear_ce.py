@@ -56,6 +56,7 @@ from memclaims.techniques.shared_conflicts import STRATEGY
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from torch.nn import LinearCrossEntropyOptions  # torch >= 2.14, as the locked releases
 
     from memclaims.core.record import Record
     from memclaims.recipes.recipe import Recipe
@@ -122,14 +123,14 @@ class FusedLoss(LoopHelper):
         self.classes: int | None = None  # the vocabulary
         self.chunk_rows: int | None = None  # the op's batch_chunk_size for them (LinearCrossEntropyOptions._adjust)
 
-    def options(self, hidden: torch.Tensor, classes: int) -> Any:
+    def options(self, hidden: torch.Tensor, classes: int) -> LinearCrossEntropyOptions:
         """torch's defaults, resolved by the op for the device and dtype at each call."""
         from torch.nn import LinearCrossEntropyOptions  # torch >= 2.14
 
         return LinearCrossEntropyOptions()
 
     def run(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None,
-            options: Any) -> torch.Tensor:
+            options: LinearCrossEntropyOptions) -> torch.Tensor:
         import torch.nn.functional as F
 
         loss: torch.Tensor = F.linear_cross_entropy(  # torch >= 2.14
@@ -194,7 +195,7 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 class SimulatedFusedLoss(FusedLoss):
     """:class:`FusedLoss` with CUDA's resolved options and the op's scratch on the simulated device."""
 
-    def options(self, hidden: torch.Tensor, classes: int) -> Any:
+    def options(self, hidden: torch.Tensor, classes: int) -> LinearCrossEntropyOptions:
         from torch.nn import LinearCrossEntropyOptions  # torch >= 2.14
 
         dtype = hidden.dtype
@@ -206,7 +207,7 @@ class SimulatedFusedLoss(FusedLoss):
                                          acc_policy="compact", acc_dtype=cuda.acc_dtype)
 
     def run(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None,
-            options: Any) -> torch.Tensor:
+            options: Any) -> torch.Tensor:  # options() above: its batch_chunk_size given, never None
         import torch
 
         dtype, chunk = hidden.dtype, int(options.batch_chunk_size)

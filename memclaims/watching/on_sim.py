@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -45,7 +45,7 @@ from memclaims.sim.profiles import profile as find_profile
 from memclaims.sim.replay import Session
 
 # The methods that turn a tensor into a Python value, and the type each must return.
-_READS: dict[Any, type] = {torch.Tensor.item: float, torch.Tensor.__bool__: bool, torch.Tensor.__int__: int,
+_READS: dict[Callable[..., object], type] = {torch.Tensor.item: float, torch.Tensor.__bool__: bool, torch.Tensor.__int__: int,
                            torch.Tensor.__float__: float, torch.Tensor.__index__: int}
 
 
@@ -56,7 +56,7 @@ class StandIn:
     file: str  # the end of the reading frame's file name
     function: str  # the reading frame's function
     what: str  # what the value is, for the Record's note
-    value: Any  # for a scalar read; a ``.tolist()`` there gets ``0, 1, 2, ...`` (an order: the data's own)
+    value: float | bool  # for a scalar read; a ``.tolist()`` there gets ``0, 1, 2, ...`` (an order: the data's own)
 
 
 # Each place found by running transformers' Trainer (5.x) on fake tensors; a new release that reads a value elsewhere
@@ -90,7 +90,8 @@ class ValueReads(TorchFunctionMode):
         super().__init__()
         self.used: dict[str, str] = {}  # what -> file:line, the first time
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Callable[..., object], types: object, args: Any = (),  # forwarded to func
+                           kwargs: dict[str, object] | None = None) -> object:
         kind = _READS.get(func)
         if kind is not None and _is_fake(args[0] if args else None):
             answered, value = self.answer(args[0], kind, _caller())
@@ -117,7 +118,7 @@ class ValueReads(TorchFunctionMode):
 
         original = FakeTensor.tolist
 
-        def tolist(tensor: FakeTensor) -> Any:
+        def tolist(tensor: FakeTensor) -> object:
             answered, value = self.answer(tensor, list, sys._getframe(1))
             return value if answered else original(tensor)
 
@@ -213,10 +214,10 @@ class SimProbe:
     def prepare(self) -> None:
         """Nothing to collect: frees follow reference counts on the sim (``Session.active`` turns collection off)."""
 
-    def phase(self, name: str) -> Any:
+    def phase(self, name: str) -> AbstractContextManager[object]:
         return self.session.recorder.measure(name)
 
-    def step_phase(self, name: str) -> Any:
+    def step_phase(self, name: str) -> Any:  # Session.step_phase's (memclaims/sim, not typed here)
         return self.session.step_phase(name)
 
     def step_begin(self) -> None:
@@ -231,7 +232,7 @@ class SimProbe:
                 parameter.register_post_accumulate_grad_hook(lambda p: memory.tag(p.grad, GRADIENTS))
                 self._hooked.add(id(parameter))
 
-    def _stepping(self) -> Iterator[Any]:
+    def _stepping(self) -> Iterator[None]:
         """torch.optim's global step hooks, for every optimizer the watched code steps (the Trainer makes its own inside
         ``train()``): torch's left to choose its implementation stepped as on a
         GPU (``foreach``, which fake parameters would not pick by themselves; said in the notes); the state tagged."""
@@ -297,9 +298,9 @@ def _same_device(module: nn.Module, args: Any, kwargs: Any) -> bool:
 @contextmanager
 def _kept_in_place() -> Iterator[None]:
     """``Module.to`` to the device the module is on returns it as it is (what a real same-device ``to`` leaves)."""
-    original: Callable[..., Any] = nn.Module.to
+    original: Callable[..., nn.Module] = nn.Module.to
 
-    def to(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def to(self: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:  # forwarded as Module.to takes them
         return self if _same_device(self, args, kwargs) else original(self, *args, **kwargs)
 
     with mock.patch.object(nn.Module, "to", to):

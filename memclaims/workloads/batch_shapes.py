@@ -27,6 +27,8 @@ from torch.utils.data import Dataset, default_collate
 from memclaims.core.errors import UsageError
 
 if TYPE_CHECKING:
+    from torch.utils._pytree import TreeSpec
+
     from memclaims.workloads.types import Scale
 
 
@@ -46,9 +48,9 @@ class BatchShapes:
                  collate_fn: Callable[[list[Any]], Any] | None) -> None:
         self.workload, self.train_data = workload, train_data
         self.collate = collate_fn or default_collate
-        self._read: dict[Scale, tuple[list[_Leaf | object], object]] = {}
+        self._read: dict[Scale, tuple[list[_Leaf | object], TreeSpec]] = {}
 
-    def _leaves(self, scale: Scale) -> tuple[list[_Leaf | Any], Any]:
+    def _leaves(self, scale: Scale) -> tuple[list[_Leaf | object], TreeSpec]:
         if scale not in self._read:
             # The sim calls this inside its fake-tensor and tracking modes: the data set is real
             # host data, read with those modes off (nothing of it reaches the simulated device).
@@ -74,7 +76,7 @@ class BatchShapes:
             self._read[scale] = (kept, spec)
         return self._read[scale]
 
-    def __call__(self, scale: Scale, batch: int) -> tuple[Any, torch.Tensor]:
+    def __call__(self, scale: Scale, batch: int) -> tuple[object, torch.Tensor]:
         kept, spec = self._leaves(scale)
         made = [torch.zeros((batch * leaf.per_example, *leaf.shape), dtype=leaf.dtype) if isinstance(leaf, _Leaf)
                 else leaf for leaf in kept]

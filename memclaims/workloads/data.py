@@ -10,7 +10,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,9 @@ from torch.utils.data import Dataset, Subset
 from memclaims.core.errors import DataError
 from memclaims.core.names import DATA_DIR_ENV
 from memclaims.core.names import data_dir as given_data_dir
+
+if TYPE_CHECKING:  # the model's own tokenizer, made where a workload loads its data
+    from transformers import PreTrainedTokenizerBase
 
 SPLIT_SEED = 123  # the article's seed, reused for the offline split
 
@@ -207,7 +210,7 @@ class SyntheticReviews(Dataset[Example]):
 class TokenizedTexts(Dataset[Example]):
     """(text, label) rows tokenized on access with the model's own (cached) tokenizer."""
 
-    def __init__(self, rows: list[tuple[str, int]], tokenizer: Any, max_length: int,
+    def __init__(self, rows: list[tuple[str, int]], tokenizer: PreTrainedTokenizerBase, max_length: int,
                  vocab_size: int | None = None) -> None:
         self.rows, self.tokenizer, self.max_length = rows, tokenizer, max_length
         self.vocab_size = vocab_size  # smoke scale: fold ids into the shrunk vocabulary

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from memclaims.core.names import DATA_DIR_ENV, HF_PREFIX
 from memclaims.workloads import data, hf_values
 from memclaims.workloads.hf_values import format_value, parse_value
 from memclaims.workloads.types import LoraTargets, Scale, Workload
+
+if TYPE_CHECKING:  # transformers where a model or its tokenizer is made
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 HEADS = ("causal-lm", "classification")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -83,7 +86,7 @@ def plan_of(text: str) -> dict[str, str]:
 
 def parse_config(text: str) -> dict[str, object]:
     """``key=value,key=value`` -> {key: value}; one clear error for a malformed item."""
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, object] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
@@ -103,7 +106,7 @@ def name_of(model_type: str, overrides: dict[str, object]) -> str:
     return f"{HF_PREFIX}{model_type}({items})"
 
 
-def parse_name(name: str) -> tuple[str, dict[str, Any]]:
+def parse_name(name: str) -> tuple[str, dict[str, object]]:
     body = name.removeprefix(HF_PREFIX)
     model_type, paren, rest = body.partition("(")
     if paren and not rest.endswith(")"):
@@ -149,7 +152,7 @@ def config_file(path: Path, model_type: str) -> tuple[dict[str, object], list[st
         raise UsageError(f"--config {str(path)!r} describes a {loaded.model_type!r} model, the workload is "
                          f"{HF_PREFIX}{model_type}; use {HF_PREFIX}{loaded.model_type}")
     defaults = AutoConfig.for_model(model_type).to_dict()
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, object] = {}
     left_out: list[str] = []
     # to_dict leaves the tensor-parallel plan out (transformers keeps it off the saved file); the file's own is read
     plan, default_plan = getattr(loaded, TP_PLAN, None), getattr(_default_config(model_type), TP_PLAN, None)
@@ -202,7 +205,7 @@ class HfSpec:
     head: str
     attn_implementation: str
 
-    def config(self, scale: Scale) -> Any:
+    def config(self, scale: Scale) -> PretrainedConfig:
         from transformers import AutoConfig
 
         default = _default_config(self.model_type)
@@ -227,7 +230,7 @@ class HfSpec:
 
 
 @cache
-def _default_config(model_type: str) -> Any:
+def _default_config(model_type: str) -> PretrainedConfig:
     from transformers import AutoConfig
 
     if model_type not in model_types():
@@ -460,7 +463,7 @@ def load_data(spec_: HfSpec, scale: Scale, data_dir: str | os.PathLike[str] | No
                            test=data.TokenizedTexts(test, tokenizer, length, vocab), collate_fn=collate)
 
 
-def _local_tokenizer(root: Path) -> Any:
+def _local_tokenizer(root: Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     folder = root / "tokenizer"

@@ -59,7 +59,7 @@ def _allowed(annotation: object) -> tuple[Any, ...]:
     return (annotation,)
 
 
-def _is(value: Any, kind: Any) -> bool:
+def _is(value: object, kind: Any) -> bool:  # kind: a member of a field's annotation, any typing form
     """``isinstance`` where true and false are not integers (``bool`` subclasses ``int``)."""
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool)
@@ -87,7 +87,7 @@ def convert(key: str, value: Any, annotation: Any, owner: str) -> Any:
                      f"got {format_value(value)!r}")
 
 
-def converted(overrides: Mapping[str, object], config_class: type, attribute_map: Mapping[str, str]) -> dict[str, Any]:
+def converted(overrides: Mapping[str, object], config_class: type, attribute_map: Mapping[str, str]) -> dict[str, object]:
     """Every override as its field's type (a key spelled through ``attribute_map``, as GPT-2's
     ``num_hidden_layers`` for ``n_layer``, takes the mapped field's type)."""
     annotations = field_types(config_class)

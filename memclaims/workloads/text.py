@@ -9,7 +9,7 @@ set with a fixed-vocabulary tokenizer.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +22,7 @@ from memclaims.workloads.types import LoraTargets, Scale, Workload
 if TYPE_CHECKING:  # torch where a model or its data is built: naming a workload (list, claims) imports none
     import torch
     from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
     from memclaims.workloads import data
 
@@ -65,8 +66,8 @@ SMOKE_SEQ = 64
 class TextModel:
     hub_name: str
     config_class: str  # transformers class name
-    values: dict[str, Any]
-    smoke: dict[str, Any]
+    values: Mapping[str, object]
+    smoke: Mapping[str, object]
     max_length: int  # truncation at article scale
 
 
@@ -169,7 +170,7 @@ def text_data(model: TextModel, scale: Scale, data_dir: str | os.PathLike[str] |
     )
 
 
-def _cached_tokenizer(hub_name: str, root: Path) -> Any:
+def _cached_tokenizer(hub_name: str, root: Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     try:

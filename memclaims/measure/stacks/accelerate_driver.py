@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -50,6 +50,12 @@ if TYPE_CHECKING:
 PRECISION_RAN = {value: key for key, value in accelerate_loop.MIXED_PRECISION.items()}
 
 
+class Steps(Protocol):
+    """What the loop uses of accelerate's prepared scheduler (an ``AcceleratedScheduler``)."""
+
+    def step(self) -> None: ...
+
+
 class AccelerateDriver(StackDriver):
     def __init__(self, recipe: Recipe, options: RunOptions) -> None:
         super().__init__(recipe, options)
@@ -58,8 +64,8 @@ class AccelerateDriver(StackDriver):
         fresh_accelerate_state()
         self.accelerator = Accelerator(cpu=options.device == "cpu", **accelerate_loop.accelerator_arguments(recipe))
         self.device = self.accelerator.device
-        self.outputs: Any = None  # the course's ``outputs``, bound until the next forward
-        self._scheduler: Any = None
+        self.outputs: object = None  # the course's ``outputs``, bound until the next forward
+        self._scheduler: Steps | None = None
         self._model_loss = False
         self._raw_steps: int | None = None  # the optimizer's real steps, counted in the measured steps' train call
         self.observed.update(mixed_precision=str(self.accelerator.mixed_precision),
@@ -69,29 +75,29 @@ class AccelerateDriver(StackDriver):
     def precision_ran(self) -> str:
         return PRECISION_RAN.get(str(self.accelerator.mixed_precision), str(self.accelerator.mixed_precision))
 
-    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[DataLoader[object], DataLoader[object]]:
         return self.accelerator.prepare(train), test
 
-    def setup(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         self._model_loss = transformers_model(model) and self.recipe.workload.logits_fn is None
-        model, optimizer = self.accelerator.prepare(model, optimizer)
+        prepared_model, prepared = self.accelerator.prepare(model, optimizer)  # prepared: an AcceleratedOptimizer
         # The optimizer really stepping, wherever the loop is (under accumulate the wrapper's step reaches it once per
         # window): torch's own step hook on the optimizer inside accelerate's wrapper, not the stack's sync_gradients.
-        optimizer.optimizer.register_step_post_hook(lambda *args: self._raw_step())
-        return model, optimizer
+        prepared.optimizer.register_step_post_hook(lambda *args: self._raw_step())
+        return prepared_model, prepared
 
     def _raw_step(self) -> None:
         if self._raw_steps is not None:  # the measured steps' call (the accuracy phase's are not counted)
             self._raw_steps += 1
 
-    def batches(self, loader: Any) -> Iterator[tuple[Any, torch.Tensor]]:
+    def batches(self, loader: DataLoader[object]) -> Iterator[tuple[object, torch.Tensor]]:
         return iter(loader)  # the prepared loader places each batch on the device itself
 
     def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         # Bound to the engine as the course's ``outputs`` is to its loop: the previous one lives through this forward.
         if self._model_loss:  # outputs = model(**batch); loss = outputs.loss
-            self.outputs = model(**inputs, labels=targets)
-            loss: torch.Tensor = self.outputs.loss
+            self.outputs = outputs = model(**inputs, labels=targets)
+            loss: torch.Tensor = outputs.loss
             return loss
         self.outputs = self.recipe.workload.logits(model, inputs)
         return torch.nn.functional.cross_entropy(self.outputs, targets)

@@ -24,7 +24,7 @@ import dataclasses
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
@@ -45,10 +45,12 @@ from memclaims.techniques.base import CLIP_GRAD_NORM
 
 if TYPE_CHECKING:
     from torch.optim.lr_scheduler import LRScheduler
-    from transformers import TrainerCallback
+    from transformers import Trainer, TrainerCallback
 
+    from memclaims.measure.optimizers import Built
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
+    from memclaims.workloads.data import Batch
 
 
 @contextmanager
@@ -69,13 +71,17 @@ def bitsandbytes_overrides_restored() -> Iterator[None]:
         manager.__dict__.update(saved)
 
 
+# The workload's collate: a batch's rows as (inputs by name, labels).
+Collate: TypeAlias = "Callable[[list[object]], Batch]"  # a string: Batch is imported for the type checker only
+
+
 class TrainerBatches:
     """The workload's collate (inputs, labels) as the Trainer's data collator: one dict, the labels under ``labels``."""
 
-    def __init__(self, collate: Callable[[list[Any]], Any] | None) -> None:
+    def __init__(self, collate: Collate | None) -> None:
         self.collate = collate or torch.utils.data.default_collate
 
-    def __call__(self, rows: list[Any]) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: list[object]) -> dict[str, torch.Tensor]:
         inputs, labels = self.collate(rows)
         return {**inputs, "labels": labels}
 
@@ -94,11 +100,11 @@ def compute_metrics(prediction: Any) -> dict[str, float]:
 class HfTrainerDriver(StackDriver):
     def __init__(self, recipe: Recipe, options: RunOptions) -> None:
         super().__init__(recipe, options)
-        self.trainer: Any = None
+        self.trainer: Trainer | None = None
         self._directory = tempfile.TemporaryDirectory(prefix="memclaims-hf-trainer-")  # the Trainer writes nothing
         self._train: object = None
         self._test: object = None
-        self._collate: Any = None
+        self._collate: Collate | None = None
         self._eval_batch: Callable[[], None] | None = None
 
     @property
@@ -108,7 +114,7 @@ class HfTrainerDriver(StackDriver):
         args = self.trainer.args
         return "bf16-mixed" if args.bf16 else "16-mixed" if args.fp16 else "32-true"
 
-    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[DataLoader[object], DataLoader[object]]:
         # The Trainer makes its own loaders from the data sets (per_device_*_batch_size, dataloader_drop_last).
         self._train, self._test, self._collate = train.dataset, test.dataset, train.collate_fn
         return train, test
@@ -123,7 +129,7 @@ class HfTrainerDriver(StackDriver):
 
     # --- the Trainer, in the load phase -----------------------------------------------------------------
 
-    def make_optimizer(self, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> tuple[Any, Any]:
+    def make_optimizer(self, model: nn.Module, steps_per_epoch: int, memory_steps: int) -> Built:
         chosen = hf_trainer.trainer_optimizer(self.recipe)
         given = None
         if chosen.given is not None:  # the course's way: built by hand, passed in
@@ -132,9 +138,10 @@ class HfTrainerDriver(StackDriver):
         if given is None:
             self.trainer.create_optimizer()
         self.observed.update(self._arguments_seen(model, given is not None))
+        assert self.trainer.optimizer is not None  # the given one, or create_optimizer's
         return self.trainer.optimizer, None
 
-    def _make_trainer(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Any:
+    def _make_trainer(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Trainer:
         from transformers import Trainer, TrainingArguments
 
         arguments = hf_trainer.trainer_arguments(self.recipe)
@@ -159,6 +166,7 @@ class HfTrainerDriver(StackDriver):
         return trainer
 
     def _arguments_seen(self, model: nn.Module, given: bool) -> dict[str, object]:
+        assert self.trainer is not None  # made in the load phase (make_optimizer), before any use
         args = self.trainer.args
         return {"optim": None if given else str(getattr(args.optim, "value", args.optim)),  # the default's, if none asked
                 "per_device_train_batch_size": args.per_device_train_batch_size,
@@ -166,24 +174,26 @@ class HfTrainerDriver(StackDriver):
                 "bf16": bool(args.bf16), "fp16": bool(args.fp16), "max_grad_norm": args.max_grad_norm}
 
     def _instrument(self, trainer: Any) -> None:
-        """The Trainer's calls that no callback brackets, wrapped on the instance (the class stays transformers')."""
+        """The Trainer's calls that no callback brackets, wrapped on the instance (the class stays transformers').
+
+        ``trainer`` is a ``Trainer``, left untyped: its methods are replaced on the instance, which its types forbid."""
         engine = self
         compute_loss, backward = trainer.compute_loss, trainer.accelerator.backward
         clip = trainer.accelerator.clip_grad_norm_
 
-        def measured_loss(model: nn.Module, inputs: dict[str, Any], *args: object, **kwargs: object) -> object:
+        def measured_loss(model: nn.Module, inputs: dict[str, torch.Tensor], *args: object, **kwargs: object) -> object:
             if not model.training:  # the evaluation loop's prediction step
                 return compute_loss(model, inputs, *args, **kwargs)
             engine.micro_batch(inputs, inputs["labels"])
             with engine.phase_around("forward", model):
                 return compute_loss(model, inputs, *args, **kwargs)
 
-        def measured_backward(loss: torch.Tensor, **kwargs: Any) -> None:
+        def measured_backward(loss: torch.Tensor, **kwargs: object) -> None:
             engine.loss_seen(float(loss.detach().float()))  # divided by the accumulation steps already
             with engine.phase_around("backward", trainer.model):
                 backward(loss, **kwargs)
 
-        def measured_clip(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> object:
+        def measured_clip(parameters: object, max_norm: float, *args: object, **kwargs: object) -> object:
             engine.before_step(trainer.model)
             with engine.phase_around(CLIP_GRAD_NORM):
                 return clip(parameters, max_norm, *args, **kwargs)
@@ -198,6 +208,7 @@ class HfTrainerDriver(StackDriver):
               on_step: Callable[[], None] | None = None, phase: PhaseCallback = no_phase) -> None:
         """``optimizer_steps`` steps of ``trainer.train()`` (an epoch when negative); ``batches`` is the pipeline's,
         unused: the Trainer draws from its own loader."""
+        assert self.trainer is not None
         args = self.trainer.args
         args.max_steps, args.num_train_epochs = (optimizer_steps, 1) if optimizer_steps > 0 else (-1, 1)
         with self.measuring(optimizer_steps, on_step, phase), quiet(), bitsandbytes_overrides_restored():
@@ -205,6 +216,7 @@ class HfTrainerDriver(StackDriver):
         self.observed.update(self._optimizer_seen(model))
 
     def _optimizer_seen(self, model: nn.Module) -> dict[str, object]:
+        assert self.trainer is not None and self.trainer.optimizer is not None
         optimizer = self.trainer.optimizer
         inner = getattr(optimizer, "optimizer", optimizer)
         defaults = getattr(inner, "defaults", {})
@@ -214,10 +226,11 @@ class HfTrainerDriver(StackDriver):
 
     # --- evaluate: the Trainer's evaluate() and the course's compute_metrics ---------------------------------
 
-    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: DataLoader[object], on_batch: Callable[[], None] | None = None) -> float:
         return self.evaluation(model, loader, on_batch)["eval_accuracy"]
 
-    def evaluation(self, model: nn.Module, loader: Any, on_batch: Callable[[], None] | None = None) -> dict[str, float]:
+    def evaluation(self, model: nn.Module, loader: DataLoader[object], on_batch: Callable[[], None] | None = None) -> dict[str, float]:
+        assert self.trainer is not None
         self._eval_batch = on_batch
         try:
             with quiet():

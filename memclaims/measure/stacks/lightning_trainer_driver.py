@@ -26,6 +26,8 @@ from memclaims.measure.stacks.stack_driver import StackDriver, loggers_quiet
 from memclaims.techniques import lightning_trainer
 
 if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from lightning.pytorch.utilities.types import OptimizerLRScheduler
     from torch.optim.lr_scheduler import LRScheduler
 
     from memclaims.recipes.recipe import Recipe
@@ -45,14 +47,14 @@ class LightningTrainerDriver(StackDriver):
     def __init__(self, recipe: Recipe, options: RunOptions) -> None:
         super().__init__(recipe, options)
         self._directory = tempfile.TemporaryDirectory(prefix="memclaims-lightning-trainer-")
-        self._loader: Any = None
-        self._module: Any = None
+        self._loader: DataLoader[object] | None = None
+        self._module: pl.LightningModule | None = None
         with quiet():
-            self.trainer: Any = self._make_trainer()  # builds the model (init_module); each fit gets a Trainer of its own
+            self.trainer: pl.Trainer = self._make_trainer()  # builds the model (init_module); each fit gets a Trainer of its own
         self.observed.update(precision=str(self.trainer.precision),
                              accumulate_grad_batches=self.trainer.accumulate_grad_batches)
 
-    def _make_trainer(self, optimizer_steps: int = -1) -> Any:
+    def _make_trainer(self, optimizer_steps: int = -1) -> pl.Trainer:
         """A Trainer of the recipe's switches for ``optimizer_steps`` steps (one epoch when negative)."""
         import lightning.pytorch as pl
 
@@ -66,7 +68,7 @@ class LightningTrainerDriver(StackDriver):
     def precision_ran(self) -> str:
         return str(self.trainer.precision)
 
-    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[Any, Any]:
+    def setup_loaders(self, train: DataLoader[object], test: DataLoader[object]) -> tuple[DataLoader[object], DataLoader[object]]:
         self._loader = train  # Lightning's fit takes the loader; it moves each batch (transfer_batch_to_device)
         return train, test
 
@@ -89,7 +91,7 @@ class LightningTrainerDriver(StackDriver):
         self.observed["param_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
 
 
-def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None) -> object:
+def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None) -> pl.LightningModule:
     """The workload's model as a LightningModule whose hooks open the probes' phases."""
     import lightning.pytorch as pl
 
@@ -98,7 +100,7 @@ def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer
             super().__init__()
             self.model = model
 
-        def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
+        def training_step(self, batch: tuple[object, torch.Tensor], batch_index: int) -> torch.Tensor:
             inputs, targets = batch
             engine.micro_batch(inputs, targets)
             with engine.phase_around("forward", self.model):
@@ -117,12 +119,12 @@ def _measured_module(engine: LightningTrainerDriver, model: nn.Module, optimizer
             engine.before_step(self.model)
             engine.phase_begin("optimizer_step")
 
-        def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        def optimizer_step(self, *args: Any, **kwargs: Any) -> None:  # forwarded as Lightning calls it
             super().optimizer_step(*args, **kwargs)
             engine.phase_end("optimizer_step")
             engine.step_done()
 
-        def configure_optimizers(self) -> Any:
+        def configure_optimizers(self) -> OptimizerLRScheduler:
             if scheduler is None:
                 return optimizer
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

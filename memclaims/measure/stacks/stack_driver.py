@@ -17,7 +17,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,8 @@ from memclaims.measure import evaluation, pipeline
 from memclaims.measure.loop import PhaseCallback, batch_examples, count_linear_calls, no_phase, watch_linear_outputs
 
 if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
     from memclaims.recipes.recipe import Recipe
     from memclaims.recipes.run_options import RunOptions
 
@@ -94,7 +96,7 @@ class StackDriver(pipeline.Engine):
     def __init__(self, recipe: Recipe, options: RunOptions) -> None:
         super().__init__(recipe, options)
         self.device = torch.device(options.device)
-        self.observed: dict[str, Any] = {}  # the stack's by_technique entry (its technique's observe returns it)
+        self.observed: dict[str, object] = {}  # the stack's by_technique entry (its technique's observe returns it)
         self.driver = PhaseDriver(no_phase)
         self.on_step: Callable[[], None] | None = None
         self.optimizer_steps = 0  # over the engine's life: the measured steps, then the accuracy phase's
@@ -124,7 +126,7 @@ class StackDriver(pipeline.Engine):
         """The workload's logits and cross-entropy, as the Fabric engine computes them."""
         return F.cross_entropy(self.recipe.workload.logits(model, inputs), targets)
 
-    def batches(self, loader: Any) -> Iterator[tuple[Any, torch.Tensor]]:
+    def batches(self, loader: DataLoader[object]) -> Iterator[tuple[object, torch.Tensor]]:
         for inputs, targets in loader:
             moved = {k: v.to(self.device) for k, v in inputs.items()} if isinstance(inputs, dict) else \
                 inputs.to(self.device)
@@ -204,7 +206,7 @@ class StackDriver(pipeline.Engine):
     # --- evaluate ------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def accuracy(self, model: nn.Module, loader: object, on_batch: Callable[[], None] | None = None) -> float:
+    def accuracy(self, model: nn.Module, loader: DataLoader[object], on_batch: Callable[[], None] | None = None) -> float:
         import torchmetrics
 
         metric = torchmetrics.Accuracy(task="multiclass", num_classes=self.recipe.workload.num_classes).to(self.device)
@@ -215,7 +217,7 @@ class StackDriver(pipeline.Engine):
             metric.update(torch.argmax(self.recipe.workload.logits(model, inputs), 1), targets)
         return float(metric.compute())
 
-    def evaluation(self, model: nn.Module, loader: object) -> dict[str, float]:
+    def evaluation(self, model: nn.Module, loader: DataLoader[object]) -> dict[str, float]:
         model.eval()
         return evaluation.evaluate(lambda inputs: self.recipe.workload.logits(model, inputs), self.batches(loader),
                                    self.recipe.workload.num_classes, self.device)

@@ -25,7 +25,7 @@ Hand-written here, as no library offers it: which layers a base quantizes (trans
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,9 @@ from memclaims.core.errors import UsageError
 from memclaims.techniques.base import LoopHelper
 
 if TYPE_CHECKING:
+    from bitsandbytes.functional import QuantState
+    from torch.utils._python_dispatch import TorchDispatchMode
+
     from memclaims.workloads.types import Workload
 
 BLOCKSIZE = 64  # bitsandbytes' default for 4-bit (the QLoRA paper's)
@@ -122,7 +125,7 @@ def _dynamic_map(code: torch.Tensor) -> Iterator[None]:
             del table["dynamic"]
 
 
-def _fake_quantize(weight: torch.Tensor, double_quant: bool, code: torch.Tensor) -> tuple[torch.Tensor, object]:
+def _fake_quantize(weight: torch.Tensor, double_quant: bool, code: torch.Tensor) -> tuple[torch.Tensor, QuantState]:
     """bitsandbytes' ``quantize_4bit`` of a fake weight: its registered fake kernels shape the packed weight and
     the absmax; the double quantization's mean, subtraction and 8-bit quantization run as they do on a device."""
     functional = _bnb().functional
@@ -169,7 +172,7 @@ def _sim_class() -> type[nn.Module]:
             self.bias = (nn.Parameter(linear.bias.data, requires_grad=False) if linear.bias is not None
                          else None)
 
-        def _set_state(self, state: Any) -> None:
+        def _set_state(self, state: QuantState) -> None:
             weight: Any = self.weight
             weight.quant_state, weight.quant_type, weight.blocksize = state, QUANT_TYPE, BLOCKSIZE
             weight.compress_statistics, weight.quant_storage, weight.bnb_quantized = (self.double_quant,
@@ -225,7 +228,7 @@ def place_on_device(model: nn.Module) -> None:
 # --- what the Record says ---------------------------------------------------------------------------
 
 
-def four_bit_layers(model: nn.Module) -> list[Any]:
+def four_bit_layers(model: nn.Module) -> list[Any]:  # Linear4bit, whose weight (a Params4bit) nn.Linear types a Parameter
     """The model's 4-bit layers (bitsandbytes' ``Linear4bit``, real or fake; not peft's layers over them, which
     show their base's weight), in module order."""
     four_bit = _bnb().nn.Linear4bit
@@ -244,7 +247,7 @@ def _nbytes(tensors: Iterator[torch.Tensor]) -> int:
     return sum(storage.nbytes() for storage in seen.values())
 
 
-def storage(model: nn.Module) -> dict[str, Any]:
+def storage(model: nn.Module) -> dict[str, object]:
     """What the 4-bit layers store, from their tensors: the packed weights, the first-level absmax (fp32, or
     uint8 with double quantization), the second level (its fp32 absmax, code table and offset), the NF4 code
     tables; the elements they stand for, the dtypes they were quantized from and compute in."""
@@ -274,7 +277,7 @@ def storage(model: nn.Module) -> dict[str, Any]:
     }
 
 
-def quant_state_bytes(observed: dict[str, Any]) -> int:
+def quant_state_bytes(observed: Mapping[str, int]) -> int:
     """The bytes of the quantization state beside the packed weights (``storage``'s parts): what a device
     holds for the 4-bit layers besides their parameters."""
     return int(observed["absmax_bytes"] + observed["nested_absmax_bytes"] + observed["nested_code_bytes"]
@@ -308,7 +311,7 @@ class GemmSeen:
         self.dtypes.add(str(args[0].dtype).removeprefix("torch."))
         self.absmax_8bit.add(_argument(func, args, kwargs, "absmax_8bit") is not None)
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, object]:
         return {"gemm_calls": self.calls, "gemm_dtypes": sorted(self.dtypes),
                 "gemm_absmax_8bit": sorted(self.absmax_8bit)}
 
@@ -350,11 +353,11 @@ class GemmScratch(GemmSeen):
         self.largest = max(self.largest, nbytes)
         return nbytes
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, object]:
         return {**super().fields(), "gemm_scratch_bytes": self.largest}
 
 
-def _watch_dispatch(seen: GemmSeen) -> Any:
+def _watch_dispatch(seen: GemmSeen) -> TorchDispatchMode:
     """A dispatch mode that tells ``seen`` of each ``gemm_4bit`` (the real engines' first forward pass)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -385,7 +388,7 @@ class FourBitCompute(LoopHelper):
         self.others: set[str] = set()
         self.done = False
 
-    def _hook(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _hook(self, module: nn.Module, args: tuple[object, ...], output: object) -> None:
         if isinstance(module, nn.Linear) and not isinstance(module, _bnb().nn.Linear4bit) and \
                 isinstance(output, torch.Tensor):
             self.others.add(str(output.dtype).removeprefix("torch."))
