@@ -76,15 +76,19 @@ def test_reproduce_on_the_sim_compares_with_published_ratios(tmp_path: Path, mon
 
     era = "article+bitsandbytes=0.39.0-0.43.1"  # --era bitsandbytes=0.41 (issue #53): replayed, and said
     asked: list[tuple[str, bool]] = []
+    replayed: list[str] = []  # the recipes replayed in full (training steps)
 
     def door(recipe: Recipe, options: Any) -> list[Record]:  # the published world, at the one door
         asked.append((options.profile, options.load_only))
+        replayed.extend([] if options.load_only else [recipe.id])
         return [fake_load()(recipe, options.device) if options.load_only else fake_run(recipe, options.device, False)]
 
     monkeypatch.setattr(timemodel, "predicted_ratio", lambda candidate, reference: 1 / 6.1)
     monkeypatch.setattr(memclaims.run, "run_recipe", door)
     rows = {r.row: r for r in reproduce("sim", tmp_path, profile=era)}
     assert set(asked) == {(era, False), (era, True)}  # the chain's runs and the 07 load replays
+    # The 07 rows read the load-only replays: the init-module recipe is not replayed in full too (issue #53's seconds).
+    assert "vit-article/16-true+init-module" not in replayed and len(replayed) == len(set(replayed)) == 7, replayed
     assert all(r.verdict == "holds" for r in rows.values() if r.claim), {k: r.size for k, r in rows.items()}
     assert "published 0.412" in rows["04"].size  # 5.69 / 13.82
     assert rows["07-3"].measured_ratio == rows["07-3"].published_ratio  # the load replay's reserved peaks
