@@ -460,18 +460,19 @@ def test_an_update_rewrites_only_the_records_it_measured(tmp_path: Path) -> None
 @pytest.mark.parametrize("environment", ["cpu-x86_64-avx512-bf16-cu130", "sim-article"])
 def test_a_schema_1_file_reads_through_the_migration_and_its_first_update_writes_schema_2(
         tmp_path: Path, environment: str) -> None:
-    """A copy of a committed baseline file of the old form (schema 1, the flat technique fields): every observation
-    reads from its technique's part, as the judged numbers read as stored; an update writes the file whole as
-    schema 2, each record moved and nothing else changed."""
+    """A baseline file of the old form (schema 1, the flat technique fields): every observation reads from its
+    technique's part, as the judged numbers read as stored; an update writes the file whole as schema 2, each record
+    moved and nothing else changed. The samples (schema1/) are the committed files as they were at schema 1, cut to
+    their records with observations of the old form and two without: the committed files themselves move to schema 2
+    at their first refresh."""
     import shutil
 
-    from fixtures.paths import ROOT
     from memclaims.baselines.compare import measured_metrics
     from memclaims.core.record import RETIRED_FIELDS, migrate
 
     store = BaselineStore(tmp_path)
     store.measured.mkdir()
-    shutil.copy(ROOT / "baselines" / "measured" / f"{environment}.json", store.path(environment))
+    shutil.copy(Path(__file__).parent / "schema1" / f"{environment}.json", store.path(environment))
     old = json.loads(store.path(environment).read_text())
     assert old["schema"] == 1
     moved = [(key, field, value) for key, entry in old["records"].items()
